@@ -1,0 +1,241 @@
+//! Assembly: from members given in any order to a description of the array,
+//! trusting nothing silently. Members of different arrays, duplicates,
+//! corrupt superblocks and stale members are detected here.
+
+use crate::error::{Error, Result};
+use crate::superblock::{read_superblock, Role, RoleState, Superblock};
+use raidkit_layout::Geometry;
+use raidkit_member::Member;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The health of an assembled array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    Optimal,
+    Degraded,
+    Failed,
+}
+
+impl Health {
+    pub fn name(self) -> &'static str {
+        match self {
+            Health::Optimal => "optimal",
+            Health::Degraded => "degraded",
+            Health::Failed => "failed",
+        }
+    }
+}
+
+/// Why a role has no usable member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Absence {
+    /// No member for this role was given.
+    Missing,
+    /// A member was given but may not be trusted.
+    Stale { member: String, reason: String },
+}
+
+/// One role of the array.
+#[derive(Debug, Clone)]
+pub struct Slot {
+    pub member: Option<Arc<dyn Member>>,
+    /// Set when `member` is None.
+    pub absence: Option<Absence>,
+    /// The member's own superblock (fresh members only).
+    pub sb: Option<Superblock>,
+}
+
+/// An assembled array description.
+#[derive(Debug, Clone)]
+pub struct Assembly {
+    /// The freshest superblock (highest event counter).
+    pub sb: Superblock,
+    pub slots: Vec<Slot>,
+    pub spares: Vec<(Arc<dyn Member>, Superblock)>,
+    pub geometry: Geometry,
+    /// Things the user should know that do not stop assembly.
+    pub warnings: Vec<String>,
+}
+
+impl Assembly {
+    pub fn missing_roles(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&r| self.slots[r].member.is_none())
+            .collect()
+    }
+
+    pub fn health(&self) -> Health {
+        let missing = self.missing_roles();
+        if missing.is_empty() {
+            Health::Optimal
+        } else if self.geometry.survives(&missing) {
+            Health::Degraded
+        } else {
+            Health::Failed
+        }
+    }
+
+    /// A sentence naming each unavailable role and why.
+    pub fn describe_missing(&self) -> String {
+        self.missing_roles()
+            .iter()
+            .map(|&r| match &self.slots[r].absence {
+                Some(Absence::Stale { member, reason }) => {
+                    format!("role {r} ({member}: stale, {reason})")
+                }
+                _ => format!("role {r} (missing)"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Assemble the array that `members` belong to.
+pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
+    if members.is_empty() {
+        return Err(Error::Invalid("no members given".into()));
+    }
+    let mut warnings = Vec::new();
+    let mut found = Vec::with_capacity(members.len());
+    for m in members {
+        let r = read_superblock(m.as_ref())?;
+        if r.copies_valid != [true, true] {
+            warnings.push(format!(
+                "{}: one superblock copy is unreadable (interrupted update?); using the other",
+                m.name()
+            ));
+        }
+        found.push((m, r.sb));
+    }
+
+    // One array only.
+    let first_uuid = found[0].1.array_uuid;
+    if found.iter().any(|(_, sb)| sb.array_uuid != first_uuid) {
+        let list = found
+            .iter()
+            .map(|(m, sb)| format!("  {}: array {} ('{}')", m.name(), sb.array_uuid, sb.name))
+            .collect::<Vec<_>>()
+            .join("\n");
+        return Err(Error::MixedArrays(list));
+    }
+
+    // Each member once.
+    let mut seen: HashMap<uuid::Uuid, String> = HashMap::new();
+    for (m, sb) in &found {
+        if let Some(first) = seen.insert(sb.member_uuid, m.name().to_string()) {
+            return Err(Error::DuplicateMember {
+                first,
+                second: m.name().to_string(),
+                uuid: sb.member_uuid.to_string(),
+            });
+        }
+    }
+
+    // The freshest superblock speaks for the array.
+    let fresh = found
+        .iter()
+        .max_by_key(|(_, sb)| (sb.events, sb.seq))
+        .map(|(_, sb)| sb.clone())
+        .expect("non-empty");
+    let n = fresh.raid_disks();
+    let mut slots: Vec<Slot> = (0..n)
+        .map(|_| Slot {
+            member: None,
+            absence: Some(Absence::Missing),
+            sb: None,
+        })
+        .collect();
+    let mut spares = Vec::new();
+    for (m, sb) in found {
+        let shape_differs = sb.level != fresh.level
+            || sb.layout != fresh.layout
+            || sb.chunk != fresh.chunk
+            || sb.raid_disks() != n;
+        let role = match sb.role {
+            Role::Spare => {
+                spares.push((m, sb));
+                continue;
+            }
+            Role::Active(r) => r as usize,
+        };
+        let entry = fresh.roles[role];
+        let stale_reason = if sb.member_uuid != entry.member_uuid {
+            Some(format!(
+                "role {role} now belongs to member {}",
+                entry.member_uuid
+            ))
+        } else if sb.events < fresh.events {
+            Some(format!(
+                "event counter {} is behind the array's {}",
+                sb.events, fresh.events
+            ))
+        } else if entry.state != RoleState::Active {
+            Some(format!("recorded as {}", entry.state.name()))
+        } else if shape_differs {
+            return Err(Error::CorruptSuperblock {
+                member: m.name().to_string(),
+                detail: "its level, layout, chunk or member count disagrees with the others at the same event count".into(),
+            });
+        } else {
+            None
+        };
+        let slot = &mut slots[role];
+        if let Some(reason) = stale_reason {
+            // A fresh member for this role beats a stale one.
+            if slot.member.is_none() {
+                slot.absence = Some(Absence::Stale {
+                    member: m.name().to_string(),
+                    reason,
+                });
+            }
+            continue;
+        }
+        slot.member = Some(m);
+        slot.absence = None;
+        slot.sb = Some(sb);
+    }
+    let sizes: Vec<u64> = fresh.roles.iter().map(|r| r.data_size).collect();
+    let geometry = Geometry::new(fresh.level, fresh.layout, fresh.chunk, sizes).map_err(|e| {
+        Error::CorruptSuperblock {
+            member: "array".into(),
+            detail: format!("recorded shape is invalid: {e}"),
+        }
+    })?;
+    if geometry.capacity() != fresh.array_size {
+        return Err(Error::CorruptSuperblock {
+            member: slots
+                .iter()
+                .find_map(|s| s.member.as_ref().map(|m| m.name().to_string()))
+                .unwrap_or_default(),
+            detail: format!(
+                "array size {} does not match its shape ({})",
+                fresh.array_size,
+                geometry.capacity()
+            ),
+        });
+    }
+    for (r, s) in slots.iter().enumerate() {
+        if let (Some(m), Some(sb)) = (&s.member, &s.sb) {
+            if sb.data_offset + sb.data_size > m.len() {
+                return Err(Error::CorruptSuperblock {
+                    member: m.name().to_string(),
+                    detail: format!(
+                        "role {r}: data area ends at {} but the member has {} bytes (truncated?)",
+                        sb.data_offset + sb.data_size,
+                        m.len()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(Assembly {
+        sb: fresh,
+        slots,
+        spares,
+        geometry,
+        warnings,
+    })
+}

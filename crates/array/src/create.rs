@@ -1,0 +1,274 @@
+//! Creating an array: checking every member before touching any, then
+//! writing superblocks and making redundancy consistent.
+
+use crate::engine::Array;
+use crate::error::{Error, Result};
+use crate::spec::{self, Spec};
+use crate::superblock::{
+    data_offset_for, probe, write_superblock, ArrayState, Role, RoleEntry, RoleState, Superblock,
+};
+use crate::{assemble, SB_SIZE};
+use raidkit_layout::{Geometry, Layout, Level};
+use raidkit_member::{FileMember, Member};
+use std::path::Path;
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// What to create.
+#[derive(Debug, Clone)]
+pub struct CreateOptions {
+    pub level: Level,
+    pub layout: Layout,
+    pub chunk: u64,
+    /// Size of each member (files that do not exist are created this big).
+    pub size: Option<u64>,
+    pub name: String,
+    /// Overwrite members that hold data or another array's superblock.
+    pub force: bool,
+    /// Skip the initial sync of existing members (their redundancy is
+    /// trusted to be consistent already, e.g. they are known to be zero).
+    pub assume_clean: bool,
+}
+
+/// What create did.
+#[derive(Debug, Clone)]
+pub struct CreateReport {
+    pub uuid: Uuid,
+    pub capacity: u64,
+    pub created_files: Vec<String>,
+    pub synced: bool,
+}
+
+/// Name length the superblock holds.
+pub const MAX_NAME: usize = 64;
+
+enum Prepared {
+    Existing(Arc<dyn Member>),
+    New(String),
+}
+
+/// Create an array over `specs`. Nothing is written until every member has
+/// been checked; `progress(done, total)` reports the initial sync.
+pub fn create(
+    specs: &[Spec],
+    opts: &CreateOptions,
+    progress: impl FnMut(u64, u64),
+) -> Result<CreateReport> {
+    if opts.name.len() > MAX_NAME {
+        return Err(Error::Invalid(format!(
+            "array name is {} bytes long; at most {MAX_NAME} fit",
+            opts.name.len()
+        )));
+    }
+    check_distinct(specs)?;
+    let mut prepared = Vec::with_capacity(specs.len());
+    for s in specs {
+        let exists = match s {
+            Spec::File(p) => Path::new(p).exists(),
+            Spec::Array(_) => true,
+        };
+        if exists {
+            let m = spec::open(s, false)?;
+            check_blank(m.as_ref(), opts.force)?;
+            prepared.push(Prepared::Existing(m));
+        } else {
+            let path = s.path().expect("arrays exist").to_string();
+            if opts.size.is_none() {
+                return Err(Error::Invalid(format!(
+                    "{path} does not exist; give --size to create it"
+                )));
+            }
+            prepared.push(Prepared::New(path));
+        }
+    }
+
+    // Sizes: what each member contributes.
+    let mut sizes = Vec::with_capacity(prepared.len());
+    for p in &prepared {
+        let size = match (p, opts.size) {
+            (Prepared::Existing(m), Some(want)) if m.len() < want => {
+                return Err(Error::Invalid(format!(
+                    "{} has {} bytes, less than --size {want}",
+                    m.name(),
+                    m.len()
+                )))
+            }
+            (Prepared::Existing(_), Some(want)) => want,
+            (Prepared::Existing(m), None) => m.len(),
+            (Prepared::New(_), Some(want)) => want,
+            (Prepared::New(_), None) => unreachable!("checked above"),
+        };
+        sizes.push(size);
+    }
+    if opts.level != Level::Linear && sizes.iter().any(|&s| s != sizes[0]) {
+        let list = prepared
+            .iter()
+            .zip(&sizes)
+            .map(|(p, s)| format!("{} ({s} bytes)", prepared_name(p)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(Error::Invalid(format!(
+            "members differ in size: {list}; give --size to use the same amount of each"
+        )));
+    }
+    let offsets: Vec<u64> = sizes.iter().map(|&s| data_offset_for(s)).collect();
+    for ((p, &s), &o) in prepared.iter().zip(&sizes).zip(&offsets) {
+        if s < o + opts.chunk {
+            return Err(Error::Invalid(format!(
+                "{} is too small: {s} bytes, but {o} bytes of metadata plus one {}-byte chunk are needed",
+                prepared_name(p),
+                opts.chunk
+            )));
+        }
+    }
+    let data_sizes: Vec<u64> = sizes
+        .iter()
+        .zip(&offsets)
+        .map(|(s, o)| (s - o) / opts.chunk * opts.chunk)
+        .collect();
+    let geom = Geometry::new(opts.level, opts.layout, opts.chunk, data_sizes.clone())?;
+
+    // Everything checked: now create files and write.
+    let mut created = Vec::new();
+    let mut members: Vec<Arc<dyn Member>> = Vec::with_capacity(prepared.len());
+    for (p, &size) in prepared.into_iter().zip(&sizes) {
+        members.push(match p {
+            Prepared::Existing(m) => m,
+            Prepared::New(path) => {
+                let m = FileMember::create(&path, size)?;
+                created.push(path);
+                Arc::new(m)
+            }
+        });
+    }
+    let needs_sync = !opts.assume_clean
+        && created.len() < members.len()
+        && !matches!(opts.level, Level::Linear | Level::Raid0);
+    let uuid = Uuid::new_v4();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let member_uuids: Vec<Uuid> = members.iter().map(|_| Uuid::new_v4()).collect();
+    let roles: Vec<RoleEntry> = member_uuids
+        .iter()
+        .zip(&geom.member_sizes)
+        .map(|(&u, &size)| RoleEntry {
+            member_uuid: u,
+            state: RoleState::Active,
+            data_size: size,
+        })
+        .collect();
+    for (i, m) in members.iter().enumerate() {
+        // Blank the metadata area's reserved part so that nothing stale
+        // from an earlier use is ever mistaken for a bitmap or journal.
+        let blank = vec![0u8; (offsets[i] - 2 * SB_SIZE as u64).min(1 << 20) as usize];
+        m.write_at(&blank, 2 * SB_SIZE as u64)?;
+        let mut sb = Superblock {
+            seq: 0,
+            array_uuid: uuid,
+            member_uuid: member_uuids[i],
+            name: opts.name.clone(),
+            level: opts.level,
+            layout: opts.layout,
+            chunk: opts.chunk,
+            role: Role::Active(i as u32),
+            ctime: now,
+            utime: now,
+            events: 1,
+            data_offset: offsets[i],
+            data_size: geom.member_sizes[i],
+            array_size: geom.capacity(),
+            state: if needs_sync {
+                ArrayState::Dirty
+            } else {
+                ArrayState::Clean
+            },
+            recovery_offset: None,
+            bitmap: [0; 3],
+            journal: [0; 2],
+            roles: roles.clone(),
+        };
+        write_superblock(m.as_ref(), &mut sb)?;
+    }
+    if needs_sync {
+        let array = Array::open(assemble::assemble(members.clone())?, &opts.name, false)?;
+        array.resync(progress)?;
+        array.close()?;
+    } else {
+        for m in &members {
+            m.flush()?;
+        }
+    }
+    Ok(CreateReport {
+        uuid,
+        capacity: geom.capacity(),
+        created_files: created,
+        synced: needs_sync,
+    })
+}
+
+fn prepared_name(p: &Prepared) -> String {
+    match p {
+        Prepared::Existing(m) => m.name().to_string(),
+        Prepared::New(path) => path.clone(),
+    }
+}
+
+/// The same file named twice (directly, through a link, or inside a nested spec).
+fn check_distinct(specs: &[Spec]) -> Result<()> {
+    fn files<'a>(s: &'a Spec, out: &mut Vec<&'a str>) {
+        match s {
+            Spec::File(p) => out.push(p),
+            Spec::Array(v) => v.iter().for_each(|x| files(x, out)),
+        }
+    }
+    let mut all = Vec::new();
+    specs.iter().for_each(|s| files(s, &mut all));
+    let mut seen: Vec<(String, Option<(u64, u64)>)> = Vec::new();
+    for p in all {
+        use std::os::unix::fs::MetadataExt;
+        let id = std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+        if let Some((first, _)) = seen
+            .iter()
+            .find(|(q, qid)| q == p || (id.is_some() && *qid == id))
+        {
+            return Err(Error::Invalid(format!(
+                "{p} is given more than once (also as {first})"
+            )));
+        }
+        seen.push((p.to_string(), id));
+    }
+    Ok(())
+}
+
+/// Refuse, unless forced, a member that belongs to an array or holds data.
+fn check_blank(m: &dyn Member, force: bool) -> Result<()> {
+    if force {
+        return Ok(());
+    }
+    match probe(m)? {
+        Some(Ok(sb)) => {
+            return Err(Error::InUse {
+                member: m.name().to_string(),
+                uuid: sb.array_uuid.to_string(),
+                name: sb.name,
+            })
+        }
+        Some(Err(e)) => {
+            return Err(Error::Invalid(format!(
+                "{e}; it looks like a raidkit member: use --force to overwrite it"
+            )))
+        }
+        None => {}
+    }
+    let n = m.len().min(1 << 20) as usize;
+    let mut head = vec![0u8; n];
+    m.read_at(&mut head, 0)?;
+    if head.iter().any(|&b| b != 0) {
+        return Err(Error::HoldsData {
+            member: m.name().to_string(),
+        });
+    }
+    Ok(())
+}

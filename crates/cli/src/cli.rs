@@ -1,0 +1,120 @@
+//! Command-line flags, apart from the work they start.
+
+use crate::units::parse_size;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Software RAID in user space: arrays of files, devices and other arrays,
+/// placed exactly as Linux md places data.
+#[derive(Debug, Parser)]
+#[command(name = "raidkit", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create an array: write superblocks to the members (creating missing
+    /// member files of --size) and make redundancy consistent.
+    Create(CreateArgs),
+    /// Show one member's superblock.
+    Examine(ExamineArgs),
+    /// Assemble the array from its members and describe it.
+    Detail(DetailArgs),
+    /// Read from the array (offline) to stdout or a file.
+    Read(ReadArgs),
+    /// Write to the array (offline) from stdin or a file.
+    Write(WriteArgs),
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+/// Members: file paths, block devices, or `array[M1,M2,...]` for an array
+/// used as a member (nesting: RAID-50, RAID-60), in any order.
+#[derive(Debug, Args)]
+pub struct Members {
+    /// The array's members, in any order.
+    #[arg(required = true, value_name = "MEMBER")]
+    pub members: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// RAID level: linear, 0, 1, 4, 5, 6 or 10.
+    #[arg(short, long)]
+    pub level: String,
+    /// Layout: left-symmetric (default for 5 and 6), right-symmetric,
+    /// left-asymmetric, right-asymmetric, parity-first, parity-last;
+    /// n2 (default) or n3 for RAID-10.
+    #[arg(short = 'p', long)]
+    pub layout: Option<String>,
+    /// Chunk size, a power of two of at least 4K.
+    #[arg(short, long, default_value = "512K", value_parser = size)]
+    pub chunk: u64,
+    /// Size of each member; member files that do not exist are created (sparse) this big.
+    #[arg(short = 'z', long, value_parser = size)]
+    pub size: Option<u64>,
+    /// Array name (at most 64 bytes).
+    #[arg(short = 'N', long, default_value = "raidkit")]
+    pub name: String,
+    /// Overwrite members that hold data or belong to another array.
+    #[arg(short, long)]
+    pub force: bool,
+    /// Skip the initial sync of existing members: trust that their
+    /// redundancy is already consistent (for example, they are all zero).
+    #[arg(long)]
+    pub assume_clean: bool,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub members: Members,
+}
+
+#[derive(Debug, Args)]
+pub struct ExamineArgs {
+    /// The member to examine.
+    pub member: String,
+    /// Print JSON (all sizes and offsets in bytes).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DetailArgs {
+    /// Print JSON (all sizes in bytes).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub members: Members,
+}
+
+#[derive(Debug, Args)]
+pub struct ReadArgs {
+    /// Array offset to start at (K/M/G/T suffixes allowed).
+    #[arg(short, long, value_parser = size)]
+    pub offset: u64,
+    /// Number of bytes to read.
+    #[arg(short = 'n', long, value_parser = size)]
+    pub length: u64,
+    /// Write the data here instead of stdout.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub members: Members,
+}
+
+#[derive(Debug, Args)]
+pub struct WriteArgs {
+    /// Array offset to start at (K/M/G/T suffixes allowed).
+    #[arg(short, long, value_parser = size)]
+    pub offset: u64,
+    /// Read the data from this file instead of stdin.
+    #[arg(long = "in")]
+    pub input: Option<PathBuf>,
+    #[command(flatten)]
+    pub members: Members,
+}

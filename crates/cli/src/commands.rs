@@ -1,0 +1,364 @@
+//! The commands: each turns parsed flags into library calls and prints.
+
+use crate::cli::{Cli, Command, CreateArgs, DetailArgs, ExamineArgs, ReadArgs, WriteArgs};
+use crate::units::human;
+use anyhow::{bail, Context, Result};
+use raidkit_array::assemble::{assemble, Absence, Assembly};
+use raidkit_array::create::{create, CreateOptions};
+use raidkit_array::spec::{self, Spec};
+use raidkit_array::superblock::{read_superblock, Role, Superblock};
+use raidkit_array::Array;
+use raidkit_layout::{Layout, Level};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Create(a) => cmd_create(a),
+        Command::Examine(a) => cmd_examine(a),
+        Command::Detail(a) => cmd_detail(a),
+        Command::Read(a) => cmd_read(a),
+        Command::Write(a) => cmd_write(a),
+    }
+}
+
+fn parse_specs(members: &[String]) -> Result<Vec<Spec>> {
+    Ok(members
+        .iter()
+        .map(|m| Spec::parse(m))
+        .collect::<Result<Vec<_>, _>>()?)
+}
+
+fn layout_json(l: Layout) -> Value {
+    match l {
+        Layout::None => Value::Null,
+        other => json!(other.to_string()),
+    }
+}
+
+fn cmd_create(a: CreateArgs) -> Result<()> {
+    let level: Level = a.level.parse()?;
+    let layout = match &a.layout {
+        Some(l) => Layout::parse(level, l)?,
+        None => level.default_layout(),
+    };
+    let specs = parse_specs(&a.members.members)?;
+    let opts = CreateOptions {
+        level,
+        layout,
+        chunk: a.chunk,
+        size: a.size,
+        name: a.name.clone(),
+        force: a.force,
+        assume_clean: a.assume_clean,
+    };
+    let mut last_pct = u64::MAX;
+    let report = create(&specs, &opts, |done, total| {
+        let pct = done * 100 / total.max(1);
+        if pct != last_pct && pct % 10 == 0 {
+            eprintln!("raidkit: initial sync {pct}%");
+            last_pct = pct;
+        }
+    })?;
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "uuid": report.uuid.to_string(),
+                "name": a.name,
+                "level": level.to_string(),
+                "layout": layout_json(layout),
+                "chunk": a.chunk,
+                "size": report.capacity,
+                "members": a.members.members,
+                "created_files": report.created_files,
+                "initial_sync": report.synced,
+            })
+        );
+    } else {
+        println!(
+            "raidkit: created {level} array '{}' ({}) on {} members: {} usable{}",
+            a.name,
+            report.uuid,
+            specs.len(),
+            human(report.capacity),
+            if report.synced {
+                ", redundancy synced"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
+}
+
+fn role_str(r: Role) -> Value {
+    match r {
+        Role::Active(n) => json!(n),
+        Role::Spare => json!("spare"),
+    }
+}
+
+fn cmd_examine(a: ExamineArgs) -> Result<()> {
+    let s = Spec::parse(&a.member)?;
+    let m = spec::open(&s, true)?;
+    let r = read_superblock(m.as_ref())?;
+    let sb = &r.sb;
+    let roles: Vec<Value> = sb
+        .roles
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            json!({"role": i, "member_uuid": e.member_uuid.to_string(),
+                   "state": e.state.name(), "data_size": e.data_size})
+        })
+        .collect();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "member": a.member,
+                "array_uuid": sb.array_uuid.to_string(),
+                "member_uuid": sb.member_uuid.to_string(),
+                "name": sb.name,
+                "level": sb.level.to_string(),
+                "layout": layout_json(sb.layout),
+                "chunk": sb.chunk,
+                "raid_disks": sb.raid_disks(),
+                "role": role_str(sb.role),
+                "data_offset": sb.data_offset,
+                "data_size": sb.data_size,
+                "array_size": sb.array_size,
+                "events": sb.events,
+                "state": sb.state,
+                "seq": sb.seq,
+                "ctime": sb.ctime,
+                "utime": sb.utime,
+                "recovery_offset": sb.recovery_offset,
+                "superblock_copies_valid": r.copies_valid,
+                "roles": roles,
+            }))?
+        );
+        return Ok(());
+    }
+    println!("{}:", a.member);
+    print_sb_common(sb);
+    println!("     Member UUID : {}", sb.member_uuid);
+    println!(
+        "            Role : {}",
+        match sb.role {
+            Role::Active(n) => n.to_string(),
+            Role::Spare => "spare".into(),
+        }
+    );
+    println!(
+        "     Data Offset : {} ({})",
+        sb.data_offset,
+        human(sb.data_offset)
+    );
+    println!(
+        "       Data Size : {} ({})",
+        sb.data_size,
+        human(sb.data_size)
+    );
+    println!(
+        "     Superblocks : copy A {}, copy B {} (seq {})",
+        if r.copies_valid[0] { "valid" } else { "BAD" },
+        if r.copies_valid[1] { "valid" } else { "BAD" },
+        sb.seq
+    );
+    println!("     Role table  :");
+    for (i, e) in sb.roles.iter().enumerate() {
+        println!("        {i:>4}  {}  {}", e.member_uuid, e.state.name());
+    }
+    Ok(())
+}
+
+fn print_sb_common(sb: &Superblock) {
+    println!("      Array UUID : {}", sb.array_uuid);
+    println!("            Name : {}", sb.name);
+    println!("           Level : {}", sb.level);
+    println!("          Layout : {}", sb.layout);
+    println!("           Chunk : {}", human(sb.chunk));
+    println!("    Raid Members : {}", sb.raid_disks());
+    println!(
+        "      Array Size : {} ({})",
+        sb.array_size,
+        human(sb.array_size)
+    );
+    println!("          Events : {}", sb.events);
+    println!(
+        "     Array State : {}",
+        serde_json::to_value(sb.state)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default()
+    );
+}
+
+fn member_rows(asm: &Assembly) -> Vec<Value> {
+    let mut rows: Vec<Value> = asm
+        .slots
+        .iter()
+        .enumerate()
+        .map(|(role, s)| match (&s.member, &s.absence) {
+            (Some(m), _) => json!({"path": m.name(), "role": role, "state": "active"}),
+            (None, Some(Absence::Stale { member, reason })) => {
+                json!({"path": member, "role": role, "state": "stale", "reason": reason})
+            }
+            (None, _) => json!({"path": null, "role": role, "state": "missing"}),
+        })
+        .collect();
+    rows.extend(
+        asm.spares
+            .iter()
+            .map(|(m, _)| json!({"path": m.name(), "role": "spare", "state": "spare"})),
+    );
+    rows
+}
+
+fn cmd_detail(a: DetailArgs) -> Result<()> {
+    let specs = parse_specs(&a.members.members)?;
+    let members = spec::open_all(&specs, true)?;
+    let asm = assemble(members)?;
+    let sb = &asm.sb;
+    let health = asm.health();
+    let rows = member_rows(&asm);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "uuid": sb.array_uuid.to_string(),
+                "name": sb.name,
+                "level": sb.level.to_string(),
+                "layout": layout_json(sb.layout),
+                "chunk": sb.chunk,
+                "size": asm.geometry.capacity(),
+                "state": health.name(),
+                "array_state": sb.state,
+                "raid_disks": sb.raid_disks(),
+                "events": sb.events,
+                "members": rows,
+                "warnings": asm.warnings,
+            }))?
+        );
+    } else {
+        print_sb_common(sb);
+        println!("           State : {}", health.name());
+        println!();
+        println!("    Role  State    Member");
+        for r in &rows {
+            let role = match &r["role"] {
+                Value::String(s) => s.clone(),
+                v => v.to_string(),
+            };
+            let path = r["path"].as_str().unwrap_or("-");
+            let reason = r["reason"]
+                .as_str()
+                .map(|s| format!("  ({s})"))
+                .unwrap_or_default();
+            println!(
+                "    {role:>4}  {:<8} {path}{reason}",
+                r["state"].as_str().unwrap_or("?")
+            );
+        }
+        for w in &asm.warnings {
+            println!("warning: {w}");
+        }
+    }
+    Ok(())
+}
+
+fn open_array(members: &[String], read_only: bool) -> Result<Array> {
+    let specs = parse_specs(members)?;
+    let ms = spec::open_all(&specs, read_only)?;
+    let asm = assemble(ms)?;
+    for w in &asm.warnings {
+        eprintln!("raidkit: warning: {w}");
+    }
+    let name = asm.sb.name.clone();
+    let degraded = asm.describe_missing();
+    let array = Array::open(asm, &name, read_only)?;
+    if !degraded.is_empty() {
+        eprintln!("raidkit: warning: array '{name}' is degraded: {degraded}");
+    }
+    Ok(array)
+}
+
+const STEP: usize = 4 << 20;
+
+fn cmd_read(a: ReadArgs) -> Result<()> {
+    let array = open_array(&a.members.members, true)?;
+    let cap = array.capacity();
+    if a.offset.checked_add(a.length).is_none_or(|e| e > cap) {
+        bail!(
+            "range {}+{} lies beyond the end of the array ({cap} bytes)",
+            a.offset,
+            a.length
+        );
+    }
+    let mut out: Box<dyn Write> = match &a.out {
+        Some(p) => Box::new(
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
+        ),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let mut buf = vec![0u8; STEP.min(a.length as usize)];
+    let mut pos = a.offset;
+    let end = a.offset + a.length;
+    while pos < end {
+        let n = (end - pos).min(STEP as u64) as usize;
+        array.read(&mut buf[..n], pos)?;
+        out.write_all(&buf[..n]).context("writing output")?;
+        pos += n as u64;
+    }
+    out.flush().context("writing output")?;
+    Ok(())
+}
+
+fn cmd_write(a: WriteArgs) -> Result<()> {
+    let array = open_array(&a.members.members, false)?;
+    let cap = array.capacity();
+    let room = cap.saturating_sub(a.offset);
+    if a.offset > cap {
+        bail!(
+            "offset {} lies beyond the end of the array ({cap} bytes)",
+            a.offset
+        );
+    }
+    // Know the whole length before writing anything, so that too much input
+    // is refused without a partial write.
+    let mut input: Box<dyn Read> = match &a.input {
+        Some(p) => {
+            let f =
+                std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?;
+            let len = f.metadata()?.len();
+            if f.metadata()?.is_file() && len > room {
+                bail!(
+                    "{} holds {len} bytes but only {room} fit between offset {} and the end of the array ({cap} bytes); nothing written",
+                    p.display(),
+                    a.offset
+                );
+            }
+            Box::new(f)
+        }
+        None => Box::new(std::io::stdin().lock()),
+    };
+    let mut data = Vec::new();
+    (&mut input)
+        .take(room + 1)
+        .read_to_end(&mut data)
+        .context("reading input")?;
+    if data.len() as u64 > room {
+        bail!(
+            "input is longer than the {room} bytes between offset {} and the end of the array ({cap} bytes); nothing written",
+            a.offset
+        );
+    }
+    for (i, part) in data.chunks(STEP).enumerate() {
+        array.write(part, a.offset + (i * STEP) as u64)?;
+    }
+    array.close()?;
+    eprintln!("raidkit: wrote {} bytes at offset {}", data.len(), a.offset);
+    Ok(())
+}

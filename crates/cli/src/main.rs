@@ -1,0 +1,25 @@
+//! `raidkit`: software RAID in user space. This binary only parses the
+//! command line and wires the library crates together.
+
+mod cli;
+mod commands;
+mod units;
+
+use clap::Parser;
+
+fn main() {
+    let args = cli::Cli::parse();
+    if let Err(e) = commands::run(args) {
+        // One clear message: the error and its causes, outermost first.
+        let mut msg = e.to_string();
+        for cause in e.chain().skip(1) {
+            let c = cause.to_string();
+            if !msg.contains(&c) {
+                msg.push_str(": ");
+                msg.push_str(&c);
+            }
+        }
+        eprintln!("raidkit: error: {msg}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,676 @@
+//! Where every byte of a raidkit array lives.
+//!
+//! This crate is pure arithmetic: it maps a logical array offset to member
+//! offsets (and, for the parity levels, names the parity members of each
+//! stripe) exactly as Linux md does, with no I/O at all, so that it can be
+//! property-tested exhaustively.
+//!
+//! Offsets here are in a member's *data area*; the array engine adds each
+//! member's `data_offset`.
+//!
+//! ```
+//! use raidkit_layout::{Geometry, Level, Layout, ParityLayout};
+//! // Four members, RAID-5 left-symmetric, 64 KiB chunks, 1 MiB of data each.
+//! let g = Geometry::new(Level::Raid5, Layout::Parity(ParityLayout::LeftSymmetric),
+//!                       64 * 1024, vec![1 << 20; 4]).unwrap();
+//! assert_eq!(g.capacity(), 3 << 20);
+//! // Stripe 0 holds its parity on the last member, stripe 1 on the one before.
+//! assert_eq!(g.stripe_map(0).p, 3);
+//! assert_eq!(g.stripe_map(1).p, 2);
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+
+/// The largest number of members an array may have (bounded by the superblock's role table).
+pub const MAX_MEMBERS: usize = 128;
+/// The smallest chunk md accepts for striped levels, and raidkit's too.
+pub const MIN_CHUNK: u64 = 4096;
+/// md's default chunk.
+pub const DEFAULT_CHUNK: u64 = 512 * 1024;
+
+/// Errors in an array's shape: things a user can get wrong on the command line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LayoutError {
+    /// unknown RAID level '{0}' (expected linear, 0, 1, 4, 5, 6 or 10)
+    #[error("unknown RAID level '{0}' (expected linear, 0, 1, 4, 5, 6 or 10)")]
+    UnknownLevel(String),
+    #[error("unknown layout '{0}' (expected left-symmetric, right-symmetric, left-asymmetric, right-asymmetric, parity-first, parity-last, or nN for RAID-10)")]
+    UnknownLayout(String),
+    #[error("layout {layout} does not apply to {level}")]
+    LayoutNotForLevel { level: Level, layout: Layout },
+    #[error("chunk size {0} is not a power of two of at least 4 KiB")]
+    BadChunk(u64),
+    #[error("{level} needs at least {min} members, {got} given")]
+    TooFewMembers {
+        level: Level,
+        min: usize,
+        got: usize,
+    },
+    #[error("{got} members given; at most {max} are supported")]
+    TooManyMembers { got: usize, max: usize },
+    #[error("member data area of {size} bytes holds no whole {chunk}-byte chunk")]
+    MemberTooSmall { size: u64, chunk: u64 },
+}
+
+/// A RAID level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Level {
+    Linear,
+    Raid0,
+    Raid1,
+    Raid4,
+    Raid5,
+    Raid6,
+    Raid10,
+}
+
+impl Level {
+    /// md's level number (linear is -1).
+    pub fn md_number(self) -> i32 {
+        match self {
+            Level::Linear => -1,
+            Level::Raid0 => 0,
+            Level::Raid1 => 1,
+            Level::Raid4 => 4,
+            Level::Raid5 => 5,
+            Level::Raid6 => 6,
+            Level::Raid10 => 10,
+        }
+    }
+
+    pub fn from_md_number(n: i32) -> Option<Level> {
+        Some(match n {
+            -1 => Level::Linear,
+            0 => Level::Raid0,
+            1 => Level::Raid1,
+            4 => Level::Raid4,
+            5 => Level::Raid5,
+            6 => Level::Raid6,
+            10 => Level::Raid10,
+            _ => return None,
+        })
+    }
+
+    /// Number of parity chunks per stripe (RAID-4/5: 1, RAID-6: 2).
+    pub fn parity_count(self) -> usize {
+        match self {
+            Level::Raid4 | Level::Raid5 => 1,
+            Level::Raid6 => 2,
+            _ => 0,
+        }
+    }
+
+    pub fn is_parity(self) -> bool {
+        self.parity_count() > 0
+    }
+
+    /// The layout used when none is given.
+    pub fn default_layout(self) -> Layout {
+        match self {
+            Level::Raid5 | Level::Raid6 => Layout::Parity(ParityLayout::LeftSymmetric),
+            // md's RAID-4 is parity on the last member.
+            Level::Raid4 => Layout::Parity(ParityLayout::ParityLast),
+            Level::Raid10 => Layout::Near(2),
+            _ => Layout::None,
+        }
+    }
+
+    fn min_members(self, layout: Layout) -> usize {
+        match self {
+            Level::Linear | Level::Raid0 => 1,
+            Level::Raid1 | Level::Raid4 | Level::Raid5 => 2,
+            Level::Raid6 => 4,
+            Level::Raid10 => match layout {
+                Layout::Near(c) => (c as usize).max(2),
+                _ => 2,
+            },
+        }
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Level::Linear => "linear",
+            Level::Raid0 => "raid0",
+            Level::Raid1 => "raid1",
+            Level::Raid4 => "raid4",
+            Level::Raid5 => "raid5",
+            Level::Raid6 => "raid6",
+            Level::Raid10 => "raid10",
+        })
+    }
+}
+
+impl FromStr for Level {
+    type Err = LayoutError;
+    fn from_str(s: &str) -> Result<Level, LayoutError> {
+        let t = s.trim().to_ascii_lowercase();
+        let t = t.strip_prefix("raid").unwrap_or(&t);
+        Ok(match t {
+            "linear" => Level::Linear,
+            "0" | "stripe" => Level::Raid0,
+            "1" | "mirror" => Level::Raid1,
+            "4" => Level::Raid4,
+            "5" => Level::Raid5,
+            "6" => Level::Raid6,
+            "10" => Level::Raid10,
+            _ => return Err(LayoutError::UnknownLevel(s.to_string())),
+        })
+    }
+}
+
+/// md's RAID-4/5/6 parity placements (the `ALGORITHM_*` numbers of md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ParityLayout {
+    LeftAsymmetric = 0,
+    RightAsymmetric = 1,
+    LeftSymmetric = 2,
+    RightSymmetric = 3,
+    /// md's ALGORITHM_PARITY_0: P (and Q) on the first members.
+    ParityFirst = 4,
+    /// md's ALGORITHM_PARITY_N: P (and Q) on the last members.
+    ParityLast = 5,
+}
+
+impl ParityLayout {
+    pub const ALL: [ParityLayout; 6] = [
+        ParityLayout::LeftAsymmetric,
+        ParityLayout::RightAsymmetric,
+        ParityLayout::LeftSymmetric,
+        ParityLayout::RightSymmetric,
+        ParityLayout::ParityFirst,
+        ParityLayout::ParityLast,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ParityLayout::LeftAsymmetric => "left-asymmetric",
+            ParityLayout::RightAsymmetric => "right-asymmetric",
+            ParityLayout::LeftSymmetric => "left-symmetric",
+            ParityLayout::RightSymmetric => "right-symmetric",
+            ParityLayout::ParityFirst => "parity-first",
+            ParityLayout::ParityLast => "parity-last",
+        }
+    }
+}
+
+/// How data is arranged within a level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Levels without layout choices (linear, 0, 1).
+    None,
+    /// RAID-4/5/6 parity placement.
+    Parity(ParityLayout),
+    /// RAID-10 "near" layout with this many copies (md's `n2`, `n3`...).
+    Near(u8),
+}
+
+impl Layout {
+    /// md's numeric layout, as stored in the superblock.
+    pub fn md_number(self) -> u32 {
+        match self {
+            Layout::None => 0,
+            Layout::Parity(p) => p as u32,
+            // md: near copies in the low byte, far copies (1) in the next.
+            Layout::Near(c) => 0x100 | c as u32,
+        }
+    }
+
+    pub fn from_md_number(level: Level, n: u32) -> Option<Layout> {
+        match level {
+            Level::Raid4 | Level::Raid5 | Level::Raid6 => ParityLayout::ALL
+                .into_iter()
+                .find(|p| *p as u32 == n)
+                .map(Layout::Parity),
+            Level::Raid10 if n >> 8 == 1 && (2..=8).contains(&(n & 0xff)) => {
+                Some(Layout::Near((n & 0xff) as u8))
+            }
+            Level::Raid10 => None,
+            _ if n == 0 => Some(Layout::None),
+            _ => None,
+        }
+    }
+
+    /// Parse a user's layout name for `level`.
+    pub fn parse(level: Level, s: &str) -> Result<Layout, LayoutError> {
+        let t = s.trim().to_ascii_lowercase();
+        let parsed = ParityLayout::ALL
+            .into_iter()
+            .find(|p| p.name() == t || short_name(*p) == t)
+            .map(Layout::Parity)
+            .or_else(|| {
+                let n: u8 = t.strip_prefix('n')?.parse().ok()?;
+                (2..=8).contains(&n).then_some(Layout::Near(n))
+            })
+            .ok_or_else(|| LayoutError::UnknownLayout(s.to_string()))?;
+        let fits = matches!(
+            (level, parsed),
+            (
+                Level::Raid4 | Level::Raid5 | Level::Raid6,
+                Layout::Parity(_)
+            ) | (Level::Raid10, Layout::Near(_))
+        );
+        if !fits {
+            return Err(LayoutError::LayoutNotForLevel {
+                level,
+                layout: parsed,
+            });
+        }
+        Ok(parsed)
+    }
+}
+
+/// mdadm's short names (ls, rs, la, ra).
+fn short_name(p: ParityLayout) -> &'static str {
+    match p {
+        ParityLayout::LeftAsymmetric => "la",
+        ParityLayout::RightAsymmetric => "ra",
+        ParityLayout::LeftSymmetric => "ls",
+        ParityLayout::RightSymmetric => "rs",
+        ParityLayout::ParityFirst => "parity-0",
+        ParityLayout::ParityLast => "parity-n",
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Layout::None => f.write_str("-"),
+            Layout::Parity(p) => f.write_str(p.name()),
+            Layout::Near(c) => write!(f, "n{c}"),
+        }
+    }
+}
+
+/// Where P and Q of one stripe live, and where its data chunks go.
+///
+/// `data[i]` is the member holding data chunk `i` of the stripe (logical
+/// order); `syndrome[i]` is that chunk's index in the RAID-6 Q syndrome
+/// (md computes Q over the data members in member order starting after Q,
+/// which differs from logical order for the asymmetric layouts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StripeMap {
+    pub p: usize,
+    pub q: Option<usize>,
+    pub data: Vec<usize>,
+    pub syndrome: Vec<usize>,
+}
+
+/// One contiguous run of a logical range that lies within one chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    /// Logical array offset of the piece's first byte.
+    pub logical: u64,
+    pub len: u64,
+    /// Stripe (row of chunks) number; for linear, the member index.
+    pub stripe: u64,
+    /// Offset of the piece within its chunk.
+    pub col: u64,
+    /// Data chunk index within the stripe (parity levels); 0 otherwise.
+    pub dd: usize,
+    /// Every (member, data-area offset) holding this piece: one for
+    /// linear/0/4/5/6, all members for RAID-1, the copies for RAID-10.
+    pub copies: Vec<(usize, u64)>,
+}
+
+/// The shape of an array: level, layout, chunk and per-member data sizes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Geometry {
+    pub level: Level,
+    pub layout: Layout,
+    pub chunk: u64,
+    /// Usable data bytes of each member, rounded down to whole chunks.
+    /// Equal for every level but linear.
+    pub member_sizes: Vec<u64>,
+    /// Linear only: logical start of each member.
+    starts: Vec<u64>,
+}
+
+/// Check that `chunk` is a power of two of at least 4 KiB.
+pub fn check_chunk(chunk: u64) -> Result<(), LayoutError> {
+    if chunk < MIN_CHUNK || !chunk.is_power_of_two() {
+        return Err(LayoutError::BadChunk(chunk));
+    }
+    Ok(())
+}
+
+impl Geometry {
+    /// Build a geometry. `member_sizes` are the raw data-area sizes; they are
+    /// rounded down to whole chunks (as md does), and for every level but
+    /// linear the smallest is used for all members.
+    pub fn new(
+        level: Level,
+        layout: Layout,
+        chunk: u64,
+        member_sizes: Vec<u64>,
+    ) -> Result<Geometry, LayoutError> {
+        check_chunk(chunk)?;
+        let n = member_sizes.len();
+        let layout_ok = matches!(
+            (level, layout),
+            (Level::Linear | Level::Raid0 | Level::Raid1, Layout::None)
+                | (
+                    Level::Raid4 | Level::Raid5 | Level::Raid6,
+                    Layout::Parity(_)
+                )
+                | (Level::Raid10, Layout::Near(2..=8))
+        );
+        if !layout_ok {
+            return Err(LayoutError::LayoutNotForLevel { level, layout });
+        }
+        let min = level.min_members(layout);
+        if n < min {
+            return Err(LayoutError::TooFewMembers { level, min, got: n });
+        }
+        if n > MAX_MEMBERS {
+            return Err(LayoutError::TooManyMembers {
+                got: n,
+                max: MAX_MEMBERS,
+            });
+        }
+        let mut sizes: Vec<u64> = member_sizes.iter().map(|s| s / chunk * chunk).collect();
+        if level != Level::Linear {
+            let smallest = *sizes.iter().min().expect("n >= 1");
+            sizes.iter_mut().for_each(|s| *s = smallest);
+        }
+        if let Some(&s) = sizes.iter().find(|&&s| s == 0) {
+            let raw = member_sizes[sizes.iter().position(|&x| x == s).unwrap_or(0)];
+            return Err(LayoutError::MemberTooSmall { size: raw, chunk });
+        }
+        let mut starts = Vec::new();
+        if level == Level::Linear {
+            let mut acc = 0;
+            for s in &sizes {
+                starts.push(acc);
+                acc += s;
+            }
+        }
+        Ok(Geometry {
+            level,
+            layout,
+            chunk,
+            member_sizes: sizes,
+            starts,
+        })
+    }
+
+    pub fn members(&self) -> usize {
+        self.member_sizes.len()
+    }
+
+    /// Data chunks per stripe (RAID-0: members; RAID-4/5/6: members minus parity).
+    pub fn data_members(&self) -> usize {
+        self.members() - self.level.parity_count()
+    }
+
+    fn near_copies(&self) -> usize {
+        match self.layout {
+            Layout::Near(c) => c as usize,
+            _ => 1,
+        }
+    }
+
+    /// Chunks per member.
+    fn member_chunks(&self) -> u64 {
+        self.member_sizes[0] / self.chunk
+    }
+
+    /// Usable bytes of the array (md's formulas).
+    pub fn capacity(&self) -> u64 {
+        let n = self.members() as u64;
+        match self.level {
+            Level::Linear => self.member_sizes.iter().sum(),
+            Level::Raid0 => self.member_sizes[0] * n,
+            Level::Raid1 => self.member_sizes[0],
+            Level::Raid4 | Level::Raid5 | Level::Raid6 => {
+                self.member_sizes[0] * self.data_members() as u64
+            }
+            // md's raid10_size: chunks per member times members over copies.
+            Level::Raid10 => self.member_chunks() * n / self.near_copies() as u64 * self.chunk,
+        }
+    }
+
+    /// Number of stripes (rows of chunks) for striped levels.
+    pub fn stripes(&self) -> u64 {
+        self.member_chunks()
+    }
+
+    /// md's raid5_compute_sector for one stripe: where P, Q and the data go.
+    ///
+    /// # Panics
+    /// If the level has no parity.
+    pub fn stripe_map(&self, stripe: u64) -> StripeMap {
+        let n = self.members();
+        let k = self.data_members();
+        let Layout::Parity(alg) = self.layout else {
+            panic!("stripe_map on {} which has no parity", self.level)
+        };
+        let r = (stripe % n as u64) as usize;
+        let mut data = Vec::with_capacity(k);
+        let (p, q) = match self.level {
+            Level::Raid4 => {
+                data.extend(0..k);
+                (k, None)
+            }
+            Level::Raid5 => {
+                let p = match alg {
+                    ParityLayout::LeftAsymmetric | ParityLayout::LeftSymmetric => k - r,
+                    ParityLayout::RightAsymmetric | ParityLayout::RightSymmetric => r,
+                    ParityLayout::ParityFirst => 0,
+                    ParityLayout::ParityLast => k,
+                };
+                for d in 0..k {
+                    data.push(match alg {
+                        ParityLayout::LeftAsymmetric | ParityLayout::RightAsymmetric => {
+                            if d >= p {
+                                d + 1
+                            } else {
+                                d
+                            }
+                        }
+                        ParityLayout::LeftSymmetric | ParityLayout::RightSymmetric => {
+                            (p + 1 + d) % n
+                        }
+                        ParityLayout::ParityFirst => d + 1,
+                        ParityLayout::ParityLast => d,
+                    });
+                }
+                (p, None)
+            }
+            Level::Raid6 => {
+                let (p, q) = match alg {
+                    ParityLayout::LeftAsymmetric | ParityLayout::LeftSymmetric => {
+                        let p = n - 1 - r;
+                        (p, (p + 1) % n)
+                    }
+                    ParityLayout::RightAsymmetric | ParityLayout::RightSymmetric => {
+                        (r, (r + 1) % n)
+                    }
+                    ParityLayout::ParityFirst => (0, 1),
+                    ParityLayout::ParityLast => (k, k + 1),
+                };
+                for d in 0..k {
+                    data.push(match alg {
+                        ParityLayout::LeftAsymmetric | ParityLayout::RightAsymmetric => {
+                            if p == n - 1 {
+                                d + 1 // Q D D D P
+                            } else if d >= p {
+                                d + 2 // D D P Q D
+                            } else {
+                                d
+                            }
+                        }
+                        ParityLayout::LeftSymmetric | ParityLayout::RightSymmetric => {
+                            (p + 2 + d) % n
+                        }
+                        ParityLayout::ParityFirst => d + 2,
+                        ParityLayout::ParityLast => d,
+                    });
+                }
+                (p, Some(q))
+            }
+            _ => unreachable!(),
+        };
+        // md's set_syndrome_sources: walk the members starting after Q
+        // (from 0 when Q is the last member), skipping P and Q.
+        let mut syndrome = vec![0; k];
+        if let Some(q) = q {
+            let d0 = if q == n - 1 { 0 } else { q + 1 };
+            let mut slot = 0;
+            for i in 0..n {
+                let m = (d0 + i) % n;
+                if m == p || m == q {
+                    continue;
+                }
+                let dd = data.iter().position(|&x| x == m).expect("data member");
+                syndrome[dd] = slot;
+                slot += 1;
+            }
+        } else {
+            syndrome.iter_mut().enumerate().for_each(|(i, s)| *s = i);
+        }
+        StripeMap {
+            p,
+            q,
+            data,
+            syndrome,
+        }
+    }
+
+    /// Split the logical range `[off, off + len)` into pieces that each lie
+    /// within one chunk (one member for linear). The range must lie within
+    /// the capacity.
+    pub fn pieces(&self, off: u64, len: u64) -> Vec<Piece> {
+        assert!(
+            off.checked_add(len).is_some_and(|e| e <= self.capacity()),
+            "range {off}+{len} beyond capacity {}",
+            self.capacity()
+        );
+        let mut out = Vec::new();
+        let mut pos = off;
+        let end = off + len;
+        while pos < end {
+            let p = self.piece_at(pos, end - pos);
+            pos += p.len;
+            out.push(p);
+        }
+        out
+    }
+
+    /// The piece starting at logical offset `pos`, at most `max` bytes long.
+    fn piece_at(&self, pos: u64, max: u64) -> Piece {
+        let chunk = self.chunk;
+        let n = self.members() as u64;
+        if self.level == Level::Linear {
+            let m = self.starts.partition_point(|&s| s <= pos) - 1;
+            let within = pos - self.starts[m];
+            let len = max.min(self.member_sizes[m] - within);
+            return Piece {
+                logical: pos,
+                len,
+                stripe: m as u64,
+                col: within,
+                dd: 0,
+                copies: vec![(m, within)],
+            };
+        }
+        let col = pos % chunk;
+        let len = max.min(chunk - col);
+        let chunk_no = pos / chunk;
+        let (stripe, dd, copies) = match self.level {
+            Level::Raid0 => {
+                let stripe = chunk_no / n;
+                let m = (chunk_no % n) as usize;
+                (stripe, 0, vec![(m, stripe * chunk + col)])
+            }
+            Level::Raid1 => (
+                chunk_no,
+                0,
+                (0..n as usize).map(|m| (m, pos)).collect::<Vec<_>>(),
+            ),
+            Level::Raid10 => {
+                // md's raid10_find_phys, near layout: copy j of chunk c sits in
+                // slot c * copies + j, slots filled row by row across members.
+                let nc = self.near_copies() as u64;
+                let copies = (0..nc)
+                    .map(|j| {
+                        let slot = chunk_no * nc + j;
+                        ((slot % n) as usize, slot / n * chunk + col)
+                    })
+                    .collect();
+                (chunk_no * nc / n, 0, copies)
+            }
+            Level::Raid4 | Level::Raid5 | Level::Raid6 => {
+                let k = self.data_members() as u64;
+                let stripe = chunk_no / k;
+                let dd = (chunk_no % k) as usize;
+                let m = self.stripe_map(stripe).data[dd];
+                (stripe, dd, vec![(m, stripe * chunk + col)])
+            }
+            Level::Linear => unreachable!(),
+        };
+        Piece {
+            logical: pos,
+            len,
+            stripe,
+            col,
+            dd,
+            copies,
+        }
+    }
+
+    /// Logical offset of data chunk `dd` of `stripe` (parity levels).
+    pub fn stripe_data_offset(&self, stripe: u64, dd: usize) -> u64 {
+        (stripe * self.data_members() as u64 + dd as u64) * self.chunk
+    }
+
+    /// For RAID-10: which members form each mirror set is not fixed (copies
+    /// rotate when members % copies != 0), so redundancy is judged per chunk:
+    /// the members holding logical chunk `chunk_no`.
+    pub fn raid10_members_of_chunk(&self, chunk_no: u64) -> Vec<usize> {
+        let n = self.members() as u64;
+        let nc = self.near_copies() as u64;
+        (0..nc)
+            .map(|j| ((chunk_no * nc + j) % n) as usize)
+            .collect()
+    }
+
+    /// How many members may be lost without losing data, in the worst case.
+    pub fn redundancy(&self) -> usize {
+        match self.level {
+            Level::Linear | Level::Raid0 => 0,
+            Level::Raid1 => self.members() - 1,
+            Level::Raid4 | Level::Raid5 => 1,
+            Level::Raid6 => 2,
+            Level::Raid10 => self.near_copies() - 1,
+        }
+    }
+
+    /// Whether the array can serve every byte with the members in `missing` absent.
+    pub fn survives(&self, missing: &[usize]) -> bool {
+        if missing.is_empty() {
+            return true;
+        }
+        match self.level {
+            Level::Linear | Level::Raid0 => false,
+            Level::Raid1 => missing.len() < self.members(),
+            Level::Raid4 | Level::Raid5 | Level::Raid6 => {
+                missing.len() <= self.level.parity_count()
+            }
+            Level::Raid10 => {
+                // The copy pattern repeats every `members` chunks.
+                (0..self.members() as u64).all(|c| {
+                    self.raid10_members_of_chunk(c)
+                        .iter()
+                        .any(|m| !missing.contains(m))
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,438 @@
+use super::*;
+use proptest::prelude::*;
+use std::collections::HashSet;
+
+const K: u64 = 4096;
+
+fn geom(level: Level, layout: Layout, n: usize, chunks_per_member: u64) -> Geometry {
+    Geometry::new(level, layout, K, vec![chunks_per_member * K; n]).unwrap()
+}
+
+/// The classic md pictures: row r lists, per member, "P", "Q" or the data chunk number.
+fn picture(g: &Geometry, rows: u64) -> Vec<Vec<String>> {
+    (0..rows)
+        .map(|s| {
+            let m = g.stripe_map(s);
+            let mut row = vec![String::new(); g.members()];
+            row[m.p] = "P".into();
+            if let Some(q) = m.q {
+                row[q] = "Q".into();
+            }
+            for (dd, &member) in m.data.iter().enumerate() {
+                row[member] = (s * g.data_members() as u64 + dd as u64).to_string();
+            }
+            row
+        })
+        .collect()
+}
+
+fn rows(spec: &[&str]) -> Vec<Vec<String>> {
+    spec.iter()
+        .map(|r| r.split_whitespace().map(String::from).collect())
+        .collect()
+}
+
+#[test]
+fn raid5_pictures_match_md() {
+    let cases = [
+        (
+            ParityLayout::LeftSymmetric,
+            ["0 1 2 P", "4 5 P 3", "8 P 6 7", "P 9 10 11"],
+        ),
+        (
+            ParityLayout::LeftAsymmetric,
+            ["0 1 2 P", "3 4 P 5", "6 P 7 8", "P 9 10 11"],
+        ),
+        (
+            ParityLayout::RightSymmetric,
+            ["P 0 1 2", "5 P 3 4", "7 8 P 6", "9 10 11 P"],
+        ),
+        (
+            ParityLayout::RightAsymmetric,
+            ["P 0 1 2", "3 P 4 5", "6 7 P 8", "9 10 11 P"],
+        ),
+        (
+            ParityLayout::ParityFirst,
+            ["P 0 1 2", "P 3 4 5", "P 6 7 8", "P 9 10 11"],
+        ),
+        (
+            ParityLayout::ParityLast,
+            ["0 1 2 P", "3 4 5 P", "6 7 8 P", "9 10 11 P"],
+        ),
+    ];
+    for (alg, want) in cases {
+        let g = geom(Level::Raid5, Layout::Parity(alg), 4, 8);
+        assert_eq!(picture(&g, 4), rows(&want), "{alg:?}");
+    }
+}
+
+#[test]
+fn raid6_pictures_match_md() {
+    let cases = [
+        (
+            ParityLayout::LeftSymmetric,
+            [
+                "Q 0 1 2 P",
+                "3 4 5 P Q",
+                "7 8 P Q 6",
+                "11 P Q 9 10",
+                "P Q 12 13 14",
+            ],
+        ),
+        (
+            ParityLayout::LeftAsymmetric,
+            [
+                "Q 0 1 2 P",
+                "3 4 5 P Q",
+                "6 7 P Q 8",
+                "9 P Q 10 11",
+                "P Q 12 13 14",
+            ],
+        ),
+        (
+            ParityLayout::RightSymmetric,
+            [
+                "P Q 0 1 2",
+                "5 P Q 3 4",
+                "7 8 P Q 6",
+                "9 10 11 P Q",
+                "Q 12 13 14 P",
+            ],
+        ),
+        (
+            ParityLayout::RightAsymmetric,
+            [
+                "P Q 0 1 2",
+                "3 P Q 4 5",
+                "6 7 P Q 8",
+                "9 10 11 P Q",
+                "Q 12 13 14 P",
+            ],
+        ),
+        (
+            ParityLayout::ParityFirst,
+            [
+                "P Q 0 1 2",
+                "P Q 3 4 5",
+                "P Q 6 7 8",
+                "P Q 9 10 11",
+                "P Q 12 13 14",
+            ],
+        ),
+        (
+            ParityLayout::ParityLast,
+            [
+                "0 1 2 P Q",
+                "3 4 5 P Q",
+                "6 7 8 P Q",
+                "9 10 11 P Q",
+                "12 13 14 P Q",
+            ],
+        ),
+    ];
+    for (alg, want) in cases {
+        let g = geom(Level::Raid6, Layout::Parity(alg), 5, 8);
+        assert_eq!(picture(&g, 5), rows(&want), "{alg:?}");
+    }
+}
+
+#[test]
+fn raid6_syndrome_order_follows_member_order_after_q() {
+    // Left-asymmetric, 5 members, stripe 2: "6 7 P Q 8": md's syndrome walk
+    // starts after Q (member 4, chunk 8), then members 0 and 1 (chunks 6, 7).
+    let g = geom(
+        Level::Raid6,
+        Layout::Parity(ParityLayout::LeftAsymmetric),
+        5,
+        8,
+    );
+    let m = g.stripe_map(2);
+    assert_eq!(m.data, vec![0, 1, 4]);
+    assert_eq!(m.syndrome, vec![1, 2, 0]);
+    // Left-symmetric: syndrome order is the logical order.
+    let g = geom(
+        Level::Raid6,
+        Layout::Parity(ParityLayout::LeftSymmetric),
+        5,
+        8,
+    );
+    for s in 0..10 {
+        assert_eq!(g.stripe_map(s).syndrome, vec![0, 1, 2]);
+    }
+}
+
+#[test]
+fn raid10_near2_matches_md() {
+    // 4 members n2: chunk 0 on members 0,1; chunk 1 on 2,3; chunk 2 on 0,1 row 1.
+    let g = geom(Level::Raid10, Layout::Near(2), 4, 8);
+    let p = g.pieces(0, 3 * K);
+    assert_eq!(p[0].copies, vec![(0, 0), (1, 0)]);
+    assert_eq!(p[1].copies, vec![(2, 0), (3, 0)]);
+    assert_eq!(p[2].copies, vec![(0, K), (1, K)]);
+    // 3 members n2: copies rotate: chunk 1 on member 2 (row 0) and member 0 (row 1).
+    let g = geom(Level::Raid10, Layout::Near(2), 3, 8);
+    let p = g.pieces(K, K);
+    assert_eq!(p[0].copies, vec![(2, 0), (0, K)]);
+    assert_eq!(g.capacity(), 12 * K);
+}
+
+#[test]
+fn raid0_and_linear() {
+    let g = geom(Level::Raid0, Layout::None, 3, 4);
+    let p = g.pieces(4 * K + 10, 100);
+    assert_eq!(p[0].copies, vec![(1, K + 10)]);
+    let g = Geometry::new(Level::Linear, Layout::None, K, vec![2 * K, 3 * K + 100]).unwrap();
+    assert_eq!(g.capacity(), 5 * K);
+    let p = g.pieces(K, 2 * K);
+    assert_eq!(p.len(), 2);
+    assert_eq!(p[0].copies, vec![(0, K)]);
+    assert_eq!(p[1].copies, vec![(1, 0)]);
+}
+
+#[test]
+fn shape_errors() {
+    assert!(matches!(
+        Geometry::new(
+            Level::Raid5,
+            Level::Raid5.default_layout(),
+            3000,
+            vec![1 << 20; 3]
+        ),
+        Err(LayoutError::BadChunk(3000))
+    ));
+    assert!(matches!(
+        Geometry::new(
+            Level::Raid5,
+            Level::Raid5.default_layout(),
+            2048,
+            vec![1 << 20; 3]
+        ),
+        Err(LayoutError::BadChunk(2048))
+    ));
+    assert!(matches!(
+        Geometry::new(
+            Level::Raid6,
+            Level::Raid6.default_layout(),
+            K,
+            vec![1 << 20; 3]
+        ),
+        Err(LayoutError::TooFewMembers { min: 4, got: 3, .. })
+    ));
+    assert!(matches!(
+        Geometry::new(Level::Raid0, Layout::Near(2), K, vec![1 << 20; 3]),
+        Err(LayoutError::LayoutNotForLevel { .. })
+    ));
+    assert!(matches!(
+        Geometry::new(Level::Raid0, Layout::None, 1 << 20, vec![1000; 3]),
+        Err(LayoutError::MemberTooSmall { .. })
+    ));
+    assert!("raid7".parse::<Level>().is_err());
+    assert!(Layout::parse(Level::Raid5, "n2").is_err());
+    assert!(Layout::parse(Level::Raid5, "sideways").is_err());
+    assert_eq!(
+        Layout::parse(Level::Raid6, "ls").unwrap(),
+        Layout::Parity(ParityLayout::LeftSymmetric)
+    );
+}
+
+fn all_shapes() -> Vec<(Level, Layout, usize)> {
+    let mut v = Vec::new();
+    for n in 1..=9 {
+        v.push((Level::Linear, Layout::None, n));
+        v.push((Level::Raid0, Layout::None, n));
+        if n >= 2 {
+            v.push((Level::Raid1, Layout::None, n));
+            v.push((Level::Raid4, Level::Raid4.default_layout(), n));
+            for alg in ParityLayout::ALL {
+                v.push((Level::Raid5, Layout::Parity(alg), n));
+                if n >= 4 {
+                    v.push((Level::Raid6, Layout::Parity(alg), n));
+                }
+            }
+            for c in 2..=3u8 {
+                if n >= c as usize {
+                    v.push((Level::Raid10, Layout::Near(c), n));
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Every member chunk holds exactly one thing: one copy of one logical
+/// chunk, or one stripe's P or Q. Checked over the whole array.
+#[test]
+fn every_chunk_placed_exactly_once() {
+    for (level, layout, n) in all_shapes() {
+        let mc = 2 * n as u64 + 3;
+        let g = geom(level, layout, n, mc);
+        let mut used = HashSet::new();
+        let mut copies_total = 0u64;
+        for c in 0..g.capacity() / K {
+            let ps = g.pieces(c * K, K);
+            assert_eq!(ps.len(), 1, "{level} {layout} n={n}");
+            let p = &ps[0];
+            for &(m, off) in &p.copies {
+                assert_eq!(off % K, 0);
+                assert!(off < g.member_sizes[m]);
+                assert!(used.insert((m, off / K)), "{level} {layout} n={n}: reuse");
+                copies_total += 1;
+            }
+        }
+        if level.is_parity() {
+            for s in 0..g.stripes() {
+                let sm = g.stripe_map(s);
+                for m in std::iter::once(sm.p).chain(sm.q) {
+                    assert!(
+                        used.insert((m, s)),
+                        "{level} {layout} n={n}: parity collides"
+                    );
+                }
+                let mut all: Vec<usize> = sm.data.clone();
+                all.push(sm.p);
+                all.extend(sm.q);
+                all.sort_unstable();
+                assert_eq!(all, (0..n).collect::<Vec<_>>());
+                let mut syn = sm.syndrome.clone();
+                syn.sort_unstable();
+                assert_eq!(syn, (0..g.data_members()).collect::<Vec<_>>());
+            }
+        }
+        // Capacity formulas.
+        let chunks = g.capacity() / K;
+        let want = match level {
+            Level::Linear | Level::Raid0 => n as u64 * mc,
+            Level::Raid1 => mc,
+            Level::Raid4 | Level::Raid5 => (n as u64 - 1) * mc,
+            Level::Raid6 => (n as u64 - 2) * mc,
+            Level::Raid10 => {
+                let Layout::Near(c) = layout else {
+                    unreachable!()
+                };
+                n as u64 * mc / c as u64
+            }
+        };
+        assert_eq!(chunks, want, "{level} {layout} n={n}");
+        let copies = match (level, layout) {
+            (Level::Raid1, _) => n as u64,
+            (_, Layout::Near(c)) => c as u64,
+            _ => 1,
+        };
+        assert_eq!(copies_total, chunks * copies);
+        if level.is_parity() || matches!(level, Level::Raid0 | Level::Linear | Level::Raid1) {
+            // Every member chunk used: no waste.
+            assert_eq!(used.len() as u64, n as u64 * mc, "{level} {layout} n={n}");
+        }
+    }
+}
+
+#[test]
+fn parity_rotates_as_md() {
+    for n in 2..=9usize {
+        for alg in ParityLayout::ALL {
+            for level in [Level::Raid5, Level::Raid6] {
+                if level == Level::Raid6 && n < 4 {
+                    continue;
+                }
+                let g = geom(level, Layout::Parity(alg), n, 3 * n as u64);
+                let k = g.data_members();
+                for s in 0..g.stripes() {
+                    let sm = g.stripe_map(s);
+                    let r = (s % n as u64) as usize;
+                    let want_p = match alg {
+                        ParityLayout::LeftAsymmetric | ParityLayout::LeftSymmetric => n - 1 - r,
+                        ParityLayout::RightAsymmetric | ParityLayout::RightSymmetric => r,
+                        ParityLayout::ParityFirst => 0,
+                        ParityLayout::ParityLast => k,
+                    };
+                    assert_eq!(sm.p, want_p);
+                    if let Some(q) = sm.q {
+                        match alg {
+                            ParityLayout::ParityFirst => assert_eq!(q, 1),
+                            ParityLayout::ParityLast => assert_eq!(q, k + 1),
+                            _ => assert_eq!(q, (sm.p + 1) % n),
+                        }
+                    }
+                    // Symmetric layouts continue data right after the parity.
+                    if matches!(
+                        alg,
+                        ParityLayout::LeftSymmetric | ParityLayout::RightSymmetric
+                    ) {
+                        let first = (sm.q.unwrap_or(sm.p) + 1) % n;
+                        assert_eq!(sm.data[0], first);
+                    }
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn pieces_cover_range_in_order(
+        shape in 0usize..200,
+        chunk_shift in 12u32..17,
+        a in 0u64..u64::MAX,
+        b in 0u64..u64::MAX,
+    ) {
+        let shapes = all_shapes();
+        let (level, layout, n) = shapes[shape % shapes.len()];
+        let chunk = 1u64 << chunk_shift;
+        let sizes: Vec<u64> = (0..n).map(|i| chunk * (5 + i as u64) + 123).collect();
+        let g = Geometry::new(level, layout, chunk, sizes).unwrap();
+        let cap = g.capacity();
+        let off = a % cap;
+        let len = b % (cap - off + 1);
+        let ps = g.pieces(off, len);
+        let mut pos = off;
+        for p in &ps {
+            prop_assert_eq!(p.logical, pos);
+            prop_assert!(p.len > 0);
+            for &(m, dev) in &p.copies {
+                prop_assert!(dev + p.len <= g.member_sizes[m]);
+                if level != Level::Linear {
+                    prop_assert_eq!(dev % chunk, p.col);
+                }
+            }
+            if level.is_parity() {
+                // The piece lies in the chunk that stripe_data_offset names.
+                let base = g.stripe_data_offset(p.stripe, p.dd);
+                prop_assert_eq!(base + p.col, p.logical);
+                let sm = g.stripe_map(p.stripe);
+                prop_assert_eq!(p.copies[0], (sm.data[p.dd], p.stripe * chunk + p.col));
+            }
+            pos += p.len;
+        }
+        prop_assert_eq!(pos, off + len);
+    }
+
+    #[test]
+    fn md_numbers_round_trip(shape in 0usize..200) {
+        let shapes = all_shapes();
+        let (level, layout, _) = shapes[shape % shapes.len()];
+        prop_assert_eq!(Level::from_md_number(level.md_number()), Some(level));
+        prop_assert_eq!(Layout::from_md_number(level, layout.md_number()), Some(layout));
+    }
+
+    #[test]
+    fn survives_matches_redundancy(shape in 0usize..200, seed in any::<u64>()) {
+        let shapes = all_shapes();
+        let (level, layout, n) = shapes[shape % shapes.len()];
+        let g = geom(level, layout, n, 4);
+        // Any set of up to `redundancy()` members may go (worst case).
+        let r = g.redundancy().min(n - 1);
+        let mut missing: Vec<usize> = (0..n).collect();
+        let mut s = seed;
+        for i in (1..n).rev() {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            missing.swap(i, (s >> 33) as usize % (i + 1));
+        }
+        missing.truncate(r);
+        prop_assert!(g.survives(&missing));
+        if level != Level::Raid10 && n > r {
+            let mut more: Vec<usize> = (0..n).collect();
+            more.truncate(r + 1);
+            prop_assert!(!g.survives(&more));
+        }
+    }
+}
