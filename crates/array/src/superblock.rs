@@ -459,10 +459,13 @@ mod tests {
         let old_seq = sb.seq;
         // Simulate a crash while writing copy A of the next update: half of
         // the new block lands, copy B still holds the previous version.
+        // Only the first sector (new header and checksum) reaches the disk;
+        // the role table behind it is still the old one.
         sb.seq += 1;
         sb.events += 1;
+        sb.roles[3].state = RoleState::Faulty;
         let new = sb.encode();
-        m.write_at(&new[..SB_SIZE / 2], 0).unwrap();
+        m.write_at(&new[..512], 0).unwrap();
         let r = read_superblock(&m).unwrap();
         assert_eq!(r.copies_valid, [false, true]);
         assert_eq!(r.sb.seq, old_seq);

@@ -1,0 +1,309 @@
+//! The array engine against a model: every level and layout written at
+//! random, read back whole, checked member by member (data where md puts
+//! it, parity recomputed by the slow reference), and read degraded with
+//! every member (and for RAID-6 every pair) missing.
+
+use raidkit_array::assemble::{assemble, Absence};
+use raidkit_array::create::{create, CreateOptions};
+use raidkit_array::spec::{self, Spec};
+use raidkit_array::superblock::read_superblock;
+use raidkit_array::{Array, Error};
+use raidkit_layout::{Layout, Level, ParityLayout};
+use raidkit_member::{FileMember, Member};
+use rand::{Rng, SeedableRng};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const CHUNK: u64 = 4096;
+const MEMBER: u64 = (1 << 20) + 48 * CHUNK;
+
+fn tmp() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
+}
+
+fn shapes() -> Vec<(Level, Layout, usize)> {
+    let mut v = vec![
+        (Level::Linear, Layout::None, 3),
+        (Level::Raid0, Layout::None, 3),
+        (Level::Raid1, Layout::None, 3),
+        (Level::Raid4, Level::Raid4.default_layout(), 4),
+        (Level::Raid10, Layout::Near(2), 4),
+        (Level::Raid10, Layout::Near(2), 3),
+        (Level::Raid10, Layout::Near(3), 4),
+    ];
+    for alg in ParityLayout::ALL {
+        v.push((Level::Raid5, Layout::Parity(alg), 4));
+        v.push((Level::Raid6, Layout::Parity(alg), 5));
+    }
+    v.push((Level::Raid5, Level::Raid5.default_layout(), 3));
+    v.push((Level::Raid6, Level::Raid6.default_layout(), 4));
+    v.push((
+        Level::Raid6,
+        Layout::Parity(ParityLayout::LeftAsymmetric),
+        7,
+    ));
+    v
+}
+
+fn paths(dir: &Path, n: usize) -> Vec<PathBuf> {
+    (0..n).map(|i| dir.join(format!("m{i}.img"))).collect()
+}
+
+fn specs(p: &[PathBuf]) -> Vec<Spec> {
+    p.iter()
+        .map(|x| Spec::File(x.display().to_string()))
+        .collect()
+}
+
+fn make(level: Level, layout: Layout, paths: &[PathBuf]) {
+    if level == Level::Linear {
+        // Linear members may differ in size.
+        for (i, p) in paths.iter().enumerate() {
+            let f = std::fs::File::create(p).unwrap();
+            f.set_len(MEMBER + i as u64 * 3 * CHUNK).unwrap();
+        }
+    }
+    let opts = CreateOptions {
+        level,
+        layout,
+        chunk: CHUNK,
+        size: (level != Level::Linear).then_some(MEMBER),
+        name: "t".into(),
+        force: false,
+        assume_clean: false,
+    };
+    create(&specs(paths), &opts, |_, _| {}).unwrap();
+}
+
+/// Open the array from the members present (None = absent).
+fn open(paths: &[Option<&PathBuf>]) -> Result<Array, Error> {
+    let ms: Vec<Arc<dyn Member>> = paths
+        .iter()
+        .flatten()
+        .map(|p| Arc::new(FileMember::open(p, false).unwrap()) as Arc<dyn Member>)
+        .collect();
+    Array::open(assemble(ms)?, "t", false)
+}
+
+fn random_writes(a: &Array, model: &mut [u8], rng: &mut impl Rng, count: usize) {
+    let cap = model.len() as u64;
+    for _ in 0..count {
+        let len = rng.gen_range(1..=(3 * 4 * CHUNK).min(cap));
+        let off = rng.gen_range(0..=cap - len);
+        let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        a.write(&data, off).unwrap();
+        model[off as usize..(off + len) as usize].copy_from_slice(&data);
+    }
+}
+
+fn read_all(a: &Array) -> Vec<u8> {
+    let mut buf = vec![0u8; a.capacity() as usize];
+    a.read(&mut buf, 0).unwrap();
+    buf
+}
+
+/// Every data byte sits where the layout (checked against md's pictures in
+/// the layout crate) says, on the raw member files.
+fn check_members(a: &Array, paths: &[PathBuf], model: &[u8]) {
+    let g = a.geometry();
+    let files: Vec<FileMember> = paths
+        .iter()
+        .map(|p| FileMember::open(p, true).unwrap())
+        .collect();
+    let offs: Vec<u64> = files
+        .iter()
+        .map(|f| read_superblock(f).unwrap().sb.data_offset)
+        .collect();
+    let mut buf = vec![0u8; CHUNK as usize];
+    for c in 0..g.capacity() / CHUNK {
+        for p in g.pieces(c * CHUNK, CHUNK) {
+            for &(m, dev) in &p.copies {
+                let b = &mut buf[..p.len as usize];
+                files[m].read_at(b, offs[m] + dev).unwrap();
+                assert_eq!(
+                    b,
+                    &model[p.logical as usize..(p.logical + p.len) as usize],
+                    "member {m} at {dev}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_level_against_a_model_with_every_member_missing() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    for (level, layout, n) in shapes() {
+        let dir = tmp();
+        let ps = paths(dir.path(), n);
+        make(level, layout, &ps);
+        let all: Vec<Option<&PathBuf>> = ps.iter().map(Some).collect();
+        let a = open(&all).unwrap();
+        let mut model = vec![0u8; a.capacity() as usize];
+        // A full-array write first, then scattered partial ones.
+        let full: Vec<u8> = (0..model.len()).map(|_| rng.gen()).collect();
+        a.write(&full, 0).unwrap();
+        model.copy_from_slice(&full);
+        random_writes(&a, &mut model, &mut rng, 60);
+        assert!(read_all(&a) == model, "{level} {layout}: read-back");
+        assert_eq!(a.count_mismatches().unwrap(), 0, "{level} {layout}");
+        a.close().unwrap();
+        check_members(&a, &ps, &model);
+
+        // Degraded reads: each member missing, and each pair for RAID-6.
+        let g = a.geometry().clone();
+        let mut sets: Vec<Vec<usize>> = (0..n).map(|i| vec![i]).collect();
+        if level == Level::Raid6 {
+            for i in 0..n {
+                for j in i + 1..n {
+                    sets.push(vec![i, j]);
+                }
+            }
+        }
+        for gone in sets {
+            let present: Vec<Option<&PathBuf>> = ps
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (!gone.contains(&i)).then_some(p))
+                .collect();
+            match open(&present) {
+                Ok(d) => {
+                    assert!(g.survives(&gone));
+                    assert!(read_all(&d) == model, "{level} {layout} without {gone:?}");
+                }
+                Err(e) => {
+                    assert!(!g.survives(&gone), "{level} {layout} without {gone:?}: {e}");
+                    assert!(matches!(e, Error::NotEnoughMembers { .. }), "{e}");
+                    let msg = e.to_string();
+                    for r in &gone {
+                        assert!(msg.contains(&format!("role {r}")), "{msg}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn degraded_writes_then_the_stale_member_is_never_trusted() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for (level, layout, n) in shapes() {
+        if matches!(level, Level::Linear | Level::Raid0) {
+            continue;
+        }
+        for gone in 0..n {
+            let dir = tmp();
+            let ps = paths(dir.path(), n);
+            make(level, layout, &ps);
+            let all: Vec<Option<&PathBuf>> = ps.iter().map(Some).collect();
+            let a = open(&all).unwrap();
+            let mut model = vec![0u8; a.capacity() as usize];
+            random_writes(&a, &mut model, &mut rng, 10);
+            a.close().unwrap();
+            // Write with one member away.
+            let present: Vec<Option<&PathBuf>> = ps
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (i != gone).then_some(p))
+                .collect();
+            let d = open(&present).unwrap();
+            random_writes(&d, &mut model, &mut rng, 30);
+            assert!(read_all(&d) == model, "{level} {layout} -{gone}");
+            d.close().unwrap();
+            // The member comes back: it is stale and ignored, data stays right.
+            let asm = assemble(spec::open_all(&specs(&ps), true).unwrap()).unwrap();
+            match &asm.slots[gone].absence {
+                Some(Absence::Stale { reason, .. }) => {
+                    assert!(reason.contains("behind"), "{reason}")
+                }
+                other => panic!("{level} {layout}: member {gone} not stale: {other:?}"),
+            }
+            let back = Array::open(asm, "t", true).unwrap();
+            assert!(read_all(&back) == model, "{level} {layout} stale {gone}");
+        }
+    }
+}
+
+#[test]
+fn raid50_nests_arrays_as_members() {
+    let dir = tmp();
+    let a_paths = paths(&dir.path().join("a"), 3);
+    let b_paths = paths(&dir.path().join("b"), 3);
+    std::fs::create_dir_all(dir.path().join("a")).unwrap();
+    std::fs::create_dir_all(dir.path().join("b")).unwrap();
+    let big = 4 * MEMBER;
+    for ps in [&a_paths, &b_paths] {
+        let opts = CreateOptions {
+            level: Level::Raid5,
+            layout: Level::Raid5.default_layout(),
+            chunk: CHUNK,
+            size: Some(big),
+            name: "inner".into(),
+            force: false,
+            assume_clean: false,
+        };
+        create(&specs(ps), &opts, |_, _| {}).unwrap();
+    }
+    let outer = vec![Spec::Array(specs(&a_paths)), Spec::Array(specs(&b_paths))];
+    let opts = CreateOptions {
+        level: Level::Raid0,
+        layout: Layout::None,
+        chunk: 2 * CHUNK,
+        size: None,
+        name: "raid50".into(),
+        force: false,
+        assume_clean: false,
+    };
+    create(&outer, &opts, |_, _| {}).unwrap();
+    let top = Spec::Array(outer.clone());
+    let arr = spec::open_array(&top, false).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(50);
+    let mut model = vec![0u8; arr.capacity() as usize];
+    random_writes(&arr, &mut model, &mut rng, 40);
+    arr.close().unwrap();
+    // Lose one member of each inner RAID-5: still every byte.
+    let degraded = Spec::Array(vec![
+        Spec::Array(specs(&a_paths[1..])),
+        Spec::Array(specs(&[b_paths[0].clone(), b_paths[2].clone()])),
+    ]);
+    let arr = spec::open_array(&degraded, true).unwrap();
+    assert!(read_all(&arr) == model);
+    // Two from one inner set: that inner array, and so the outer, cannot run.
+    let failed = Spec::Array(vec![
+        Spec::Array(specs(&a_paths[2..])),
+        Spec::Array(specs(&b_paths)),
+    ]);
+    let e = spec::open_array(&failed, true).unwrap_err();
+    assert!(e.to_string().contains("cannot run"), "{e}");
+}
+
+#[test]
+fn out_of_range_and_read_only() {
+    let dir = tmp();
+    let ps = paths(dir.path(), 3);
+    make(Level::Raid5, Level::Raid5.default_layout(), &ps);
+    let all: Vec<Option<&PathBuf>> = ps.iter().map(Some).collect();
+    let a = open(&all).unwrap();
+    let cap = a.capacity();
+    assert!(matches!(
+        a.write(&[1, 2, 3], cap - 2),
+        Err(Error::OutOfRange { .. })
+    ));
+    let mut b = [0u8; 4];
+    assert!(matches!(
+        a.read(&mut b, u64::MAX - 1),
+        Err(Error::OutOfRange { .. })
+    ));
+    let ro = Array::open(
+        assemble(spec::open_all(&specs(&ps), true).unwrap()).unwrap(),
+        "t",
+        true,
+    )
+    .unwrap();
+    assert!(ro.write(&[1], 0).is_err());
+}
