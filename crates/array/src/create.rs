@@ -100,6 +100,16 @@ pub fn create(
         };
         sizes.push(size);
     }
+    let offsets: Vec<u64> = sizes.iter().map(|&s| data_offset_for(s)).collect();
+    for ((p, &s), &o) in prepared.iter().zip(&sizes).zip(&offsets) {
+        if s < o + opts.chunk {
+            return Err(Error::Invalid(format!(
+                "{} is too small: {s} bytes, but {o} bytes of metadata plus one {}-byte chunk are needed",
+                prepared_name(p),
+                opts.chunk
+            )));
+        }
+    }
     if opts.level != Level::Linear && sizes.iter().any(|&s| s != sizes[0]) {
         let list = prepared
             .iter()
@@ -110,16 +120,6 @@ pub fn create(
         return Err(Error::Invalid(format!(
             "members differ in size: {list}; give --size to use the same amount of each"
         )));
-    }
-    let offsets: Vec<u64> = sizes.iter().map(|&s| data_offset_for(s)).collect();
-    for ((p, &s), &o) in prepared.iter().zip(&sizes).zip(&offsets) {
-        if s < o + opts.chunk {
-            return Err(Error::Invalid(format!(
-                "{} is too small: {s} bytes, but {o} bytes of metadata plus one {}-byte chunk are needed",
-                prepared_name(p),
-                opts.chunk
-            )));
-        }
     }
     let data_sizes: Vec<u64> = sizes
         .iter()

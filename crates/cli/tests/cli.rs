@@ -1,0 +1,349 @@
+//! The real `raidkit` binary, driven as a user drives it.
+
+use rand::{seq::SliceRandom, Rng, SeedableRng};
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn tmp() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
+}
+
+fn raidkit(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_raidkit"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run raidkit")
+}
+
+fn ok(args: &[&str]) -> Output {
+    let o = raidkit(args);
+    assert!(
+        o.status.success(),
+        "raidkit {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+/// Runs, expects failure (exit 1) with `needle` in the message.
+fn fails(args: &[&str], needle: &str) -> String {
+    let o = raidkit(args);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(1), "raidkit {args:?}: {err}");
+    assert!(
+        err.contains(needle),
+        "raidkit {args:?}: expected '{needle}' in: {err}"
+    );
+    err
+}
+
+fn members(dir: &Path, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| dir.join(format!("d{i}.img")).display().to_string())
+        .collect()
+}
+
+fn args<'a>(head: &[&'a str], ms: &'a [String]) -> Vec<&'a str> {
+    head.iter().copied().chain(ms.iter().map(|s| s.as_str())).collect()
+}
+
+fn digest(paths: &[String]) -> Vec<Vec<u8>> {
+    paths.iter().map(|p| std::fs::read(p).unwrap()).collect()
+}
+
+fn write_file(dir: &Path, name: &str, data: &[u8]) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, data).unwrap();
+    p.display().to_string()
+}
+
+fn read_array(ms: &[String], off: u64, len: usize) -> Vec<u8> {
+    let (o, l) = (off.to_string(), len.to_string());
+    let o = ok(&args(&["read", "--offset", &o, "--length", &l], ms));
+    o.stdout
+}
+
+#[test]
+fn every_level_round_trips_shuffled_and_degraded() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let cases: [(&str, usize, usize); 8] = [
+        // level, members, how many may be lost
+        ("linear", 2, 0),
+        ("0", 3, 0),
+        ("1", 3, 2),
+        ("4", 4, 1),
+        ("5", 4, 1),
+        ("6", 5, 2),
+        ("10", 4, 1),
+        ("raid10", 3, 1),
+    ];
+    for (level, n, tolerance) in cases {
+        let dir = tmp();
+        let ms = members(dir.path(), n);
+        ok(&args(
+            &["create", "--level", level, "--size", "16M", "--chunk", "64K", "--name", "t"],
+            &ms,
+        ));
+        let detail: Value =
+            serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
+        let size = detail["size"].as_u64().unwrap();
+        assert_eq!(detail["state"], "optimal");
+        let data: Vec<u8> = (0..3_000_000).map(|_| rng.gen()).collect();
+        let input = write_file(dir.path(), "in.bin", &data);
+        let off = 123_457u64;
+        let o = off.to_string();
+        ok(&args(&["write", "--offset", &o, "--in", &input], &ms));
+        let mut shuffled = ms.clone();
+        shuffled.shuffle(&mut rng);
+        assert!(read_array(&shuffled, off, data.len()) == data, "level {level}");
+        // The tail of the array reads too, and one byte past the end does not.
+        let _ = read_array(&ms, size - 10, 10);
+        fails(
+            &args(&["read", "--offset", &(size - 10).to_string(), "--length", "11"], &ms),
+            "beyond the end",
+        );
+
+        let mut sets: Vec<Vec<usize>> = (0..n).map(|i| vec![i]).collect();
+        if tolerance >= 2 {
+            for i in 0..n {
+                for j in i + 1..n {
+                    sets.push(vec![i, j]);
+                }
+            }
+        }
+        for gone in sets {
+            let present: Vec<String> = ms
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !gone.contains(i))
+                .map(|(_, m)| m.clone())
+                .collect();
+            if gone.len() <= tolerance {
+                assert!(
+                    read_array(&present, off, data.len()) == data,
+                    "level {level} without {gone:?}"
+                );
+            } else {
+                let err = fails(
+                    &args(&["read", "--offset", "0", "--length", "4096"], &present),
+                    "cannot run",
+                );
+                for r in &gone {
+                    assert!(err.contains(&format!("role {r} (missing)")), "{err}");
+                }
+            }
+        }
+        // One more than the level tolerates.
+        if tolerance + 1 < n {
+            let present: Vec<String> = ms[tolerance + 1..].to_vec();
+            fails(
+                &args(&["read", "--offset", "0", "--length", "1"], &present),
+                "cannot run",
+            );
+            let d: Value =
+                serde_json::from_slice(&ok(&args(&["detail", "--json"], &present)).stdout)
+                    .unwrap();
+            assert_eq!(d["state"], "failed");
+        }
+    }
+}
+
+#[test]
+fn bad_input_is_refused_and_overwrites_nothing() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    for m in &ms {
+        std::fs::write(m, vec![0u8; 16 << 20]).unwrap();
+    }
+    let before = digest(&ms);
+    fails(&args(&["create", "--level", "7"], &ms), "unknown RAID level");
+    fails(
+        &args(&["create", "--level", "5", "--chunk", "3000"], &ms),
+        "power of two",
+    );
+    fails(&args(&["create", "--level", "5", "--chunk", "2K"], &ms), "at least 4 KiB");
+    fails(&args(&["create", "--level", "6"], &ms), "at least 4 members");
+    fails(
+        &args(&["create", "--level", "5", "--layout", "n2"], &ms),
+        "does not apply",
+    );
+    fails(
+        &args(&["create", "--level", "5", "--layout", "diagonal"], &ms),
+        "unknown layout",
+    );
+    let dup = vec![ms[0].clone(), ms[1].clone(), ms[0].clone()];
+    fails(&args(&["create", "--level", "5"], &dup), "more than once");
+    assert_eq!(digest(&ms), before);
+
+    // Mismatched sizes.
+    let odd = dir.path().join("odd.img").display().to_string();
+    std::fs::write(&odd, vec![0u8; 20 << 20]).unwrap();
+    let mixed = vec![ms[0].clone(), ms[1].clone(), odd.clone()];
+    fails(&args(&["create", "--level", "5"], &mixed), "differ in size");
+    // Too small.
+    let tiny = write_file(dir.path(), "tiny.img", &[0u8; 4096]);
+    fails(
+        &args(&["create", "--level", "1"], &[ms[0].clone(), tiny.clone()]),
+        "too small",
+    );
+    assert_eq!(digest(&ms), before);
+
+    // A junk file: refused by create (holds data) and by every reader.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+    let junk_data: Vec<u8> = (0..16 << 20).map(|_| rng.gen()).collect();
+    let junk = write_file(dir.path(), "junk.img", &junk_data);
+    let with_junk = vec![ms[0].clone(), ms[1].clone(), junk.clone()];
+    fails(&args(&["create", "--level", "5"], &with_junk), "holds data");
+    assert_eq!(std::fs::read(&junk).unwrap(), junk_data);
+    assert_eq!(digest(&ms), before);
+
+    // A real array, then a second one: members of one are refused by the other.
+    ok(&args(&["create", "--level", "5", "--name", "first"], &ms));
+    let other = members(&dir.path().join("o"), 3);
+    std::fs::create_dir_all(dir.path().join("o")).unwrap();
+    ok(&args(&["create", "--level", "5", "--size", "16M", "--name", "second"], &other));
+    let first = digest(&ms);
+    let second = digest(&other);
+    let steal = vec![other[0].clone(), other[1].clone(), ms[2].clone()];
+    fails(&args(&["create", "--level", "5"], &steal), "already belongs to array");
+    let mix = vec![ms[0].clone(), ms[1].clone(), other[2].clone()];
+    fails(&args(&["detail"], &mix), "different arrays");
+    fails(&args(&["read", "--offset", "0", "--length", "1"], &mix), "different arrays");
+    let with_junk = vec![ms[0].clone(), ms[1].clone(), junk.clone()];
+    fails(&args(&["detail"], &with_junk), "not a raidkit member");
+    fails(&["examine", &junk], "not a raidkit member");
+    let twice = vec![ms[0].clone(), ms[1].clone(), ms[1].clone()];
+    fails(&args(&["detail"], &twice), "same member");
+    fails(&["detail", "/nonexistent/x.img"], "/nonexistent/x.img");
+    // Writes past the end are refused before anything is written.
+    let d: Value = serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
+    let size = d["size"].as_u64().unwrap();
+    let input = write_file(dir.path(), "in.bin", &[7u8; 8192]);
+    fails(
+        &args(&["write", "--offset", &(size - 4096).to_string(), "--in", &input], &ms),
+        "nothing written",
+    );
+    // Bad sizes and missing flags are usage errors.
+    let o = raidkit(&args(&["read", "--offset", "12Q", "--length", "1"], &ms));
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(digest(&ms), first);
+    assert_eq!(digest(&other), second);
+    // --force does overwrite.
+    ok(&args(&["create", "--level", "5", "--force", "--name", "again"], &steal));
+}
+
+#[test]
+fn torn_superblock_update_still_assembles() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    ok(&args(&["create", "--level", "5", "--size", "16M"], &ms));
+    let data = vec![0x5au8; 100_000];
+    let input = write_file(dir.path(), "in.bin", &data);
+    ok(&args(&["write", "--offset", "1000", "--in", &input], &ms));
+    // Tear copy A of member 0: a sector of it is garbage.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&ms[0]).unwrap();
+        f.write_all_at(&[0xffu8; 512], 1024).unwrap();
+    }
+    let e: Value = serde_json::from_slice(&ok(&["examine", &ms[0], "--json"]).stdout).unwrap();
+    assert_eq!(e["superblock_copies_valid"], serde_json::json!([false, true]));
+    let o = ok(&args(&["detail"], &ms));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("superblock copy is unreadable"));
+    assert!(read_array(&ms, 1000, data.len()) == data);
+    // The next update mends the torn copy.
+    ok(&args(&["write", "--offset", "0", "--in", &input], &ms));
+    let e: Value = serde_json::from_slice(&ok(&["examine", &ms[0], "--json"]).stdout).unwrap();
+    assert_eq!(e["superblock_copies_valid"], serde_json::json!([true, true]));
+    // Both copies bad: a corrupt superblock, reported as such.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&ms[1]).unwrap();
+        f.write_all_at(&[0xffu8; 512], 1024).unwrap();
+        f.write_all_at(&[0xffu8; 512], 8192 + 1024).unwrap();
+    }
+    fails(&args(&["detail"], &ms), "corrupt superblock");
+    // Leaving it out assembles degraded.
+    let rest = vec![ms[0].clone(), ms[2].clone()];
+    assert!(read_array(&rest, 0, data.len()) == data);
+}
+
+#[test]
+fn json_reports_and_stale_members() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    ok(&args(
+        &["create", "--level", "6", "--layout", "right-asymmetric", "--chunk", "128K", "--size", "32M", "--name", "lab"],
+        &ms,
+    ));
+    let e: Value = serde_json::from_slice(&ok(&["examine", &ms[2], "--json"]).stdout).unwrap();
+    assert_eq!(e["level"], "raid6");
+    assert_eq!(e["layout"], "right-asymmetric");
+    assert_eq!(e["chunk"], 128 * 1024);
+    assert_eq!(e["role"], 2);
+    assert_eq!(e["name"], "lab");
+    assert_eq!(e["data_offset"], 1 << 20);
+    assert_eq!(e["data_size"], 31 << 20);
+    assert_eq!(e["state"], "clean");
+    assert!(e["events"].as_u64().unwrap() >= 1);
+    let d: Value = serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
+    assert_eq!(d["uuid"], e["array_uuid"]);
+    assert_eq!(d["size"], 2 * (31u64 << 20));
+    assert_eq!(d["members"].as_array().unwrap().len(), 4);
+    assert_eq!(d["members"][2]["path"], ms[2].as_str());
+    assert_eq!(d["members"][2]["state"], "active");
+
+    // Write with member 1 away; it comes back stale and is not trusted.
+    let data = vec![0x11u8; 300_000];
+    let input = write_file(dir.path(), "in.bin", &data);
+    let without: Vec<String> = [0, 2, 3].iter().map(|&i| ms[i].clone()).collect();
+    ok(&args(&["write", "--offset", "0", "--in", &input], &without));
+    let d: Value = serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
+    assert_eq!(d["state"], "degraded");
+    assert_eq!(d["members"][1]["state"], "stale");
+    assert!(d["members"][1]["reason"].as_str().unwrap().contains("behind"));
+    assert!(read_array(&ms, 0, data.len()) == data);
+}
+
+#[test]
+fn raid50_from_the_command_line() {
+    let dir = tmp();
+    let a = members(&dir.path().join("a"), 3);
+    let b = members(&dir.path().join("b"), 3);
+    std::fs::create_dir_all(dir.path().join("a")).unwrap();
+    std::fs::create_dir_all(dir.path().join("b")).unwrap();
+    ok(&args(&["create", "--level", "5", "--size", "20M", "--chunk", "64K"], &a));
+    ok(&args(&["create", "--level", "5", "--size", "20M", "--chunk", "64K"], &b));
+    let outer = [format!("array[{}]", a.join(",")), format!("array[{}]", b.join(","))];
+    ok(&args(&["create", "--level", "0", "--chunk", "64K"], &outer));
+    let data: Vec<u8> = (0..2_000_000u32).map(|i| (i % 251) as u8).collect();
+    let input = write_file(dir.path(), "in.bin", &data);
+    ok(&args(&["write", "--offset", "777", "--in", &input], &outer));
+    let degraded = [
+        format!("array[{},{}]", a[0], a[2]),
+        format!("array[{},{}]", b[1], b[2]),
+    ];
+    assert!(read_array(&degraded, 777, data.len()) == data);
+    let d: Value = serde_json::from_slice(&ok(&args(&["detail", "--json"], &outer)).stdout).unwrap();
+    assert_eq!(d["level"], "raid0");
+    assert_eq!(d["state"], "optimal");
+}
+
+#[test]
+fn every_command_has_help() {
+    for cmd in ["create", "examine", "detail", "read", "write"] {
+        let o = ok(&[cmd, "--help"]);
+        assert!(String::from_utf8_lossy(&o.stdout).contains("Usage: raidkit"));
+    }
+    ok(&["--help"]);
+    let o = raidkit(&["frobnicate"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
