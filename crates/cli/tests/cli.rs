@@ -51,7 +51,10 @@ fn members(dir: &Path, n: usize) -> Vec<String> {
 }
 
 fn args<'a>(head: &[&'a str], ms: &'a [String]) -> Vec<&'a str> {
-    head.iter().copied().chain(ms.iter().map(|s| s.as_str())).collect()
+    head.iter()
+        .copied()
+        .chain(ms.iter().map(|s| s.as_str()))
+        .collect()
 }
 
 fn digest(paths: &[String]) -> Vec<Vec<u8>> {
@@ -88,7 +91,9 @@ fn every_level_round_trips_shuffled_and_degraded() {
         let dir = tmp();
         let ms = members(dir.path(), n);
         ok(&args(
-            &["create", "--level", level, "--size", "16M", "--chunk", "64K", "--name", "t"],
+            &[
+                "create", "--level", level, "--size", "16M", "--chunk", "64K", "--name", "t",
+            ],
             &ms,
         ));
         let detail: Value =
@@ -102,11 +107,23 @@ fn every_level_round_trips_shuffled_and_degraded() {
         ok(&args(&["write", "--offset", &o, "--in", &input], &ms));
         let mut shuffled = ms.clone();
         shuffled.shuffle(&mut rng);
-        assert!(read_array(&shuffled, off, data.len()) == data, "level {level}");
+        assert!(
+            read_array(&shuffled, off, data.len()) == data,
+            "level {level}"
+        );
         // The tail of the array reads too, and one byte past the end does not.
         let _ = read_array(&ms, size - 10, 10);
         fails(
-            &args(&["read", "--offset", &(size - 10).to_string(), "--length", "11"], &ms),
+            &args(
+                &[
+                    "read",
+                    "--offset",
+                    &(size - 10).to_string(),
+                    "--length",
+                    "11",
+                ],
+                &ms,
+            ),
             "beyond the end",
         );
 
@@ -148,8 +165,7 @@ fn every_level_round_trips_shuffled_and_degraded() {
                 "cannot run",
             );
             let d: Value =
-                serde_json::from_slice(&ok(&args(&["detail", "--json"], &present)).stdout)
-                    .unwrap();
+                serde_json::from_slice(&ok(&args(&["detail", "--json"], &present)).stdout).unwrap();
             assert_eq!(d["state"], "failed");
         }
     }
@@ -163,13 +179,22 @@ fn bad_input_is_refused_and_overwrites_nothing() {
         std::fs::write(m, vec![0u8; 16 << 20]).unwrap();
     }
     let before = digest(&ms);
-    fails(&args(&["create", "--level", "7"], &ms), "unknown RAID level");
+    fails(
+        &args(&["create", "--level", "7"], &ms),
+        "unknown RAID level",
+    );
     fails(
         &args(&["create", "--level", "5", "--chunk", "3000"], &ms),
         "power of two",
     );
-    fails(&args(&["create", "--level", "5", "--chunk", "2K"], &ms), "at least 4 KiB");
-    fails(&args(&["create", "--level", "6"], &ms), "at least 4 members");
+    fails(
+        &args(&["create", "--level", "5", "--chunk", "2K"], &ms),
+        "at least 4 KiB",
+    );
+    fails(
+        &args(&["create", "--level", "6"], &ms),
+        "at least 4 members",
+    );
     fails(
         &args(&["create", "--level", "5", "--layout", "n2"], &ms),
         "does not apply",
@@ -208,14 +233,25 @@ fn bad_input_is_refused_and_overwrites_nothing() {
     ok(&args(&["create", "--level", "5", "--name", "first"], &ms));
     let other = members(&dir.path().join("o"), 3);
     std::fs::create_dir_all(dir.path().join("o")).unwrap();
-    ok(&args(&["create", "--level", "5", "--size", "16M", "--name", "second"], &other));
+    ok(&args(
+        &[
+            "create", "--level", "5", "--size", "16M", "--name", "second",
+        ],
+        &other,
+    ));
     let first = digest(&ms);
     let second = digest(&other);
     let steal = vec![other[0].clone(), other[1].clone(), ms[2].clone()];
-    fails(&args(&["create", "--level", "5"], &steal), "already belongs to array");
+    fails(
+        &args(&["create", "--level", "5"], &steal),
+        "already belongs to array",
+    );
     let mix = vec![ms[0].clone(), ms[1].clone(), other[2].clone()];
     fails(&args(&["detail"], &mix), "different arrays");
-    fails(&args(&["read", "--offset", "0", "--length", "1"], &mix), "different arrays");
+    fails(
+        &args(&["read", "--offset", "0", "--length", "1"], &mix),
+        "different arrays",
+    );
     let with_junk = vec![ms[0].clone(), ms[1].clone(), junk.clone()];
     fails(&args(&["detail"], &with_junk), "not a raidkit member");
     fails(&["examine", &junk], "not a raidkit member");
@@ -227,7 +263,16 @@ fn bad_input_is_refused_and_overwrites_nothing() {
     let size = d["size"].as_u64().unwrap();
     let input = write_file(dir.path(), "in.bin", &[7u8; 8192]);
     fails(
-        &args(&["write", "--offset", &(size - 4096).to_string(), "--in", &input], &ms),
+        &args(
+            &[
+                "write",
+                "--offset",
+                &(size - 4096).to_string(),
+                "--in",
+                &input,
+            ],
+            &ms,
+        ),
         "nothing written",
     );
     // Bad sizes and missing flags are usage errors.
@@ -236,7 +281,10 @@ fn bad_input_is_refused_and_overwrites_nothing() {
     assert_eq!(digest(&ms), first);
     assert_eq!(digest(&other), second);
     // --force does overwrite.
-    ok(&args(&["create", "--level", "5", "--force", "--name", "again"], &steal));
+    ok(&args(
+        &["create", "--level", "5", "--force", "--name", "again"],
+        &steal,
+    ));
 }
 
 #[test]
@@ -250,22 +298,34 @@ fn torn_superblock_update_still_assembles() {
     // Tear copy A of member 0: a sector of it is garbage.
     {
         use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new().write(true).open(&ms[0]).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&ms[0])
+            .unwrap();
         f.write_all_at(&[0xffu8; 512], 1024).unwrap();
     }
     let e: Value = serde_json::from_slice(&ok(&["examine", &ms[0], "--json"]).stdout).unwrap();
-    assert_eq!(e["superblock_copies_valid"], serde_json::json!([false, true]));
+    assert_eq!(
+        e["superblock_copies_valid"],
+        serde_json::json!([false, true])
+    );
     let o = ok(&args(&["detail"], &ms));
     assert!(String::from_utf8_lossy(&o.stdout).contains("superblock copy is unreadable"));
     assert!(read_array(&ms, 1000, data.len()) == data);
     // The next update mends the torn copy.
     ok(&args(&["write", "--offset", "0", "--in", &input], &ms));
     let e: Value = serde_json::from_slice(&ok(&["examine", &ms[0], "--json"]).stdout).unwrap();
-    assert_eq!(e["superblock_copies_valid"], serde_json::json!([true, true]));
+    assert_eq!(
+        e["superblock_copies_valid"],
+        serde_json::json!([true, true])
+    );
     // Both copies bad: a corrupt superblock, reported as such.
     {
         use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new().write(true).open(&ms[1]).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&ms[1])
+            .unwrap();
         f.write_all_at(&[0xffu8; 512], 1024).unwrap();
         f.write_all_at(&[0xffu8; 512], 8192 + 1024).unwrap();
     }
@@ -280,7 +340,19 @@ fn json_reports_and_stale_members() {
     let dir = tmp();
     let ms = members(dir.path(), 4);
     ok(&args(
-        &["create", "--level", "6", "--layout", "right-asymmetric", "--chunk", "128K", "--size", "32M", "--name", "lab"],
+        &[
+            "create",
+            "--level",
+            "6",
+            "--layout",
+            "right-asymmetric",
+            "--chunk",
+            "128K",
+            "--size",
+            "32M",
+            "--name",
+            "lab",
+        ],
         &ms,
     ));
     let e: Value = serde_json::from_slice(&ok(&["examine", &ms[2], "--json"]).stdout).unwrap();
@@ -308,7 +380,10 @@ fn json_reports_and_stale_members() {
     let d: Value = serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
     assert_eq!(d["state"], "degraded");
     assert_eq!(d["members"][1]["state"], "stale");
-    assert!(d["members"][1]["reason"].as_str().unwrap().contains("behind"));
+    assert!(d["members"][1]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("behind"));
     assert!(read_array(&ms, 0, data.len()) == data);
 }
 
@@ -319,9 +394,18 @@ fn raid50_from_the_command_line() {
     let b = members(&dir.path().join("b"), 3);
     std::fs::create_dir_all(dir.path().join("a")).unwrap();
     std::fs::create_dir_all(dir.path().join("b")).unwrap();
-    ok(&args(&["create", "--level", "5", "--size", "20M", "--chunk", "64K"], &a));
-    ok(&args(&["create", "--level", "5", "--size", "20M", "--chunk", "64K"], &b));
-    let outer = [format!("array[{}]", a.join(",")), format!("array[{}]", b.join(","))];
+    ok(&args(
+        &["create", "--level", "5", "--size", "20M", "--chunk", "64K"],
+        &a,
+    ));
+    ok(&args(
+        &["create", "--level", "5", "--size", "20M", "--chunk", "64K"],
+        &b,
+    ));
+    let outer = [
+        format!("array[{}]", a.join(",")),
+        format!("array[{}]", b.join(",")),
+    ];
     ok(&args(&["create", "--level", "0", "--chunk", "64K"], &outer));
     let data: Vec<u8> = (0..2_000_000u32).map(|i| (i % 251) as u8).collect();
     let input = write_file(dir.path(), "in.bin", &data);
@@ -331,7 +415,8 @@ fn raid50_from_the_command_line() {
         format!("array[{},{}]", b[1], b[2]),
     ];
     assert!(read_array(&degraded, 777, data.len()) == data);
-    let d: Value = serde_json::from_slice(&ok(&args(&["detail", "--json"], &outer)).stdout).unwrap();
+    let d: Value =
+        serde_json::from_slice(&ok(&args(&["detail", "--json"], &outer)).stdout).unwrap();
     assert_eq!(d["level"], "raid0");
     assert_eq!(d["state"], "optimal");
 }
@@ -346,4 +431,3 @@ fn every_command_has_help() {
     let o = raidkit(&["frobnicate"]);
     assert_eq!(o.status.code(), Some(2));
 }
-
