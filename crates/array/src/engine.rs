@@ -3,7 +3,7 @@
 //!
 //! An [`Array`] is itself a [`Member`], so arrays nest (RAID-50, RAID-60).
 
-use crate::assemble::{Assembly, Health};
+use crate::assemble::{Absence, Assembly, Health};
 use crate::error::{Error, Result};
 use crate::superblock::{write_superblock, ArrayState, Role, RoleState, Superblock};
 use raidkit_layout::{Geometry, Level, Piece};
@@ -41,6 +41,22 @@ pub struct Array {
     write_ready: AtomicBool,
     read_only: bool,
     locks: Box<[Mutex<()>]>,
+    /// Why each absent role is absent (for status reports).
+    absence: Vec<Option<Absence>>,
+    spares: Vec<String>,
+}
+
+/// One member's line in a status report.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemberStatus {
+    /// The member's name (path); None for a role with no member.
+    pub path: Option<String>,
+    /// The role number; None for a spare.
+    pub role: Option<usize>,
+    /// active, missing, stale or spare.
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 fn unix_now() -> u64 {
@@ -82,6 +98,12 @@ impl Array {
             })
             .collect();
         let member_sbs = asm.slots.iter().map(|s| s.sb.clone()).collect();
+        let absence = asm.slots.iter().map(|s| s.absence.clone()).collect();
+        let spares = asm
+            .spares
+            .iter()
+            .map(|(m, _)| m.name().to_string())
+            .collect();
         Ok(Array {
             name: name.to_string(),
             geom: asm.geometry,
@@ -93,7 +115,59 @@ impl Array {
             write_ready: AtomicBool::new(false),
             read_only,
             locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
+            absence,
+            spares,
         })
+    }
+
+    /// Whether every member is present, some redundancy is lost, or data is.
+    pub fn health(&self) -> Health {
+        let missing: Vec<usize> = (0..self.slots.len())
+            .filter(|&r| self.slots[r].member.is_none())
+            .collect();
+        if missing.is_empty() {
+            Health::Optimal
+        } else if self.geom.survives(&missing) {
+            Health::Degraded
+        } else {
+            Health::Failed
+        }
+    }
+
+    /// Every role's member and state, then the spares.
+    pub fn members_status(&self) -> Vec<MemberStatus> {
+        let mut v: Vec<MemberStatus> = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(role, s)| match (&s.member, &self.absence[role]) {
+                (Some(m), _) => MemberStatus {
+                    path: Some(m.name().to_string()),
+                    role: Some(role),
+                    state: "active",
+                    reason: None,
+                },
+                (None, Some(Absence::Stale { member, reason })) => MemberStatus {
+                    path: Some(member.clone()),
+                    role: Some(role),
+                    state: "stale",
+                    reason: Some(reason.clone()),
+                },
+                (None, _) => MemberStatus {
+                    path: None,
+                    role: Some(role),
+                    state: "missing",
+                    reason: None,
+                },
+            })
+            .collect();
+        v.extend(self.spares.iter().map(|p| MemberStatus {
+            path: Some(p.clone()),
+            role: None,
+            state: "spare",
+            reason: None,
+        }));
+        v
     }
 
     pub fn geometry(&self) -> &Geometry {

@@ -20,6 +20,6 @@ pub mod error;
 pub mod spec;
 pub mod superblock;
 
-pub use engine::Array;
+pub use engine::{Array, MemberStatus};
 pub use error::{Error, Result};
 pub use superblock::SB_SIZE;

@@ -26,6 +26,10 @@ pub enum Command {
     Read(ReadArgs),
     /// Write to the array (offline) from stdin or a file.
     Write(WriteArgs),
+    /// Assemble the array and serve it over NBD until SIGTERM or SIGINT.
+    Serve(ServeArgs),
+    /// Ask a running server for the array's state, members and I/O counters.
+    Status(StatusArgs),
 }
 
 fn size(s: &str) -> Result<u64, String> {
@@ -117,4 +121,40 @@ pub struct WriteArgs {
     pub input: Option<PathBuf>,
     #[command(flatten)]
     pub members: Members,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TCP address to listen on (port 0 picks a free port, printed at start-up).
+    /// Default 127.0.0.1:10809, unless only --socket is given.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+    /// Also (or, without --listen, only) listen on this Unix socket.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Export name (default: the array's name). Clients asking for the
+    /// default export ("") get it too.
+    #[arg(long)]
+    pub export: Option<String>,
+    /// Serve read-only: writes are refused and the members are never written.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Control socket path (default: raidkit-<array uuid>.ctl in the temp directory).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Requests served at once per connection.
+    #[arg(long, default_value_t = 8)]
+    pub workers: usize,
+    #[command(flatten)]
+    pub members: Members,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Control socket of the server (default: the only one running).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }

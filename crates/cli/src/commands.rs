@@ -19,6 +19,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Detail(a) => cmd_detail(a),
         Command::Read(a) => cmd_read(a),
         Command::Write(a) => cmd_write(a),
+        Command::Serve(a) => crate::serve::serve(a),
+        Command::Status(a) => crate::serve::status(a),
     }
 }
 
@@ -29,7 +31,7 @@ fn parse_specs(members: &[String]) -> Result<Vec<Spec>> {
         .collect::<Result<Vec<_>, _>>()?)
 }
 
-fn layout_json(l: Layout) -> Value {
+pub fn layout_json(l: Layout) -> Value {
     match l {
         Layout::None => Value::Null,
         other => json!(other.to_string()),
@@ -269,7 +271,7 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
     Ok(())
 }
 
-fn open_array(members: &[String], read_only: bool) -> Result<Array> {
+pub fn open_array(members: &[String], read_only: bool) -> Result<Array> {
     let specs = parse_specs(members)?;
     let ms = spec::open_all(&specs, read_only)?;
     let asm = assemble(ms)?;

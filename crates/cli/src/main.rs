@@ -3,12 +3,20 @@
 
 mod cli;
 mod commands;
+mod serve;
 mod units;
 
 use clap::Parser;
 
 fn main() {
     let args = cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RAIDKIT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     if let Err(e) = commands::run(args) {
         // One clear message: the error and its causes, outermost first.
         let mut msg = e.to_string();

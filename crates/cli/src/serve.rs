@@ -1,0 +1,276 @@
+//! `raidkit serve` and `raidkit status`: wiring the array, the NBD server
+//! and the control socket together.
+
+use crate::cli::{ServeArgs, StatusArgs};
+use crate::commands::{layout_json, open_array};
+use crate::units::human;
+use anyhow::{anyhow, bail, Context, Result};
+use raidkit_array::Array;
+use raidkit_control::{call, ControlServer, Handler};
+use raidkit_nbd::{Config, Export, Server, Stats};
+use serde_json::{json, Map, Value};
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+
+fn default_control(uuid: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("raidkit-{uuid}.ctl"))
+}
+
+pub fn serve(a: ServeArgs) -> Result<()> {
+    let array = Arc::new(open_array(&a.members.members, a.read_only)?);
+    let sb = array.superblock();
+    let export_name = a.export.clone().unwrap_or_else(|| sb.name.clone());
+    let listen = match (&a.listen, &a.socket) {
+        (Some(l), _) => Some(l.clone()),
+        (None, Some(_)) => None,
+        (None, None) => Some(DEFAULT_LISTEN.to_string()),
+    };
+    // Bind everything before announcing anything.
+    let tcp = match &listen {
+        Some(addr) => {
+            Some(TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?)
+        }
+        None => None,
+    };
+    let unix = match &a.socket {
+        Some(p) => {
+            if p.exists() {
+                if std::os::unix::net::UnixStream::connect(p).is_ok() {
+                    bail!("{} is in use by a running server", p.display());
+                }
+                std::fs::remove_file(p)
+                    .with_context(|| format!("cannot remove stale socket {}", p.display()))?;
+            }
+            Some(
+                UnixListener::bind(p)
+                    .with_context(|| format!("cannot listen on {}", p.display()))?,
+            )
+        }
+        None => None,
+    };
+    let device: Arc<dyn raidkit_member::Member> = array.clone();
+    let server = Server::new(
+        Export {
+            name: export_name.clone(),
+            description: format!("raidkit {} array '{}'", sb.level, sb.name),
+            device,
+            read_only: a.read_only,
+        },
+        Config {
+            workers_per_connection: a.workers.max(1),
+            ..Config::default()
+        },
+    );
+    let mut endpoints = Vec::new();
+    if let Some(l) = tcp {
+        let addr = l.local_addr()?;
+        endpoints.push(format!("nbd://{addr}/{export_name}"));
+        server.serve_tcp(l)?;
+    }
+    if let Some(l) = unix {
+        let p = a
+            .socket
+            .as_ref()
+            .expect("socket given")
+            .display()
+            .to_string();
+        endpoints.push(format!("nbd+unix:///{export_name}?socket={p}"));
+        server.serve_unix(l)?;
+    }
+    let control_path = a
+        .control
+        .clone()
+        .unwrap_or_else(|| default_control(&sb.array_uuid.to_string()));
+    let started = Instant::now();
+    let handler = control_handler(array.clone(), server.stats(), endpoints.clone(), started);
+    let mut control = ControlServer::start(&control_path, handler)?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    println!(
+        "raidkit: serving {} array '{}' ({}, {}) read-{}",
+        sb.level,
+        sb.name,
+        human(array.capacity()),
+        array.health().name(),
+        if a.read_only { "only" } else { "write" }
+    );
+    for e in &endpoints {
+        let uri = e.clone();
+        println!("raidkit: listening on {uri}");
+    }
+    println!("raidkit: control socket {}", control_path.display());
+    if let Some(uri) = endpoints.first() {
+        println!("raidkit: try: nbdinfo '{uri}'");
+        println!("raidkit:      qemu-io -f raw -c 'read -P 0 0 4k' '{uri}'");
+        println!(
+            "raidkit:      mkdir -p mnt && nbdfuse mnt/ '{uri}' &   (then: mkfs.ext4 mnt/nbd)"
+        );
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("raidkit: stopping: finishing requests in flight");
+    server.shutdown();
+    control.stop();
+    if let Some(p) = &a.socket {
+        let _ = std::fs::remove_file(p);
+    }
+    array
+        .close()
+        .context("flushing members and marking the array clean")?;
+    eprintln!("raidkit: stopped; array '{}' is clean", sb.name);
+    Ok(())
+}
+
+fn control_handler(
+    array: Arc<Array>,
+    stats: Arc<Stats>,
+    endpoints: Vec<String>,
+    started: Instant,
+) -> Arc<Handler> {
+    Arc::new(move |cmd: &str, _args: &Map<String, Value>| match cmd {
+        "status" => Ok(status_fields(&array, &stats, &endpoints, started)),
+        other => Err(format!(
+            "unknown command '{other}' (this server knows: status)"
+        )),
+    })
+}
+
+fn status_fields(
+    array: &Array,
+    stats: &Stats,
+    endpoints: &[String],
+    started: Instant,
+) -> Map<String, Value> {
+    let sb = array.superblock();
+    let c = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+    let v = json!({
+        "state": array.health().name(),
+        "array": {
+            "uuid": sb.array_uuid.to_string(),
+            "name": sb.name,
+            "level": sb.level.to_string(),
+            "layout": layout_json(sb.layout),
+            "chunk": sb.chunk,
+            "size": array.capacity(),
+            "events": sb.events,
+        },
+        "members": array.members_status(),
+        "io": {
+            "reads": c(&stats.reads),
+            "writes": c(&stats.writes),
+            "bytes_read": c(&stats.bytes_read),
+            "bytes_written": c(&stats.bytes_written),
+            "flushes": c(&stats.flushes),
+            "trims": c(&stats.trims),
+            "write_zeroes": c(&stats.zeroes),
+            "errors": c(&stats.errors),
+        },
+        "connections": {
+            "active": c(&stats.connections_active),
+            "total": c(&stats.connections_total),
+        },
+        "endpoints": endpoints,
+        "uptime_seconds": started.elapsed().as_secs_f64(),
+    });
+    match v {
+        Value::Object(m) => m,
+        _ => unreachable!(),
+    }
+}
+
+/// The control socket to use: the one given, or the only live one in the temp directory.
+fn find_control(given: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p.to_path_buf());
+    }
+    let dir = std::env::temp_dir();
+    let mut live = Vec::new();
+    for e in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+        let p = e?.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with("raidkit-")
+            && name.ends_with(".ctl")
+            && std::os::unix::net::UnixStream::connect(&p).is_ok()
+        {
+            live.push(p);
+        }
+    }
+    match live.len() {
+        1 => Ok(live.remove(0)),
+        0 => bail!(
+            "no running raidkit server found in {}; give --control PATH",
+            dir.display()
+        ),
+        _ => bail!(
+            "several raidkit servers are running ({}); give --control PATH",
+            live.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+pub fn status(a: StatusArgs) -> Result<()> {
+    let path = find_control(a.control.as_deref())?;
+    let v =
+        call(&path, &json!({"cmd": "status"}), Duration::from_secs(10)).map_err(|e| anyhow!(e))?;
+    if a.json {
+        let mut v = v;
+        if let Some(o) = v.as_object_mut() {
+            o.remove("ok");
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let arr = &v["array"];
+    println!(
+        "array '{}' ({}, {}, {} usable): {}",
+        arr["name"].as_str().unwrap_or("?"),
+        arr["level"].as_str().unwrap_or("?"),
+        arr["layout"].as_str().unwrap_or("-"),
+        human(arr["size"].as_u64().unwrap_or(0)),
+        v["state"].as_str().unwrap_or("?")
+    );
+    for m in v["members"].as_array().into_iter().flatten() {
+        let role = m["role"]
+            .as_u64()
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "spare".into());
+        println!(
+            "  {role:>5}  {:<8} {}{}",
+            m["state"].as_str().unwrap_or("?"),
+            m["path"].as_str().unwrap_or("-"),
+            m["reason"]
+                .as_str()
+                .map(|r| format!("  ({r})"))
+                .unwrap_or_default()
+        );
+    }
+    let io = &v["io"];
+    println!(
+        "io: {} reads ({}), {} writes ({}), {} flushes, {} errors; connections: {} active, {} total",
+        io["reads"],
+        human(io["bytes_read"].as_u64().unwrap_or(0)),
+        io["writes"],
+        human(io["bytes_written"].as_u64().unwrap_or(0)),
+        io["flushes"],
+        io["errors"],
+        v["connections"]["active"],
+        v["connections"]["total"]
+    );
+    Ok(())
+}

@@ -1,0 +1,663 @@
+//! The NBD server: fixed-newstyle handshake, then requests served
+//! concurrently (each connection has its own workers; replies may leave out
+//! of order), for any [`Member`] — in raidkit, an array.
+
+use crate::proto::*;
+use crossbeam_channel::{bounded, Receiver};
+use raidkit_member::Member;
+use std::io::{self, BufWriter, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Largest read or write payload accepted (advertised as the maximum block size).
+pub const MAX_PAYLOAD: u32 = 32 << 20;
+/// Preferred block size advertised to clients.
+pub const PREFERRED_BLOCK: u32 = 4096;
+/// How long a client may take over each handshake step.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What is served.
+#[derive(Debug)]
+pub struct Export {
+    pub name: String,
+    pub description: String,
+    pub device: Arc<dyn Member>,
+    pub read_only: bool,
+}
+
+/// Server tuning.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Worker threads per connection (requests served at once).
+    pub workers_per_connection: usize,
+    /// Requests queued per connection beyond those being served.
+    pub queue_depth: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            workers_per_connection: 8,
+            queue_depth: 64,
+        }
+    }
+}
+
+/// I/O counters, shared with whoever reports status.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub flushes: AtomicU64,
+    pub trims: AtomicU64,
+    pub zeroes: AtomicU64,
+    pub errors: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub connections_active: AtomicU64,
+}
+
+fn inc(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// A client connection over TCP or a Unix socket.
+#[derive(Debug)]
+pub enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+    fn shutdown(&self, how: Shutdown) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(how),
+            Stream::Unix(s) => s.shutdown(how),
+        };
+    }
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(t),
+            Stream::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.flush(),
+            Stream::Unix(s) => s.flush(),
+        }
+    }
+}
+
+/// The server: accept loops plus one thread per connection.
+#[derive(Debug)]
+pub struct Server {
+    export: Export,
+    config: Config,
+    stats: Arc<Stats>,
+    stopping: AtomicBool,
+    conns: Mutex<Vec<(Stream, JoinHandle<()>)>>,
+    acceptors: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// What the handshake settled.
+#[derive(Debug, Clone, Copy, Default)]
+struct Negotiated {
+    structured: bool,
+    base_allocation: bool,
+}
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Server {
+    pub fn new(export: Export, config: Config) -> Arc<Server> {
+        Arc::new(Server {
+            export,
+            config,
+            stats: Arc::new(Stats::default()),
+            stopping: AtomicBool::new(false),
+            conns: Mutex::new(Vec::new()),
+            acceptors: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    pub fn export(&self) -> &Export {
+        &self.export
+    }
+
+    /// Serve clients arriving on a TCP listener, from a thread of its own.
+    pub fn serve_tcp(self: &Arc<Self>, l: TcpListener) -> io::Result<()> {
+        self.spawn_acceptor(Listener::Tcp(l))
+    }
+
+    /// Serve clients arriving on a Unix socket listener.
+    pub fn serve_unix(self: &Arc<Self>, l: UnixListener) -> io::Result<()> {
+        self.spawn_acceptor(Listener::Unix(l))
+    }
+
+    fn spawn_acceptor(self: &Arc<Self>, l: Listener) -> io::Result<()> {
+        match &l {
+            Listener::Tcp(t) => t.set_nonblocking(true)?,
+            Listener::Unix(u) => u.set_nonblocking(true)?,
+        }
+        let me = self.clone();
+        let h = std::thread::Builder::new()
+            .name("nbd-accept".into())
+            .spawn(move || me.accept_loop(l))?;
+        self.acceptors.lock().expect("acceptors").push(h);
+        Ok(())
+    }
+
+    fn accept_loop(self: Arc<Self>, l: Listener) {
+        while !self.stopping.load(Ordering::Acquire) {
+            let accepted = match &l {
+                Listener::Tcp(t) => t.accept().map(|(s, peer)| {
+                    let _ = s.set_nodelay(true);
+                    (Stream::Tcp(s), peer.to_string())
+                }),
+                Listener::Unix(u) => u.accept().map(|(s, _)| (Stream::Unix(s), "unix".into())),
+            };
+            match accepted {
+                Ok((s, peer)) => {
+                    if let Err(e) = self.start_connection(s, peer) {
+                        tracing::warn!("cannot start a connection: {e}");
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
+    fn start_connection(self: &Arc<Self>, s: Stream, peer: String) -> io::Result<()> {
+        // Accepted sockets may inherit non-blocking mode from the listener.
+        match &s {
+            Stream::Tcp(t) => t.set_nonblocking(false)?,
+            Stream::Unix(u) => u.set_nonblocking(false)?,
+        }
+        let handle_copy = s.try_clone()?;
+        let me = self.clone();
+        let h = std::thread::Builder::new()
+            .name("nbd-conn".into())
+            .spawn(move || {
+                inc(&me.stats.connections_total, 1);
+                inc(&me.stats.connections_active, 1);
+                match me.connection(s) {
+                    Ok(()) => tracing::debug!("{peer}: disconnected"),
+                    Err(e) => tracing::info!("{peer}: connection ended: {e}"),
+                }
+                me.stats.connections_active.fetch_sub(1, Ordering::Relaxed);
+            })?;
+        let mut conns = self.conns.lock().expect("conns");
+        conns.retain(|(_, h)| !h.is_finished());
+        conns.push((handle_copy, h));
+        Ok(())
+    }
+
+    /// Stop accepting, let every connection finish the requests it has
+    /// read, and wait for them. The caller then flushes and closes the device.
+    pub fn shutdown(&self) {
+        self.stopping.store(true, Ordering::Release);
+        for h in self.acceptors.lock().expect("acceptors").drain(..) {
+            let _ = h.join();
+        }
+        let conns: Vec<_> = self.conns.lock().expect("conns").drain(..).collect();
+        for (s, _) in &conns {
+            s.shutdown(Shutdown::Read);
+        }
+        for (_, h) in conns {
+            let _ = h.join();
+        }
+    }
+
+    fn connection(self: &Arc<Self>, mut s: Stream) -> io::Result<()> {
+        s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        let Some(neg) = self.handshake(&mut s)? else {
+            return Ok(());
+        };
+        s.set_read_timeout(None)?;
+        self.transmission(s, neg)
+    }
+
+    fn matches(&self, name: &str) -> bool {
+        name.is_empty() || name == self.export.name
+    }
+
+    fn tflags(&self, neg: Negotiated) -> u16 {
+        let mut f = TF_HAS_FLAGS
+            | TF_SEND_FLUSH
+            | TF_SEND_FUA
+            | TF_SEND_TRIM
+            | TF_SEND_WRITE_ZEROES
+            | TF_SEND_FAST_ZERO
+            | TF_SEND_CACHE
+            // Writes go straight to the members (no cache in this process),
+            // so a FLUSH on any connection covers writes completed on all.
+            | TF_CAN_MULTI_CONN;
+        if self.export.read_only {
+            f |= TF_READ_ONLY;
+        }
+        if neg.structured {
+            // Reads are always answered in one chunk, so DF is honoured.
+            f |= TF_SEND_DF;
+        }
+        f
+    }
+
+    /// The fixed-newstyle handshake. `Ok(None)`: the client left cleanly.
+    fn handshake(&self, s: &mut Stream) -> io::Result<Option<Negotiated>> {
+        let mut hello = Vec::with_capacity(18);
+        hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
+        hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        s.write_all(&hello)?;
+        let mut cf = [0u8; 4];
+        s.read_exact(&mut cf)?;
+        let cflags = u32::from_be_bytes(cf);
+        if cflags & !(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES) != 0
+            || cflags & CLIENT_FIXED_NEWSTYLE == 0
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unsupported client flags {cflags:#x}"),
+            ));
+        }
+        let no_zeroes = cflags & CLIENT_NO_ZEROES != 0;
+        let mut neg = Negotiated::default();
+        let size = self.export.device.len();
+        loop {
+            let mut hb = [0u8; 16];
+            s.read_exact(&mut hb)?;
+            let h = parse_option_header(&hb)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            if h.len > MAX_OPTION_LEN {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("option {} with a {}-byte payload", h.option, h.len),
+                ));
+            }
+            let mut data = vec![0u8; h.len as usize];
+            s.read_exact(&mut data)?;
+            let reply = |s: &mut Stream, kind: u32, payload: &[u8]| {
+                s.write_all(&option_reply(h.option, kind, payload))
+            };
+            match h.option {
+                OPT_EXPORT_NAME => {
+                    let name = String::from_utf8_lossy(&data);
+                    if !self.matches(&name) {
+                        return Err(io::Error::new(
+                            io::ErrorKind::NotFound,
+                            format!("unknown export '{name}'"),
+                        ));
+                    }
+                    let mut r = Vec::with_capacity(134);
+                    r.extend_from_slice(&size.to_be_bytes());
+                    r.extend_from_slice(&self.tflags(neg).to_be_bytes());
+                    if !no_zeroes {
+                        r.extend_from_slice(&[0u8; 124]);
+                    }
+                    s.write_all(&r)?;
+                    return Ok(Some(neg));
+                }
+                OPT_ABORT => {
+                    let _ = reply(s, REP_ACK, &[]);
+                    return Ok(None);
+                }
+                OPT_LIST => {
+                    if !data.is_empty() {
+                        reply(s, REP_ERR_INVALID, b"NBD_OPT_LIST takes no data")?;
+                        continue;
+                    }
+                    let mut p = (self.export.name.len() as u32).to_be_bytes().to_vec();
+                    p.extend_from_slice(self.export.name.as_bytes());
+                    p.extend_from_slice(self.export.description.as_bytes());
+                    reply(s, REP_SERVER, &p)?;
+                    reply(s, REP_ACK, &[])?;
+                }
+                OPT_INFO | OPT_GO => {
+                    let go = match parse_go(&data) {
+                        Ok(g) => g,
+                        Err(e) => {
+                            reply(s, REP_ERR_INVALID, e.to_string().as_bytes())?;
+                            continue;
+                        }
+                    };
+                    if !self.matches(&go.name) {
+                        reply(s, REP_ERR_UNKNOWN, b"no such export")?;
+                        continue;
+                    }
+                    reply(s, REP_INFO, &info_export(size, self.tflags(neg)))?;
+                    if go.infos.contains(&INFO_NAME) {
+                        reply(s, REP_INFO, &info_name(&self.export.name))?;
+                    }
+                    if go.infos.contains(&INFO_DESCRIPTION) {
+                        reply(s, REP_INFO, &info_description(&self.export.description))?;
+                    }
+                    reply(
+                        s,
+                        REP_INFO,
+                        &info_block_size(1, PREFERRED_BLOCK, MAX_PAYLOAD),
+                    )?;
+                    reply(s, REP_ACK, &[])?;
+                    if h.option == OPT_GO {
+                        return Ok(Some(neg));
+                    }
+                }
+                OPT_STRUCTURED_REPLY => {
+                    if !data.is_empty() {
+                        reply(
+                            s,
+                            REP_ERR_INVALID,
+                            b"NBD_OPT_STRUCTURED_REPLY takes no data",
+                        )?;
+                    } else {
+                        neg.structured = true;
+                        reply(s, REP_ACK, &[])?;
+                    }
+                }
+                OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                    let set = h.option == OPT_SET_META_CONTEXT;
+                    if !neg.structured {
+                        reply(s, REP_ERR_INVALID, b"negotiate structured replies first")?;
+                        continue;
+                    }
+                    let m = match parse_meta(&data) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            reply(s, REP_ERR_INVALID, e.to_string().as_bytes())?;
+                            continue;
+                        }
+                    };
+                    if !self.matches(&m.export) {
+                        reply(s, REP_ERR_UNKNOWN, b"no such export")?;
+                        continue;
+                    }
+                    let wanted =
+                        m.queries.iter().any(|q| {
+                            q == BASE_ALLOCATION || (!set && (q == "base:" || q.is_empty()))
+                        }) || (!set && m.queries.is_empty());
+                    if set {
+                        neg.base_allocation = wanted;
+                    }
+                    if wanted {
+                        let mut p = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+                        p.extend_from_slice(BASE_ALLOCATION.as_bytes());
+                        reply(s, REP_META_CONTEXT, &p)?;
+                    }
+                    reply(s, REP_ACK, &[])?;
+                }
+                OPT_STARTTLS => reply(s, REP_ERR_UNSUP, b"TLS is not supported")?,
+                _ => reply(s, REP_ERR_UNSUP, b"unsupported option")?,
+            }
+        }
+    }
+
+    fn transmission(self: &Arc<Self>, mut s: Stream, neg: Negotiated) -> io::Result<()> {
+        let writer = Arc::new(Mutex::new(BufWriter::with_capacity(
+            256 << 10,
+            s.try_clone()?,
+        )));
+        let (tx, rx) = bounded::<Job>(self.config.queue_depth);
+        let workers: Vec<JoinHandle<()>> = (0..self.config.workers_per_connection.max(1))
+            .map(|_| {
+                let rx: Receiver<Job> = rx.clone();
+                let me = self.clone();
+                let w = writer.clone();
+                std::thread::Builder::new()
+                    .name("nbd-worker".into())
+                    .spawn(move || {
+                        let mut buf = Vec::new();
+                        for job in rx {
+                            let reply = me.execute(&job, neg, &mut buf);
+                            let mut out = w.lock().expect("writer");
+                            let sent = out.write_all(&reply).and_then(|_| {
+                                if job.req.kind == CMD_READ && reply_ok(&reply, neg) {
+                                    out.write_all(&buf)?;
+                                }
+                                out.flush()
+                            });
+                            if sent.is_err() {
+                                // The client is gone; the reader sees it too.
+                                continue;
+                            }
+                        }
+                    })
+            })
+            .collect::<io::Result<_>>()?;
+        let result = self.read_requests(&mut s, &tx);
+        drop(tx);
+        for w in workers {
+            let _ = w.join();
+        }
+        let _ = writer.lock().expect("writer").flush();
+        s.shutdown(Shutdown::Both);
+        result
+    }
+
+    /// Read requests until DISC, EOF or a malformed request.
+    fn read_requests(&self, s: &mut Stream, tx: &crossbeam_channel::Sender<Job>) -> io::Result<()> {
+        loop {
+            let mut hb = [0u8; REQUEST_LEN];
+            match s.read_exact(&mut hb) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
+            }
+            let req = parse_request(&hb).map_err(|e| {
+                io::Error::new(io::ErrorKind::InvalidData, format!("bad request: {e}"))
+            })?;
+            if req.kind == CMD_DISC {
+                return Ok(());
+            }
+            let mut payload = Vec::new();
+            if req.kind == CMD_WRITE {
+                if req.len > MAX_PAYLOAD {
+                    // The payload cannot be skipped safely: end the connection.
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "write of {} bytes exceeds the maximum {MAX_PAYLOAD}",
+                            req.len
+                        ),
+                    ));
+                }
+                payload = vec![0u8; req.len as usize];
+                s.read_exact(&mut payload)?;
+            }
+            if tx.send(Job { req, payload }).is_err() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Serve one request; returns the reply header (and for a successful
+    /// read, leaves the data in `buf`).
+    fn execute(&self, job: &Job, neg: Negotiated, buf: &mut Vec<u8>) -> Vec<u8> {
+        let r = &job.req;
+        let dev = &self.export.device;
+        let size = dev.len();
+        let in_range = r
+            .offset
+            .checked_add(r.len as u64)
+            .is_some_and(|e| e <= size);
+        let st = &self.stats;
+        let result: Result<(), (u32, String)> = (|| {
+            let known_flags = match r.kind {
+                CMD_READ => CMD_FLAG_FUA | CMD_FLAG_DF,
+                CMD_WRITE | CMD_TRIM => CMD_FLAG_FUA,
+                CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+                CMD_BLOCK_STATUS => CMD_FLAG_REQ_ONE,
+                _ => 0,
+            };
+            if r.flags & !known_flags != 0 {
+                return Err((EINVAL, format!("unsupported flags {:#x}", r.flags)));
+            }
+            let writes = matches!(r.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+            if writes && self.export.read_only {
+                return Err((EPERM, "the export is read-only".into()));
+            }
+            let io_err = |e: raidkit_member::MemberError| (EIO, e.to_string());
+            match r.kind {
+                CMD_READ | CMD_CACHE | CMD_BLOCK_STATUS => {
+                    if r.len == 0 || r.len > MAX_PAYLOAD && r.kind == CMD_READ {
+                        return Err((EINVAL, format!("bad length {}", r.len)));
+                    }
+                    if !in_range {
+                        return Err((EINVAL, "request beyond the end of the export".into()));
+                    }
+                    match r.kind {
+                        CMD_READ => {
+                            buf.resize(r.len as usize, 0);
+                            dev.read_at(buf, r.offset).map_err(io_err)?;
+                            inc(&st.reads, 1);
+                            inc(&st.bytes_read, r.len as u64);
+                        }
+                        CMD_BLOCK_STATUS if !neg.base_allocation => {
+                            return Err((EINVAL, "no metadata context negotiated".into()));
+                        }
+                        _ => {}
+                    }
+                }
+                CMD_WRITE | CMD_WRITE_ZEROES | CMD_TRIM => {
+                    if !in_range {
+                        let e = if r.kind == CMD_TRIM { EINVAL } else { ENOSPC };
+                        return Err((e, "request beyond the end of the export".into()));
+                    }
+                    match r.kind {
+                        CMD_WRITE => {
+                            dev.write_at(&job.payload, r.offset).map_err(io_err)?;
+                            inc(&st.writes, 1);
+                            inc(&st.bytes_written, r.len as u64);
+                        }
+                        CMD_WRITE_ZEROES => {
+                            if r.flags & CMD_FLAG_FAST_ZERO != 0 {
+                                // Zeroing costs a full write here: say so.
+                                return Err((ENOTSUP, "zeroing is not faster than writing".into()));
+                            }
+                            write_zeroes(dev.as_ref(), r.offset, r.len as u64).map_err(io_err)?;
+                            inc(&st.zeroes, 1);
+                        }
+                        _ => inc(&st.trims, 1), // advisory: the data stays as it was
+                    }
+                    if r.flags & CMD_FLAG_FUA != 0 {
+                        dev.flush().map_err(io_err)?;
+                    }
+                }
+                CMD_FLUSH => {
+                    dev.flush().map_err(io_err)?;
+                    inc(&st.flushes, 1);
+                }
+                other => return Err((EINVAL, format!("unknown command {other}"))),
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => success_header(r, neg, buf.len()),
+            Err((code, msg)) => {
+                inc(&st.errors, 1);
+                tracing::debug!("request {:?} failed: {msg}", r);
+                if neg.structured {
+                    structured_error(r.cookie, code, &msg)
+                } else {
+                    simple_reply(code, r.cookie).to_vec()
+                }
+            }
+        }
+    }
+}
+
+/// Whether a reply header announces success (so read data follows).
+fn reply_ok(header: &[u8], neg: Negotiated) -> bool {
+    if neg.structured {
+        u16::from_be_bytes([header[6], header[7]]) == REPLY_TYPE_OFFSET_DATA
+    } else {
+        header[4..8] == [0, 0, 0, 0]
+    }
+}
+
+fn success_header(r: &Request, neg: Negotiated, read_len: usize) -> Vec<u8> {
+    if !neg.structured {
+        return simple_reply(0, r.cookie).to_vec();
+    }
+    match r.kind {
+        CMD_READ => {
+            let mut v = structured_header(
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_OFFSET_DATA,
+                r.cookie,
+                8 + read_len as u32,
+            )
+            .to_vec();
+            v.extend_from_slice(&r.offset.to_be_bytes());
+            v
+        }
+        CMD_BLOCK_STATUS => {
+            // raidkit does not track holes: the whole range is allocated data.
+            let mut v =
+                structured_header(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, r.cookie, 12).to_vec();
+            v.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+            v.extend_from_slice(&r.len.to_be_bytes());
+            v.extend_from_slice(&0u32.to_be_bytes());
+            v
+        }
+        _ => structured_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, r.cookie, 0).to_vec(),
+    }
+}
+
+fn write_zeroes(dev: &dyn Member, offset: u64, len: u64) -> raidkit_member::Result<()> {
+    const STEP: u64 = 1 << 20;
+    let zeros = vec![0u8; STEP.min(len) as usize];
+    let mut pos = offset;
+    while pos < offset + len {
+        let n = STEP.min(offset + len - pos) as usize;
+        dev.write_at(&zeros[..n], pos)?;
+        pos += n as u64;
+    }
+    Ok(())
+}
+
+struct Job {
+    req: Request,
+    payload: Vec<u8>,
+}
