@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # raidkit's main job on a built-in default: a file-backed RAID-5 of four
-# members under ./raidkit-demo, written, read back (whole and degraded), and
-# described.
+# members under ./raidkit-demo, checked offline (written, read back whole and
+# degraded), then served over NBD on 127.0.0.1:10809 until Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "demo: cargo (Rust) is needed: https://rustup.rs" >&2; exit 1; }
+./scripts/deps.sh
 cargo build --release --quiet
 R=target/release/raidkit
 D=raidkit-demo
@@ -22,3 +23,6 @@ cmp "$D/sample.bin" "$D/readback.bin" && echo "demo: 8 MiB written and read back
 cmp "$D/sample.bin" "$D/readback.bin" && echo "demo: read back identical with disk2 missing (degraded RAID-5)"
 rm -f "$D/readback.bin"
 "$R" detail "${M[@]}"
+echo
+echo "demo: serving the array; in another terminal: $R status   (Ctrl-C here stops it cleanly)"
+exec "$R" serve --listen 127.0.0.1:10809 --export demo "${M[@]}"

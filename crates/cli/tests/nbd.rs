@@ -1,0 +1,558 @@
+//! `raidkit serve` against real NBD clients: nbdinfo, qemu-io, nbdcopy,
+//! libnbd (Python), fio's nbd engine, and ext4 through nbdfuse and a loop
+//! mount; plus raw protocol abuse from a hand-written client.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+fn host_port(uri: &str) -> String {
+    uri.trim_start_matches("nbd://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+fn detail(ms: &[String]) -> Value {
+    serde_json::from_slice(&ok(&args(&["detail", "--json"], ms)).stdout).unwrap()
+}
+
+#[test]
+fn nbdinfo_shows_size_and_honest_flags() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "32M");
+    let size = detail(&ms)["size"].as_u64().unwrap();
+    let mut s = Served::start(dir.path(), &ms, &["--export", "lab"]);
+    let o = tool("nbdinfo", &["--json", &s.uri]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let e = &v["exports"][0];
+    assert_eq!(e["export-name"], "lab");
+    assert_eq!(e["export-size"], size);
+    for flag in [
+        "can_flush",
+        "can_fua",
+        "can_multi_conn",
+        "can_trim",
+        "can_zero",
+        "can_fast_zero",
+        "can_cache",
+    ] {
+        assert_eq!(e[flag], true, "{flag}");
+    }
+    assert_eq!(e["is_read_only"], false);
+    assert_eq!(e["block_size_maximum"], 32 << 20);
+    // The default export ("") is the same array; an unknown name is refused.
+    let default_uri = s.uri.trim_end_matches("lab").to_string();
+    let o = tool("nbdinfo", &["--size", &default_uri]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), size.to_string());
+    let bad = Command::new("nbdinfo")
+        .arg(format!("{default_uri}nosuch"))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    // Status through the control socket.
+    let ctl = s.control.display().to_string();
+    let st: Value =
+        serde_json::from_slice(&ok(&["status", "--control", &ctl, "--json"]).stdout).unwrap();
+    assert_eq!(st["state"], "optimal");
+    assert_eq!(st["array"]["size"], size);
+    assert_eq!(st["members"].as_array().unwrap().len(), 4);
+    assert_eq!(st["members"][3]["path"], ms[3].as_str());
+    assert_eq!(st["members"][3]["state"], "active");
+    assert!(st["connections"]["total"].as_u64().unwrap() >= 3);
+    assert!(st["io"]["reads"].as_u64().is_some());
+    assert_eq!(s.stop().code(), Some(0));
+
+    // Read-only: flagged, and writes get EPERM.
+    let mut s = Served::start(dir.path(), &ms, &["--read-only"]);
+    let v: Value = serde_json::from_slice(&tool("nbdinfo", &["--json", &s.uri]).stdout).unwrap();
+    assert_eq!(v["exports"][0]["is_read_only"], true);
+    let o = Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write -P 1 0 4k", &s.uri])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    // qemu honours the read-only flag and will not even open it for writing.
+    assert!(out.contains("Permission denied"), "{out}");
+    // A client that writes anyway gets EPERM, and the data stays.
+    let (mut r, _) = Raw::go(&s.uri);
+    r.request(1, 0, 0, 4096, &[9u8; 4096]);
+    assert_eq!(r.reply(0).0, 1, "write to a read-only export: EPERM");
+    r.request(0, 0, 0, 4096, &[]);
+    let (e, d) = r.reply(4096);
+    assert_eq!(e, 0);
+    assert!(d.iter().all(|&b| b == 0));
+    assert_eq!(s.stop().code(), Some(0));
+}
+
+#[test]
+fn qemu_io_patterns_at_unaligned_offsets() {
+    let dir = tmp();
+    let ms = members(dir.path(), 5);
+    create("6", &ms, "24M");
+    let s = Served::start(dir.path(), &ms, &[]);
+    let cmds = [
+        "write -P 0xab 1000 70000",
+        "read -P 0xab 1000 70000",
+        "write -z 5000 3000",
+        "read -P 0 5000 3000",
+        "read -P 0xab 1000 4000",
+        "read -P 0xab 8000 63000",
+        "aio_write -P 0x11 123457 99999",
+        "aio_write -P 0x22 400001 65537",
+        "aio_flush",
+        "read -P 0x11 123457 99999",
+        "read -P 0x22 400001 65537",
+        "write -P 0x33 2097151 1",
+        "read -P 0x33 2097151 1",
+    ];
+    let mut a = vec!["-f", "raw"];
+    for c in &cmds {
+        a.push("-c");
+        a.push(c);
+    }
+    a.push(&s.uri);
+    let o = tool("qemu-io", &a);
+    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    assert!(!out.contains("failed"), "{out}");
+    assert_eq!(out.matches("read ").count(), 7, "{out}");
+}
+
+#[test]
+fn nbdcopy_64mib_round_trip_on_raid5() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "32M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let data: Vec<u8> = {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(64);
+        (0..64 << 20).map(|_| rng.gen()).collect()
+    };
+    let src = dir.path().join("src.bin");
+    std::fs::write(&src, &data).unwrap();
+    tool("nbdcopy", &[src.to_str().unwrap(), &s.uri]);
+    let back = dir.path().join("back.bin");
+    tool("nbdcopy", &[&s.uri, back.to_str().unwrap()]);
+    let got = std::fs::read(&back).unwrap();
+    assert!(got[..data.len()] == data[..], "nbdcopy data differs");
+    assert_eq!(s.stop().code(), Some(0));
+    // Offline read agrees and parity is consistent with the data.
+    let off = ok(&args(&["read", "--offset", "0", "--length", "64M"], &ms));
+    assert!(off.stdout == data);
+    let without: Vec<String> = ms[1..].to_vec();
+    let off = ok(&args(
+        &["read", "--offset", "0", "--length", "64M"],
+        &without,
+    ));
+    assert!(off.stdout == data, "degraded read after NBD writes differs");
+}
+
+#[test]
+fn libnbd_multiconn_flush_is_durable_and_errors_keep_connections() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "24M");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/multiconn.py");
+    let script = script.to_str().unwrap();
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let o = tool("/usr/bin/python3", &[script, "write", &s.uri]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("write: ok"));
+    // Flushed data survives kill -9 of the server.
+    s.kill9();
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let o = tool("/usr/bin/python3", &[script, "check", &s.uri]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("check: ok"));
+    // nbdsh, the libnbd shell, sees the same bytes. (nbdsh is `python3 -m
+    // nbd`; run it with the system Python that python3-libnbd installs into.)
+    tool(
+        "/usr/bin/python3",
+        &[
+            "-m",
+            "nbd",
+            "-u",
+            &s.uri,
+            "-c",
+            "assert h.pread(7, 1000003) == bytes((i * 7 + 3) % 256 for i in range(7))",
+        ],
+    );
+    assert_eq!(s.stop().code(), Some(0));
+}
+
+fn fio_verify(level: &str, n: usize) {
+    let dir = tmp();
+    let ms = members(dir.path(), n);
+    create(level, &ms, "40M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let out = dir.path().join("fio.json");
+    let o = tool(
+        "fio",
+        &[
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={}", s.uri),
+            "--rw=randwrite",
+            "--bsrange=4k-128k",
+            "--iodepth=16",
+            "--numjobs=4",
+            "--size=16M",
+            "--offset_increment=16M",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--group_reporting",
+            "--output-format=json",
+            &format!("--output={}", out.display()),
+        ],
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "fio output: {e}: {text} {}",
+            String::from_utf8_lossy(&o.stdout)
+        )
+    });
+    let job = &v["jobs"][0];
+    assert_eq!(job["error"], 0, "fio reported an error");
+    assert!(job["write"]["io_bytes"].as_u64().unwrap() >= 64 << 20);
+    assert!(
+        job["read"]["io_bytes"].as_u64().unwrap() >= 64 << 20,
+        "verify pass read nothing"
+    );
+    let ctl = s.control.display().to_string();
+    let st: Value =
+        serde_json::from_slice(&ok(&["status", "--control", &ctl, "--json"]).stdout).unwrap();
+    assert_eq!(st["io"]["errors"], 0);
+    assert_eq!(s.stop().code(), Some(0));
+    // Redundancy agrees with the data: read it all degraded and compare.
+    let whole = ok(&args(&["read", "--offset", "0", "--length", "64M"], &ms)).stdout;
+    let gone: Vec<String> = ms[..n - 1].to_vec();
+    let degraded = ok(&args(&["read", "--offset", "0", "--length", "64M"], &gone)).stdout;
+    assert!(
+        whole == degraded,
+        "{level}: parity disagrees with data after fio"
+    );
+}
+
+#[test]
+fn fio_four_connections_verify_on_raid5() {
+    fio_verify("5", 4);
+}
+
+#[test]
+fn fio_four_connections_verify_on_raid6() {
+    fio_verify("6", 5);
+}
+
+/// A FUSE mount of an export (nbdfuse) and, optionally, a loop mount of
+/// the file system inside; both undone on drop.
+struct Fuse {
+    dir: PathBuf,
+    child: Option<Child>,
+    mnt: Option<PathBuf>,
+}
+
+impl Fuse {
+    fn start(dir: &Path, uri: &str) -> Fuse {
+        std::fs::create_dir_all(dir).unwrap();
+        let pidfile = dir.with_extension("pid");
+        let _ = std::fs::remove_file(&pidfile);
+        let child = Command::new("nbdfuse")
+            .args(["-P", pidfile.to_str().unwrap(), dir.to_str().unwrap(), uri])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("nbdfuse (installed by .ci/run)");
+        let f = Fuse {
+            dir: dir.to_path_buf(),
+            child: Some(child),
+            mnt: None,
+        };
+        wait_for("nbdfuse", 30, || {
+            pidfile.exists() && dir.join("nbd").exists()
+        });
+        f
+    }
+
+    fn file(&self) -> String {
+        self.dir.join("nbd").display().to_string()
+    }
+
+    fn mount(&mut self, mnt: &Path) {
+        std::fs::create_dir_all(mnt).unwrap();
+        tool(
+            "mount",
+            &["-o", "loop", &self.file(), mnt.to_str().unwrap()],
+        );
+        self.mnt = Some(mnt.to_path_buf());
+    }
+
+    fn umount(&mut self) {
+        if let Some(m) = self.mnt.take() {
+            tool("umount", &[m.to_str().unwrap()]);
+        }
+    }
+
+    fn stop(&mut self) {
+        self.umount();
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("fusermount3")
+                .args(["-u", self.dir.to_str().unwrap()])
+                .status();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Fuse {
+    fn drop(&mut self) {
+        if let Some(m) = self.mnt.take() {
+            let _ = Command::new("umount").arg("-l").arg(&m).status();
+        }
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z", self.dir.to_str().unwrap()])
+                .status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn ext4_on_the_export_survives_a_server_restart() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "48M");
+    let fusedir = dir.path().join("fuse");
+    let mnt = dir.path().join("mnt");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let mut f = Fuse::start(&fusedir, &s.uri);
+    tool("mkfs.ext4", &["-q", "-F", &f.file()]);
+    f.mount(&mnt);
+    let mut files = Vec::new();
+    {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+        std::fs::create_dir_all(mnt.join("run42")).unwrap();
+        for i in 0..20 {
+            let len = if i == 0 {
+                20 << 20
+            } else {
+                rng.gen_range(1..300_000)
+            };
+            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            let name = format!("run42/event-{i:03}.dat");
+            std::fs::write(mnt.join(&name), &data).unwrap();
+            files.push((name, data));
+        }
+    }
+    f.stop();
+    assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+    let d = detail(&ms);
+    assert_eq!(d["state"], "optimal");
+
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let mut f = Fuse::start(&fusedir, &s.uri);
+    f.mount(&mnt);
+    for (name, data) in &files {
+        let got = std::fs::read(mnt.join(name)).unwrap();
+        assert!(&got == data, "{name} differs after restart");
+    }
+    f.umount();
+    tool("e2fsck", &["-fn", &f.file()]);
+    f.stop();
+    assert_eq!(s.stop().code(), Some(0));
+}
+
+#[test]
+fn sigterm_finishes_cleanly_and_marks_the_array_clean() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "24M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    tool("qemu-io", &["-f", "raw", "-c", "write -P 7 0 1M", &s.uri]);
+    let e: Value = serde_json::from_slice(&ok(&["examine", &ms[0], "--json"]).stdout).unwrap();
+    assert_eq!(e["state"], "dirty", "a written, running array is dirty");
+    assert!(s.control.exists());
+    assert_eq!(s.stop().code(), Some(0));
+    assert!(!s.control.exists(), "control socket left behind");
+    let e: Value = serde_json::from_slice(&ok(&["examine", &ms[0], "--json"]).stdout).unwrap();
+    assert_eq!(e["state"], "clean");
+    let o = ok(&args(&["read", "--offset", "0", "--length", "1M"], &ms));
+    assert!(o.stdout.iter().all(|&b| b == 7));
+}
+
+/// A hand-written client, to send what well-behaved libraries never send.
+struct Raw {
+    s: TcpStream,
+}
+
+const OPT_MAGIC: u64 = 0x4948_4156_454f_5054;
+
+impl Raw {
+    fn connect(uri: &str) -> Raw {
+        let s = TcpStream::connect(host_port(uri)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut r = Raw { s };
+        let mut hello = [0u8; 18];
+        r.s.read_exact(&mut hello).unwrap();
+        assert_eq!(&hello[..8], b"NBDMAGIC");
+        r
+    }
+
+    fn option(&mut self, opt: u32, data: &[u8]) {
+        let mut b = OPT_MAGIC.to_be_bytes().to_vec();
+        b.extend_from_slice(&opt.to_be_bytes());
+        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        b.extend_from_slice(data);
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// (reply type, payload)
+    fn option_reply(&mut self) -> (u32, Vec<u8>) {
+        let mut h = [0u8; 20];
+        self.s.read_exact(&mut h).unwrap();
+        let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+        let mut p = vec![0u8; len as usize];
+        self.s.read_exact(&mut p).unwrap();
+        (kind, p)
+    }
+
+    /// Handshake with NBD_OPT_GO on the default export; returns the size.
+    fn go(uri: &str) -> (Raw, u64) {
+        let mut r = Raw::connect(uri);
+        r.s.write_all(&3u32.to_be_bytes()).unwrap();
+        // An unknown option first: NBD_REP_ERR_UNSUP, and negotiation goes on.
+        r.option(0x7777, b"junk");
+        assert_eq!(r.option_reply().0, (1 << 31) | 1);
+        // A malformed GO: NBD_REP_ERR_INVALID.
+        r.option(7, &[0, 0, 0, 9, b'x']);
+        assert_eq!(r.option_reply().0, (1 << 31) | 3);
+        let mut go = 0u32.to_be_bytes().to_vec();
+        go.extend_from_slice(&0u16.to_be_bytes());
+        r.option(7, &go);
+        let mut size = 0;
+        loop {
+            let (kind, p) = r.option_reply();
+            match kind {
+                3 if p[..2] == [0, 0] => size = u64::from_be_bytes(p[2..10].try_into().unwrap()),
+                3 => {}
+                1 => break,
+                other => panic!("unexpected option reply {other:#x}"),
+            }
+        }
+        (r, size)
+    }
+
+    fn request(&mut self, kind: u16, flags: u16, offset: u64, len: u32, payload: &[u8]) {
+        let mut b = 0x2560_9513u32.to_be_bytes().to_vec();
+        b.extend_from_slice(&flags.to_be_bytes());
+        b.extend_from_slice(&kind.to_be_bytes());
+        b.extend_from_slice(&0xc00c_1e00u64.to_be_bytes());
+        b.extend_from_slice(&offset.to_be_bytes());
+        b.extend_from_slice(&len.to_be_bytes());
+        b.extend_from_slice(payload);
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// Simple reply: (error, data)
+    fn reply(&mut self, read_len: usize) -> (u32, Vec<u8>) {
+        let mut h = [0u8; 16];
+        self.s.read_exact(&mut h).unwrap();
+        assert_eq!(u32::from_be_bytes(h[..4].try_into().unwrap()), 0x6744_6698);
+        let err = u32::from_be_bytes(h[4..8].try_into().unwrap());
+        let mut d = vec![0u8; if err == 0 { read_len } else { 0 }];
+        self.s.read_exact(&mut d).unwrap();
+        (err, d)
+    }
+
+    fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.s.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+#[test]
+fn malformed_traffic_gets_errors_and_other_clients_keep_going() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "24M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x5a 0 1M", &s.uri],
+    );
+
+    // A bystander connection that must keep working throughout.
+    let (mut keep, size) = Raw::go(&s.uri);
+
+    // Garbage instead of a handshake: that connection is closed.
+    let mut g = Raw::connect(&s.uri);
+    g.s.write_all(&[0xff; 64]).unwrap();
+    assert!(g.closed());
+    // Bad option magic: closed.
+    let mut g = Raw::connect(&s.uri);
+    g.s.write_all(&3u32.to_be_bytes()).unwrap();
+    g.s.write_all(&[0u8; 16]).unwrap();
+    assert!(g.closed());
+
+    let (mut r, sz) = Raw::go(&s.uri);
+    assert_eq!(sz, size);
+    const READ: u16 = 0;
+    const WRITE: u16 = 1;
+    r.request(READ, 0, size - 10, 11, &[]);
+    assert_eq!(r.reply(11).0, 22, "read past the end: EINVAL");
+    r.request(WRITE, 0, size - 10, 11, &[1u8; 11]);
+    assert_eq!(r.reply(0).0, 28, "write past the end: ENOSPC");
+    r.request(WRITE, 0, u64::MAX - 5, 11, &[1u8; 11]);
+    assert_eq!(r.reply(0).0, 28, "write wrapping around: ENOSPC");
+    r.request(99, 0, 0, 512, &[]);
+    assert_eq!(r.reply(0).0, 22, "unknown command: EINVAL");
+    r.request(READ, 0, 0, 48 << 20, &[]);
+    assert_eq!(r.reply(0).0, 22, "read over the maximum: EINVAL");
+    r.request(READ, 0x8000, 0, 512, &[]);
+    assert_eq!(r.reply(0).0, 22, "unknown flag: EINVAL");
+    r.request(READ, 0, 4096, 512, &[]);
+    let (e, d) = r.reply(512);
+    assert_eq!(e, 0);
+    assert!(
+        d.iter().all(|&b| b == 0x5a),
+        "connection unusable after errors"
+    );
+    // A request with a bad magic: the connection is closed.
+    r.s.write_all(&[0u8; 28]).unwrap();
+    assert!(r.closed());
+
+    // A write over the maximum payload: closed rather than skipping 48 MiB.
+    let (mut r, _) = Raw::go(&s.uri);
+    r.request(WRITE, 0, 0, 48 << 20, &[]);
+    assert!(r.closed());
+
+    // A client that vanishes in the middle of a write: nothing is written.
+    let (mut r, _) = Raw::go(&s.uri);
+    r.request(WRITE, 0, 8192, 4096, &[0xee; 1000]);
+    drop(r);
+    std::thread::sleep(Duration::from_millis(200));
+
+    // The bystander still works and sees the old data.
+    keep.request(READ, 0, 8192, 4096, &[]);
+    let (e, d) = keep.reply(4096);
+    assert_eq!(e, 0);
+    assert!(
+        d.iter().all(|&b| b == 0x5a),
+        "a half-sent write reached the array"
+    );
+    keep.request(2, 0, 0, 0, &[]); // NBD_CMD_DISC
+    assert!(keep.closed());
+    assert_eq!(s.stop().code(), Some(0));
+}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install the Debian packages raidkit's tests and demo use (NBD clients,
+# fio, FUSE, ext4 tools). Does nothing when they are all present.
+set -euo pipefail
+pkgs=(libnbd-bin python3-libnbd qemu-utils fio nbdkit e2fsprogs fuse3 util-linux procps)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "deps: installing ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
