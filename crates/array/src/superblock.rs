@@ -164,6 +164,12 @@ fn get_uuid(b: &[u8], at: usize) -> Uuid {
     Uuid::from_bytes(b[at..at + 16].try_into().expect("16 bytes"))
 }
 
+/// Write a block's checksum (for tools and fuzzers that build blocks by hand).
+pub fn seal(b: &mut [u8]) {
+    let crc = block_crc(b);
+    put_u32(b, 16, crc);
+}
+
 /// crc32c of a block, computed with the crc field taken as zero.
 fn block_crc(b: &[u8]) -> u32 {
     let c = crc32c::crc32c(&b[..16]);
