@@ -66,6 +66,38 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// Per-thread reusable buffers for stripe work, so that the hot path
+/// neither allocates nor zero-fills fresh memory for every request.
+mod scratch {
+    use std::cell::RefCell;
+
+    const KEEP: usize = 16;
+
+    thread_local! {
+        static FREE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// A buffer of `len` bytes with unspecified contents.
+    pub fn take(len: usize) -> Vec<u8> {
+        let mut b = FREE.with(|f| f.borrow_mut().pop()).unwrap_or_default();
+        b.resize(len, 0);
+        b
+    }
+
+    /// Return a buffer for reuse.
+    pub fn give(b: Vec<u8>) {
+        if b.capacity() == 0 {
+            return;
+        }
+        FREE.with(|f| {
+            let mut f = f.borrow_mut();
+            if f.len() < KEEP {
+                f.push(b);
+            }
+        });
+    }
+}
+
 /// Data rows of one stripe over a column range, P and Q as read.
 struct Rows {
     data: Vec<Vec<u8>>,
@@ -363,14 +395,18 @@ impl Array {
             if failed.contains(&role) {
                 return None;
             }
-            let mut b = vec![0u8; len as usize];
+            let mut b = scratch::take(len as usize);
             match self.member_read(role, &mut b, dev) {
                 Some(Ok(())) => Some(b),
                 Some(Err(_)) => {
+                    scratch::give(b);
                     failed.push(role);
                     None
                 }
-                None => None,
+                None => {
+                    scratch::give(b);
+                    None
+                }
             }
         };
         for dd in (0..k).filter(|&d| need[d]) {
@@ -514,41 +550,46 @@ impl Array {
         let rmw_reads = pieces.len() + parity_roles.len();
 
         if rmw_ok && rcw_reads > 0 && rmw_reads < rcw_reads {
-            let mut pbuf = vec![0u8; len];
-            self.member_read(sm.p, &mut pbuf, dev).expect("present")?;
-            let mut qbuf = match sm.q {
-                Some(q) => {
-                    let mut b = vec![0u8; len];
-                    self.member_read(q, &mut b, dev).expect("present")?;
-                    Some(b)
+            let mut pbuf = scratch::take(len);
+            let mut qbuf = sm.q.map(|_| scratch::take(len));
+            let mut old = scratch::take(0);
+            let done = (|| {
+                self.member_read(sm.p, &mut pbuf, dev).expect("present")?;
+                if let (Some(q), Some(qb)) = (sm.q, qbuf.as_mut()) {
+                    self.member_read(q, qb, dev).expect("present")?;
                 }
-                None => None,
-            };
-            let mut old = Vec::new();
-            for (p, d) in pieces {
-                old.resize(p.len as usize, 0);
-                self.member_read(p.copies[0].0, &mut old, p.copies[0].1)
-                    .expect("present")?;
-                let r = (p.col - c0) as usize..(p.col - c0 + p.len) as usize;
-                parity::update_pq(
-                    &mut pbuf[r.clone()],
-                    qbuf.as_mut().map(|q| &mut q[r]),
-                    sm.syndrome[p.dd],
-                    &old,
-                    d,
-                );
+                for (p, d) in pieces {
+                    old.resize(p.len as usize, 0);
+                    self.member_read(p.copies[0].0, &mut old, p.copies[0].1)
+                        .expect("present")?;
+                    let r = (p.col - c0) as usize..(p.col - c0 + p.len) as usize;
+                    parity::update_pq(
+                        &mut pbuf[r.clone()],
+                        qbuf.as_mut().map(|q| &mut q[r]),
+                        sm.syndrome[p.dd],
+                        &old,
+                        d,
+                    );
+                }
+                for (p, d) in pieces {
+                    self.member_write(p.copies[0].0, d, p.copies[0].1)?;
+                }
+                self.member_write(sm.p, &pbuf, dev)?;
+                if let (Some(q), Some(qb)) = (sm.q, &qbuf) {
+                    self.member_write(q, qb, dev)?;
+                }
+                Ok(())
+            })();
+            scratch::give(pbuf);
+            if let Some(q) = qbuf {
+                scratch::give(q);
             }
-            for (p, d) in pieces {
-                self.member_write(p.copies[0].0, d, p.copies[0].1)?;
-            }
-            self.member_write(sm.p, &pbuf, dev)?;
-            if let (Some(q), Some(qbuf)) = (sm.q, &qbuf) {
-                self.member_write(q, qbuf, dev)?;
-            }
-            return Ok(());
+            scratch::give(old);
+            return done;
         }
 
         // Reconstruct-write: assemble full rows, then compute parity afresh.
+        // Fully covered chunks are used in place, without a copy.
         let need: Vec<bool> = (0..k).map(|d| !covers(d)).collect();
         let mut rows = if rcw_reads > 0 {
             self.read_rows(stripe, c0, len as u64, &need, &[])?.data
@@ -556,34 +597,47 @@ impl Array {
             vec![Vec::new(); k]
         };
         for (dd, row) in rows.iter_mut().enumerate() {
-            match new_for[dd] {
-                Some((_, d)) if covers(dd) => *row = d.to_vec(),
-                Some((p, d)) => {
+            if let Some((p, d)) = new_for[dd] {
+                if !covers(dd) {
                     let at = (p.col - c0) as usize;
                     row[at..at + d.len()].copy_from_slice(d);
                 }
-                None => {}
             }
         }
         let mut order = vec![0; k];
         for dd in 0..k {
             order[sm.syndrome[dd]] = dd;
         }
-        let refs: Vec<&[u8]> = order.iter().map(|&dd| rows[dd].as_slice()).collect();
-        let mut pbuf = vec![0u8; len];
-        match sm.q {
-            Some(q) => {
-                let mut qbuf = vec![0u8; len];
-                parity::gen_pq(&refs, &mut pbuf, &mut qbuf);
-                self.member_write(q, &qbuf, dev)?;
-            }
+        let refs: Vec<&[u8]> = order
+            .iter()
+            .map(|&dd| match new_for[dd] {
+                Some((_, d)) if covers(dd) => d,
+                _ => rows[dd].as_slice(),
+            })
+            .collect();
+        let mut pbuf = scratch::take(len);
+        let mut qbuf = sm.q.map(|_| scratch::take(len));
+        match qbuf.as_mut() {
+            Some(qb) => parity::gen_pq(&refs, &mut pbuf, qb),
             None => parity::gen_p(&refs, &mut pbuf),
         }
-        for (p, d) in pieces {
-            self.member_write(p.copies[0].0, d, p.copies[0].1)?;
+        drop(refs);
+        let written = (|| {
+            for (p, d) in pieces {
+                self.member_write(p.copies[0].0, d, p.copies[0].1)?;
+            }
+            self.member_write(sm.p, &pbuf, dev)?;
+            if let (Some(q), Some(qb)) = (sm.q, &qbuf) {
+                self.member_write(q, qb, dev)?;
+            }
+            Ok(())
+        })();
+        scratch::give(pbuf);
+        if let Some(q) = qbuf {
+            scratch::give(q);
         }
-        self.member_write(sm.p, &pbuf, dev)?;
-        Ok(())
+        rows.into_iter().for_each(scratch::give);
+        written
     }
 
     /// Make redundancy consistent with the data everywhere: parity

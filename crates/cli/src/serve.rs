@@ -64,7 +64,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         },
         Config {
             workers_per_connection: a.workers.max(1),
-            ..Config::default()
+            merge_writes: sb.level.is_parity(),
         },
     );
     let mut endpoints = Vec::new();
@@ -176,6 +176,7 @@ fn status_fields(
             "flushes": c(&stats.flushes),
             "trims": c(&stats.trims),
             "write_zeroes": c(&stats.zeroes),
+            "merged_writes": c(&stats.merged_writes),
             "errors": c(&stats.errors),
         },
         "connections": {

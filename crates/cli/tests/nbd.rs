@@ -391,6 +391,17 @@ fn sigterm_finishes_cleanly_and_marks_the_array_clean() {
     assert!(o.stdout.iter().all(|&b| b == 7));
 }
 
+fn encode(kind: u16, flags: u16, cookie: u64, offset: u64, len: u32, payload: &[u8]) -> Vec<u8> {
+    let mut b = 0x2560_9513u32.to_be_bytes().to_vec();
+    b.extend_from_slice(&flags.to_be_bytes());
+    b.extend_from_slice(&kind.to_be_bytes());
+    b.extend_from_slice(&cookie.to_be_bytes());
+    b.extend_from_slice(&offset.to_be_bytes());
+    b.extend_from_slice(&len.to_be_bytes());
+    b.extend_from_slice(payload);
+    b
+}
+
 /// A hand-written client, to send what well-behaved libraries never send.
 struct Raw {
     s: TcpStream,
@@ -455,25 +466,26 @@ impl Raw {
     }
 
     fn request(&mut self, kind: u16, flags: u16, offset: u64, len: u32, payload: &[u8]) {
-        let mut b = 0x2560_9513u32.to_be_bytes().to_vec();
-        b.extend_from_slice(&flags.to_be_bytes());
-        b.extend_from_slice(&kind.to_be_bytes());
-        b.extend_from_slice(&0xc00c_1e00u64.to_be_bytes());
-        b.extend_from_slice(&offset.to_be_bytes());
-        b.extend_from_slice(&len.to_be_bytes());
-        b.extend_from_slice(payload);
+        let b = encode(kind, flags, 0xc00c_1e00, offset, len, payload);
         self.s.write_all(&b).unwrap();
     }
 
     /// Simple reply: (error, data)
     fn reply(&mut self, read_len: usize) -> (u32, Vec<u8>) {
+        let (err, _, d) = self.reply_with_cookie(read_len);
+        (err, d)
+    }
+
+    /// Simple reply: (error, cookie, data)
+    fn reply_with_cookie(&mut self, read_len: usize) -> (u32, u64, Vec<u8>) {
         let mut h = [0u8; 16];
         self.s.read_exact(&mut h).unwrap();
         assert_eq!(u32::from_be_bytes(h[..4].try_into().unwrap()), 0x6744_6698);
         let err = u32::from_be_bytes(h[4..8].try_into().unwrap());
+        let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
         let mut d = vec![0u8; if err == 0 { read_len } else { 0 }];
         self.s.read_exact(&mut d).unwrap();
-        (err, d)
+        (err, cookie, d)
     }
 
     fn closed(&mut self) -> bool {
@@ -555,4 +567,75 @@ fn malformed_traffic_gets_errors_and_other_clients_keep_going() {
     keep.request(2, 0, 0, 0, &[]); // NBD_CMD_DISC
     assert!(keep.closed());
     assert_eq!(s.stop().code(), Some(0));
+}
+
+#[test]
+fn pipelined_contiguous_writes_each_get_their_own_reply() {
+    // On a parity array the server merges runs of contiguous writes into
+    // one array write; every request must still get its own reply, and a
+    // run that reaches past the end must not take valid writes down with it.
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "24M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let (mut r, size) = Raw::go(&s.uri);
+    let mut burst = Vec::new();
+    let mut expect = Vec::new();
+    let base = 3 * 65536 + 512; // unaligned, crossing stripes
+    for i in 0..24u64 {
+        let data = vec![(i + 1) as u8; 40_000];
+        burst.extend(encode(1, 0, 100 + i, base + i * 40_000, 40_000, &data));
+        expect.extend(data);
+    }
+    // A run ending past the end of the array: the in-range write succeeds.
+    burst.extend(encode(1, 0, 200, size - 8192, 4096, &[7u8; 4096]));
+    burst.extend(encode(1, 0, 201, size - 4096, 8192, &[8u8; 8192]));
+    // FUA and plain writes are not merged together, and both complete.
+    burst.extend(encode(1, 1, 202, 0, 4096, &[9u8; 4096]));
+    burst.extend(encode(3, 0, 203, 0, 0, &[])); // FLUSH
+    r.s.write_all(&burst).unwrap();
+    let mut seen = std::collections::HashMap::new();
+    for _ in 0..28 {
+        let (err, cookie, _) = r.reply_with_cookie(0);
+        assert!(
+            seen.insert(cookie, err).is_none(),
+            "two replies for {cookie}"
+        );
+    }
+    for i in 0..24u64 {
+        assert_eq!(seen[&(100 + i)], 0, "write {i}");
+    }
+    assert_eq!(seen[&200], 0);
+    assert_eq!(seen[&201], 28, "write past the end: ENOSPC");
+    assert_eq!(seen[&202], 0);
+    assert_eq!(seen[&203], 0);
+    r.request(0, 0, base, expect.len() as u32, &[]);
+    let (e, d) = r.reply(expect.len());
+    assert_eq!(e, 0);
+    assert!(d == expect, "merged writes stored the wrong data");
+    r.request(0, 0, size - 8192, 8192, &[]);
+    let (e, d) = r.reply(8192);
+    assert_eq!(e, 0);
+    assert!(d[..4096].iter().all(|&b| b == 7) && d[4096..].iter().all(|&b| b == 0));
+    let ctl = s.control.display().to_string();
+    let st: Value =
+        serde_json::from_slice(&ok(&["status", "--control", &ctl, "--json"]).stdout).unwrap();
+    assert!(
+        st["io"]["merged_writes"].as_u64().unwrap() > 0,
+        "no write was merged"
+    );
+    assert_eq!(st["io"]["writes"], 26);
+    assert_eq!(s.stop().code(), Some(0));
+    // Parity agrees: the same bytes read degraded.
+    let o = ok(&args(
+        &[
+            "read",
+            "--offset",
+            &base.to_string(),
+            "--length",
+            &expect.len().to_string(),
+        ],
+        &ms[1..],
+    ));
+    assert!(o.stdout == expect);
 }

@@ -3,9 +3,8 @@
 //! of order), for any [`Member`] — in raidkit, an array.
 
 use crate::proto::*;
-use crossbeam_channel::{bounded, Receiver};
 use raidkit_member::Member;
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +16,9 @@ use std::time::Duration;
 pub const MAX_PAYLOAD: u32 = 32 << 20;
 /// Preferred block size advertised to clients.
 pub const PREFERRED_BLOCK: u32 = 4096;
+/// Socket read buffer per connection. Payloads at least this big bypass it
+/// (no extra copy) when it is empty.
+const READ_BUFFER: usize = 256 << 10;
 /// How long a client may take over each handshake step.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -34,15 +36,16 @@ pub struct Export {
 pub struct Config {
     /// Worker threads per connection (requests served at once).
     pub workers_per_connection: usize,
-    /// Requests queued per connection beyond those being served.
-    pub queue_depth: usize,
+    /// Merge runs of contiguous writes into one device write (for parity
+    /// arrays, where a larger write fills whole stripes and needs no reads).
+    pub merge_writes: bool,
 }
 
 impl Default for Config {
     fn default() -> Config {
         Config {
             workers_per_connection: 8,
-            queue_depth: 64,
+            merge_writes: false,
         }
     }
 }
@@ -57,6 +60,8 @@ pub struct Stats {
     pub flushes: AtomicU64,
     pub trims: AtomicU64,
     pub zeroes: AtomicU64,
+    /// Writes merged into the write before them (see `Config::merge_writes`).
+    pub merged_writes: AtomicU64,
     pub errors: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_active: AtomicU64,
@@ -86,6 +91,24 @@ impl Stream {
             Stream::Unix(s) => s.shutdown(how),
         };
     }
+    /// Whether at least `n` bytes have arrived and can be read without waiting.
+    fn has_bytes(&self, n: usize) -> bool {
+        use nix::sys::socket::{recv, MsgFlags};
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        };
+        let mut probe = [0u8; REQUEST_LEN];
+        let n = n.min(REQUEST_LEN);
+        // A peek that neither consumes nor waits (the socket itself stays
+        // blocking for the other threads that use it).
+        matches!(
+            recv(fd, &mut probe[..n], MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
+            Ok(got) if got >= n
+        )
+    }
+
     fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t),
@@ -108,6 +131,12 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => s.write_vectored(bufs),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -433,88 +462,128 @@ impl Server {
         }
     }
 
-    fn transmission(self: &Arc<Self>, mut s: Stream, neg: Negotiated) -> io::Result<()> {
-        let writer = Arc::new(Mutex::new(BufWriter::with_capacity(
-            256 << 10,
-            s.try_clone()?,
-        )));
-        let (tx, rx) = bounded::<Job>(self.config.queue_depth);
+    /// The transmission phase. Workers take turns reading one request off
+    /// the socket (leader/follower, as nbdkit's parallel thread model) and
+    /// then serve it themselves, so a request never waits for a hand-off
+    /// between threads; replies leave in completion order.
+    fn transmission(self: &Arc<Self>, s: Stream, neg: Negotiated) -> io::Result<()> {
+        let shared = Arc::new(Conn {
+            reader: Mutex::new(BufReader::with_capacity(READ_BUFFER, s.try_clone()?)),
+            writer: Mutex::new(BufWriter::with_capacity(256 << 10, s.try_clone()?)),
+            closing: AtomicBool::new(false),
+            error: Mutex::new(None),
+        });
         let workers: Vec<JoinHandle<()>> = (0..self.config.workers_per_connection.max(1))
             .map(|_| {
-                let rx: Receiver<Job> = rx.clone();
                 let me = self.clone();
-                let w = writer.clone();
+                let c = shared.clone();
                 std::thread::Builder::new()
                     .name("nbd-worker".into())
-                    .spawn(move || {
-                        let mut buf = Vec::new();
-                        for job in rx {
-                            let reply = me.execute(&job, neg, &mut buf);
-                            let mut out = w.lock().expect("writer");
-                            let sent = out.write_all(&reply).and_then(|_| {
-                                if job.req.kind == CMD_READ && reply_ok(&reply, neg) {
-                                    out.write_all(&buf)?;
-                                }
-                                out.flush()
-                            });
-                            if sent.is_err() {
-                                // The client is gone; the reader sees it too.
-                                continue;
-                            }
-                        }
-                    })
+                    .spawn(move || me.worker(&c, neg))
             })
             .collect::<io::Result<_>>()?;
-        let result = self.read_requests(&mut s, &tx);
-        drop(tx);
         for w in workers {
             let _ = w.join();
         }
-        let _ = writer.lock().expect("writer").flush();
+        let _ = shared.writer.lock().expect("writer").flush();
         s.shutdown(Shutdown::Both);
-        result
+        let err = shared.error.lock().expect("error").take();
+        match err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
-    /// Read requests until DISC, EOF or a malformed request.
-    fn read_requests(&self, s: &mut Stream, tx: &crossbeam_channel::Sender<Job>) -> io::Result<()> {
+    fn worker(&self, c: &Conn, neg: Negotiated) {
+        let mut payload = Vec::new();
+        let mut buf = Vec::new();
+        let mut merged: Vec<Request> = Vec::new();
+        let size = self.export.device.len();
+        let mut used = 0usize;
         loop {
-            let mut hb = [0u8; REQUEST_LEN];
-            match s.read_exact(&mut hb) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-                Err(e) => return Err(e),
-            }
-            let req = parse_request(&hb).map_err(|e| {
-                io::Error::new(io::ErrorKind::InvalidData, format!("bad request: {e}"))
-            })?;
-            if req.kind == CMD_DISC {
-                return Ok(());
-            }
-            let mut payload = Vec::new();
-            if req.kind == CMD_WRITE {
-                if req.len > MAX_PAYLOAD {
-                    // The payload cannot be skipped safely: end the connection.
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "write of {} bytes exceeds the maximum {MAX_PAYLOAD}",
-                            req.len
-                        ),
-                    ));
+            merged.clear();
+            {
+                let mut r = c.reader.lock().expect("reader");
+                if c.closing.load(Ordering::Acquire) {
+                    return;
                 }
-                payload = vec![0u8; req.len as usize];
-                s.read_exact(&mut payload)?;
+                let got = read_request(&mut *r, &mut payload).and_then(|req| {
+                    if let Some(req) = req {
+                        merged.push(req);
+                        used = if req.kind == CMD_WRITE {
+                            req.len as usize
+                        } else {
+                            0
+                        };
+                        if req.kind == CMD_WRITE && self.config.merge_writes {
+                            merge_writes(&mut r, &mut payload, &mut used, &mut merged, size)?;
+                        }
+                    }
+                    Ok(())
+                });
+                if let Err(e) = got {
+                    c.closing.store(true, Ordering::Release);
+                    *c.error.lock().expect("error") = Some(e);
+                    return;
+                }
+                if merged.is_empty() {
+                    // DISC or EOF: requests already taken still finish.
+                    c.closing.store(true, Ordering::Release);
+                    return;
+                }
             }
-            if tx.send(Job { req, payload }).is_err() {
-                return Ok(());
+            let first = merged[0];
+            let whole = Request {
+                len: used as u32,
+                ..first
+            };
+            let whole = if first.kind == CMD_WRITE {
+                whole
+            } else {
+                first
+            };
+            let result = self.execute(&whole, &payload[..used], neg, &mut buf);
+            if merged.len() > 1 {
+                inc(&self.stats.merged_writes, merged.len() as u64 - 1);
+                if result.is_ok() {
+                    inc(&self.stats.writes, merged.len() as u64 - 1);
+                }
+            }
+            let mut out = c.writer.lock().expect("writer");
+            let sent = (|| {
+                for req in &merged {
+                    let header = reply_header(req, neg, &result, buf.len());
+                    if req.kind == CMD_READ && result.is_ok() {
+                        if buf.len() >= LARGE_REPLY {
+                            // Header and data in one system call, no copy.
+                            out.flush()?;
+                            write_all_vectored(out.get_mut(), &header, &buf)?;
+                            continue;
+                        }
+                        out.write_all(&header)?;
+                        out.write_all(&buf)?;
+                    } else {
+                        out.write_all(&header)?;
+                    }
+                }
+                out.flush()
+            })();
+            if sent.is_err() {
+                // The client is gone; the next read sees it too.
+                c.closing.store(true, Ordering::Release);
             }
         }
     }
 
     /// Serve one request; returns the reply header (and for a successful
     /// read, leaves the data in `buf`).
-    fn execute(&self, job: &Job, neg: Negotiated, buf: &mut Vec<u8>) -> Vec<u8> {
-        let r = &job.req;
+    fn execute(
+        &self,
+        r: &Request,
+        payload: &[u8],
+        neg: Negotiated,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), (u32, String)> {
         let dev = &self.export.device;
         let size = dev.len();
         let in_range = r
@@ -522,7 +591,7 @@ impl Server {
             .checked_add(r.len as u64)
             .is_some_and(|e| e <= size);
         let st = &self.stats;
-        let result: Result<(), (u32, String)> = (|| {
+        let result = (|| {
             let known_flags = match r.kind {
                 CMD_READ => CMD_FLAG_FUA | CMD_FLAG_DF,
                 CMD_WRITE | CMD_TRIM => CMD_FLAG_FUA,
@@ -566,7 +635,7 @@ impl Server {
                     }
                     match r.kind {
                         CMD_WRITE => {
-                            dev.write_at(&job.payload, r.offset).map_err(io_err)?;
+                            dev.write_at(payload, r.offset).map_err(io_err)?;
                             inc(&st.writes, 1);
                             inc(&st.bytes_written, r.len as u64);
                         }
@@ -592,27 +661,30 @@ impl Server {
             }
             Ok(())
         })();
-        match result {
-            Ok(()) => success_header(r, neg, buf.len()),
-            Err((code, msg)) => {
-                inc(&st.errors, 1);
-                tracing::debug!("request {:?} failed: {msg}", r);
-                if neg.structured {
-                    structured_error(r.cookie, code, &msg)
-                } else {
-                    simple_reply(code, r.cookie).to_vec()
-                }
-            }
+        if let Err((_, msg)) = &result {
+            inc(&st.errors, 1);
+            tracing::debug!("request {:?} failed: {msg}", r);
         }
+        result
     }
 }
 
-/// Whether a reply header announces success (so read data follows).
-fn reply_ok(header: &[u8], neg: Negotiated) -> bool {
-    if neg.structured {
-        u16::from_be_bytes([header[6], header[7]]) == REPLY_TYPE_OFFSET_DATA
-    } else {
-        header[4..8] == [0, 0, 0, 0]
+/// The reply header for a request's outcome (read data, if any, follows it).
+fn reply_header(
+    r: &Request,
+    neg: Negotiated,
+    result: &Result<(), (u32, String)>,
+    read_len: usize,
+) -> Vec<u8> {
+    match result {
+        Ok(()) => success_header(r, neg, read_len),
+        Err((code, msg)) => {
+            if neg.structured {
+                structured_error(r.cookie, *code, msg)
+            } else {
+                simple_reply(*code, r.cookie).to_vec()
+            }
+        }
     }
 }
 
@@ -657,7 +729,118 @@ fn write_zeroes(dev: &dyn Member, offset: u64, len: u64) -> raidkit_member::Resu
     Ok(())
 }
 
-struct Job {
-    req: Request,
-    payload: Vec<u8>,
+/// One connection's shared state in the transmission phase.
+struct Conn {
+    reader: Mutex<BufReader<Stream>>,
+    writer: Mutex<BufWriter<Stream>>,
+    /// Set on DISC, EOF, a malformed request or a dead client.
+    closing: AtomicBool,
+    error: Mutex<Option<io::Error>>,
+}
+
+/// Largest run of contiguous writes merged into one array write.
+const MERGE_MAX: usize = 8 << 20;
+
+/// Like the kernel's block layer, take the writes that follow `merged[0]`
+/// and continue it (same flags, next offset), as long as their headers have
+/// already arrived (never waiting for one): one larger array write turns sequential partial-stripe
+/// writes into full-stripe writes, which need no reads. Each request still
+/// gets its own reply.
+fn merge_writes(
+    r: &mut BufReader<Stream>,
+    payload: &mut Vec<u8>,
+    len: &mut usize,
+    merged: &mut Vec<Request>,
+    size: u64,
+) -> io::Result<()> {
+    use std::io::BufRead;
+    let first = merged[0];
+    loop {
+        if r.buffer().len() < REQUEST_LEN {
+            if !r.get_ref().has_bytes(REQUEST_LEN - r.buffer().len()) {
+                return Ok(());
+            }
+            // Data is waiting, so this does not block.
+            r.fill_buf()?;
+            if r.buffer().len() < REQUEST_LEN {
+                return Ok(());
+            }
+        }
+        let buffered = r.buffer();
+        let Ok(next) = parse_request(buffered[..REQUEST_LEN].try_into().expect("28 bytes")) else {
+            return Ok(()); // left for the next read, which reports it
+        };
+        let end = first.offset + *len as u64;
+        if next.kind != CMD_WRITE
+            || next.flags != first.flags
+            || next.offset != end
+            || *len + next.len as usize > MERGE_MAX
+            || end + next.len as u64 > size
+        {
+            return Ok(());
+        }
+        r.consume(REQUEST_LEN);
+        let at = *len;
+        *len += next.len as usize;
+        ensure_len(payload, *len);
+        r.read_exact(&mut payload[at..*len])?;
+        merged.push(next);
+    }
+}
+
+/// Read replies at least this big bypass the reply buffer.
+const LARGE_REPLY: usize = 64 << 10;
+
+/// Write `a` then `b` with as few system calls as the socket allows.
+fn write_all_vectored(w: &mut impl Write, a: &[u8], b: &[u8]) -> io::Result<()> {
+    let mut bufs = [io::IoSlice::new(a), io::IoSlice::new(b)];
+    let mut slices: &mut [io::IoSlice<'_>] = &mut bufs;
+    while !slices.is_empty() {
+        match w.write_vectored(slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => io::IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Grow a reused buffer to at least `n` bytes. Its length never shrinks,
+/// so steady traffic zero-fills nothing.
+fn ensure_len(buf: &mut Vec<u8>, n: usize) {
+    if buf.len() < n {
+        buf.resize(n, 0);
+    }
+}
+
+/// Read one request (and a write's payload, into `payload`, whose buffer
+/// is reused from request to request). `Ok(None)`: DISC or a clean EOF.
+fn read_request(r: &mut impl Read, payload: &mut Vec<u8>) -> io::Result<Option<Request>> {
+    let mut hb = [0u8; REQUEST_LEN];
+    match r.read_exact(&mut hb) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let req = parse_request(&hb)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("bad request: {e}")))?;
+    if req.kind == CMD_DISC {
+        return Ok(None);
+    }
+    if req.kind == CMD_WRITE {
+        if req.len > MAX_PAYLOAD {
+            // The payload cannot be skipped safely: end the connection.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "write of {} bytes exceeds the maximum {MAX_PAYLOAD}",
+                    req.len
+                ),
+            ));
+        }
+        ensure_len(payload, req.len as usize);
+        r.read_exact(&mut payload[..req.len as usize])?;
+    }
+    Ok(Some(req))
 }

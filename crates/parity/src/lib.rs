@@ -42,11 +42,48 @@ pub fn xor_into(dst: &mut [u8], src: &[u8]) {
     }
 }
 
+/// `dst = a ^ b`, in one pass.
+pub fn xor2(dst: &mut [u8], a: &[u8], b: &[u8]) {
+    assert!(dst.len() == a.len() && a.len() == b.len());
+    let n8 = dst.len() / 8 * 8;
+    for ((d, x), y) in dst[..n8]
+        .chunks_exact_mut(8)
+        .zip(a[..n8].chunks_exact(8))
+        .zip(b[..n8].chunks_exact(8))
+    {
+        let v =
+            u64::from_ne_bytes(x.try_into().unwrap()) ^ u64::from_ne_bytes(y.try_into().unwrap());
+        d.copy_from_slice(&v.to_ne_bytes());
+    }
+    for i in n8..dst.len() {
+        dst[i] = a[i] ^ b[i];
+    }
+}
+
 /// P = XOR of all data chunks.
 pub fn gen_p(data: &[&[u8]], p: &mut [u8]) {
-    p.fill(0);
-    for d in data {
-        xor_into(p, d);
+    let len = p.len();
+    assert!(data.iter().all(|d| d.len() == len));
+    let Some((first, rest)) = data.split_first() else {
+        p.fill(0);
+        return;
+    };
+    // One pass over P in blocks that stay in L1, rather than one pass per source.
+    const BLOCK: usize = 4096;
+    let mut at = 0;
+    while at < len {
+        let end = (at + BLOCK).min(len);
+        let dst = &mut p[at..end];
+        match rest.split_first() {
+            Some((second, more)) => {
+                xor2(dst, &first[at..end], &second[at..end]);
+                for d in more {
+                    xor_into(dst, &d[at..end]);
+                }
+            }
+            None => dst.copy_from_slice(&first[at..end]),
+        }
+        at = end;
     }
 }
 
@@ -122,11 +159,21 @@ pub fn mul_in_place(buf: &mut [u8], c: u8) {
 /// Read-modify-write update of P and Q for one data chunk at syndrome
 /// index `slot` changing from `old` to `new`.
 pub fn update_pq(p: &mut [u8], q: Option<&mut [u8]>, slot: usize, old: &[u8], new: &[u8]) {
-    let mut delta = old.to_vec();
-    xor_into(&mut delta, new);
-    xor_into(p, &delta);
-    if let Some(q) = q {
-        mul_xor_into(q, &delta, gf_exp(slot));
+    assert!(p.len() == old.len() && old.len() == new.len());
+    match q {
+        None => {
+            xor_into(p, old);
+            xor_into(p, new);
+        }
+        Some(q) => {
+            assert_eq!(q.len(), p.len());
+            let table = gf::mul_table(gf_exp(slot));
+            for i in 0..p.len() {
+                let delta = old[i] ^ new[i];
+                p[i] ^= delta;
+                q[i] ^= table[delta as usize];
+            }
+        }
     }
 }
 

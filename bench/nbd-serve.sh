@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# NBD serving performance: raidkit (a linear array of one RAM-disk member)
+# against nbdkit's file plugin and qemu-nbd serving a plain RAM-disk file of
+# the same size, with the same fio jobs (ioengine=nbd) alternating in one
+# run; then a RAID-5 of four RAM-disk members against the one-member figure.
+#
+# usage: bench/nbd-serve.sh [ROUNDS] [SECONDS_PER_JOB]
+# Prints one line per measurement and a table of medians (with min-max).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-5}
+SECS=${2:-5}
+./scripts/deps.sh
+cargo build --release --quiet
+R=$PWD/target/release/raidkit
+W=$(mktemp -d /dev/shm/raidkit-bench.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$W"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do nbdinfo --size "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "server at $1 did not come up" >&2; exit 1; }
+
+# raidkit: linear array of one 1 GiB member.
+"$R" create --level linear --size 1G --name one "$W/one.img" >/dev/null
+SIZE=$("$R" detail --json "$W/one.img" | python3 -c 'import json,sys; print(json.load(sys.stdin)["size"])')
+# RAID-5 of four members, each as big as the single one.
+"$R" create --level 5 --size 1G --name r5 "$W"/r5-{0,1,2,3}.img >/dev/null
+# The plain file for nbdkit and qemu-nbd.
+truncate -s "$SIZE" "$W/plain.img"
+
+P1=$(free_port); "$R" serve --listen 127.0.0.1:$P1 --control "$W/c1" "$W/one.img" >/dev/null 2>&1 & PIDS+=($!)
+P2=$(free_port); "$R" serve --listen 127.0.0.1:$P2 --control "$W/c2" "$W"/r5-{0,1,2,3}.img >/dev/null 2>&1 & PIDS+=($!)
+P3=$(free_port); nbdkit -f -i 127.0.0.1 -p $P3 file file="$W/plain.img" & PIDS+=($!)
+P4=$(free_port); qemu-nbd -f raw -b 127.0.0.1 -p $P4 -t -e 8 "$W/plain.img" & PIDS+=($!)
+declare -A URI=(
+  [raidkit]="nbd://127.0.0.1:$P1/"
+  [raidkit-raid5x4]="nbd://127.0.0.1:$P2/"
+  [nbdkit-file]="nbd://127.0.0.1:$P3/"
+  [qemu-nbd]="nbd://127.0.0.1:$P4/"
+)
+for s in "${!URI[@]}"; do wait_port "${URI[$s]}"; done
+# Fill the exports once so reads do not hit holes.
+for s in raidkit raidkit-raid5x4 nbdkit-file; do
+  fio --name=fill --ioengine=nbd --uri="${URI[$s]}" --rw=write --bs=1M --iodepth=8 --size=512M >/dev/null
+done
+fio --name=fill --ioengine=nbd --uri="${URI[qemu-nbd]}" --rw=write --bs=1M --iodepth=8 --size=512M >/dev/null
+
+run() { # server job -> value (IOPS or MB/s)
+  local uri=$1 job=$2 rw bs metric
+  case $job in
+    randread_4k_qd32)  rw=randread;  bs=4k; metric=iops ;;
+    randwrite_4k_qd32) rw=randwrite; bs=4k; metric=iops ;;
+    seqread_1m)        rw=read;      bs=1M; metric=bw ;;
+    seqwrite_1m)       rw=write;     bs=1M; metric=bw ;;
+  esac
+  fio --name=b --ioengine=nbd --uri="$uri" --rw=$rw --bs=$bs --iodepth=32 --size=512M \
+      --time_based --runtime="$SECS" --ramp_time=1 --output-format=json --output="$W/out.json" >/dev/null
+  python3 - "$W/out.json" "$rw" "$metric" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]
+side = "read" if "read" in sys.argv[2] else "write"
+v = j[side]["iops"] if sys.argv[3] == "iops" else j[side]["bw_bytes"] / 1e6
+print(f"{v:.0f}")
+PY
+}
+
+JOBS=(randread_4k_qd32 randwrite_4k_qd32 seqread_1m seqwrite_1m)
+SERVERS=(raidkit nbdkit-file qemu-nbd raidkit-raid5x4)
+RES="$W/results.txt"
+: > "$RES"
+for r in $(seq "$ROUNDS"); do
+  for job in "${JOBS[@]}"; do
+    for s in "${SERVERS[@]}"; do
+      [ "$s" = raidkit-raid5x4 ] && [ "$job" != seqwrite_1m ] && [ "$job" != seqread_1m ] && continue
+      v=$(run "${URI[$s]}" "$job")
+      echo "round $r $job $s $v" | tee -a "$RES"
+    done
+  done
+done
+
+python3 - "$RES" <<'PY'
+import sys, statistics
+from collections import defaultdict
+d = defaultdict(list)
+for line in open(sys.argv[1]):
+    _, _, job, srv, v = line.split()
+    d[(job, srv)].append(float(v))
+jobs = ["randread_4k_qd32", "randwrite_4k_qd32", "seqread_1m", "seqwrite_1m"]
+srvs = ["raidkit", "nbdkit-file", "qemu-nbd", "raidkit-raid5x4"]
+med = {k: statistics.median(v) for k, v in d.items()}
+print()
+print(f"{'job (IOPS or MB/s)':<20}" + "".join(f"{s:>22}" for s in srvs) + f"{'raidkit/best':>14}")
+for j in jobs:
+    row = f"{j:<20}"
+    for s in srvs:
+        if (j, s) in d:
+            v = d[(j, s)]
+            row += f"{med[(j, s)]:>10.0f} ({min(v):.0f}-{max(v):.0f})".rjust(22)
+        else:
+            row += f"{'-':>22}"
+    best = max(med[(j, "nbdkit-file")], med[(j, "qemu-nbd")])
+    row += f"{med[(j, 'raidkit')] / best:>14.2f}"
+    print(row)
+r5 = med[("seqwrite_1m", "raidkit-raid5x4")] / med[("seqwrite_1m", "raidkit")]
+print(f"\nRAID-5 of 4 members, 1 MiB sequential write / one member: {r5:.2f}")
+PY
