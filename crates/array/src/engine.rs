@@ -571,15 +571,9 @@ impl Array {
                         d,
                     );
                 }
-                for (p, d) in pieces {
-                    self.member_write(p.copies[0].0, d, p.copies[0].1)?;
-                }
-                self.member_write(sm.p, &pbuf, dev)?;
-                if let (Some(q), Some(qb)) = (sm.q, &qbuf) {
-                    self.member_write(q, qb, dev)?;
-                }
                 Ok(())
-            })();
+            })()
+            .and_then(|()| self.write_out(pieces, &sm, dev, &pbuf, qbuf.as_deref()));
             scratch::give(pbuf);
             if let Some(q) = qbuf {
                 scratch::give(q);
@@ -622,22 +616,32 @@ impl Array {
             None => parity::gen_p(&refs, &mut pbuf),
         }
         drop(refs);
-        let written = (|| {
-            for (p, d) in pieces {
-                self.member_write(p.copies[0].0, d, p.copies[0].1)?;
-            }
-            self.member_write(sm.p, &pbuf, dev)?;
-            if let (Some(q), Some(qb)) = (sm.q, &qbuf) {
-                self.member_write(q, qb, dev)?;
-            }
-            Ok(())
-        })();
+        let written = self.write_out(pieces, &sm, dev, &pbuf, qbuf.as_deref());
         scratch::give(pbuf);
         if let Some(q) = qbuf {
             scratch::give(q);
         }
         rows.into_iter().for_each(scratch::give);
         written
+    }
+
+    /// The writes that end a stripe update: new data, then P and Q.
+    fn write_out(
+        &self,
+        pieces: &[(&Piece, &[u8])],
+        sm: &raidkit_layout::StripeMap,
+        dev: u64,
+        p: &[u8],
+        q: Option<&[u8]>,
+    ) -> Result<()> {
+        for (piece, d) in pieces {
+            self.member_write(piece.copies[0].0, d, piece.copies[0].1)?;
+        }
+        self.member_write(sm.p, p, dev)?;
+        if let (Some(role), Some(q)) = (sm.q, q) {
+            self.member_write(role, q, dev)?;
+        }
+        Ok(())
     }
 
     /// Make redundancy consistent with the data everywhere: parity

@@ -107,16 +107,21 @@ pub trait Member: Send + Sync + fmt::Debug {
     /// Declare a range unused. The default writes zeroes, which every member
     /// supports; members that can deallocate override it.
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        const STEP: u64 = 1 << 20;
-        let zeros = vec![0u8; STEP.min(len) as usize];
-        let mut pos = offset;
-        while pos < offset + len {
-            let n = STEP.min(offset + len - pos) as usize;
-            self.write_at(&zeros[..n], pos)?;
-            pos += n as u64;
-        }
-        Ok(())
+        write_zeroes(self, offset, len)
     }
+}
+
+/// Write `len` zero bytes at `offset`, a MiB at a time.
+pub fn write_zeroes<M: Member + ?Sized>(m: &M, offset: u64, len: u64) -> Result<()> {
+    const STEP: u64 = 1 << 20;
+    let zeros = vec![0u8; STEP.min(len) as usize];
+    let mut pos = offset;
+    while pos < offset + len {
+        let n = STEP.min(offset + len - pos) as usize;
+        m.write_at(&zeros[..n], pos)?;
+        pos += n as u64;
+    }
+    Ok(())
 }
 
 /// Check that `[offset, offset + len)` lies within a member of `size` bytes.

@@ -644,7 +644,8 @@ impl Server {
                                 // Zeroing costs a full write here: say so.
                                 return Err((ENOTSUP, "zeroing is not faster than writing".into()));
                             }
-                            write_zeroes(dev.as_ref(), r.offset, r.len as u64).map_err(io_err)?;
+                            raidkit_member::write_zeroes(dev.as_ref(), r.offset, r.len as u64)
+                                .map_err(io_err)?;
                             inc(&st.zeroes, 1);
                         }
                         _ => inc(&st.trims, 1), // advisory: the data stays as it was
@@ -715,18 +716,6 @@ fn success_header(r: &Request, neg: Negotiated, read_len: usize) -> Vec<u8> {
         }
         _ => structured_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, r.cookie, 0).to_vec(),
     }
-}
-
-fn write_zeroes(dev: &dyn Member, offset: u64, len: u64) -> raidkit_member::Result<()> {
-    const STEP: u64 = 1 << 20;
-    let zeros = vec![0u8; STEP.min(len) as usize];
-    let mut pos = offset;
-    while pos < offset + len {
-        let n = STEP.min(offset + len - pos) as usize;
-        dev.write_at(&zeros[..n], pos)?;
-        pos += n as u64;
-    }
-    Ok(())
 }
 
 /// One connection's shared state in the transmission phase.
