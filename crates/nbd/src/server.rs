@@ -772,7 +772,7 @@ fn merge_writes(
         let at = *len;
         *len += next.len as usize;
         ensure_len(payload, *len);
-        r.read_exact(&mut payload[at..*len])?;
+        read_payload(r, &mut payload[at..*len])?;
         merged.push(next);
     }
 }
@@ -795,6 +795,16 @@ fn write_all_vectored(w: &mut impl Write, a: &[u8], b: &[u8]) -> io::Result<()> 
     Ok(())
 }
 
+/// Read a payload: what is already buffered, then the rest straight from
+/// the socket into `dst` (through the buffer it would cost another copy).
+fn read_payload(r: &mut BufReader<Stream>, dst: &mut [u8]) -> io::Result<()> {
+    use std::io::BufRead;
+    let have = r.buffer().len().min(dst.len());
+    dst[..have].copy_from_slice(&r.buffer()[..have]);
+    r.consume(have);
+    r.get_mut().read_exact(&mut dst[have..])
+}
+
 /// Grow a reused buffer to at least `n` bytes. Its length never shrinks,
 /// so steady traffic zero-fills nothing.
 fn ensure_len(buf: &mut Vec<u8>, n: usize) {
@@ -805,7 +815,7 @@ fn ensure_len(buf: &mut Vec<u8>, n: usize) {
 
 /// Read one request (and a write's payload, into `payload`, whose buffer
 /// is reused from request to request). `Ok(None)`: DISC or a clean EOF.
-fn read_request(r: &mut impl Read, payload: &mut Vec<u8>) -> io::Result<Option<Request>> {
+fn read_request(r: &mut BufReader<Stream>, payload: &mut Vec<u8>) -> io::Result<Option<Request>> {
     let mut hb = [0u8; REQUEST_LEN];
     match r.read_exact(&mut hb) {
         Ok(()) => {}
@@ -829,7 +839,7 @@ fn read_request(r: &mut impl Read, payload: &mut Vec<u8>) -> io::Result<Option<R
             ));
         }
         ensure_len(payload, req.len as usize);
-        r.read_exact(&mut payload[..req.len as usize])?;
+        read_payload(r, &mut payload[..req.len as usize])?;
     }
     Ok(Some(req))
 }
