@@ -507,7 +507,7 @@ impl Server {
                 if c.closing.load(Ordering::Acquire) {
                     return;
                 }
-                let got = read_request(&mut *r, &mut payload).and_then(|req| {
+                let got = read_request(&mut r, &mut payload).and_then(|req| {
                     if let Some(req) = req {
                         merged.push(req);
                         used = if req.kind == CMD_WRITE {
