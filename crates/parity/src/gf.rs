@@ -56,12 +56,3 @@ pub fn gf_inv(a: u8) -> u8 {
 pub fn gf_div(a: u8, b: u8) -> u8 {
     gf_mul(a, gf_inv(b))
 }
-
-/// The 256-entry product table of `c`.
-pub(crate) fn mul_table(c: u8) -> [u8; 256] {
-    let mut t = [0u8; 256];
-    for (i, v) in t.iter_mut().enumerate() {
-        *v = gf_mul(c, i as u8);
-    }
-    t
-}

@@ -24,212 +24,170 @@
 
 mod gf;
 pub mod reference;
+mod simd;
 
 pub use gf::{gf_div, gf_exp, gf_inv, gf_mul};
+pub use simd::{Isa, MulTable};
+
+/// Most chunks a stripe may have (data plus parity), for stack arrays.
+const MAX_SOURCES: usize = 256;
+
+/// Lift data chunks into the kernels' "possibly missing" form, on the stack.
+fn present<'a>(data: &[&'a [u8]]) -> [Option<&'a [u8]>; MAX_SOURCES] {
+    assert!(data.len() <= MAX_SOURCES, "at most {MAX_SOURCES} chunks");
+    let mut a = [None; MAX_SOURCES];
+    for (slot, d) in a.iter_mut().zip(data) {
+        *slot = Some(*d);
+    }
+    a
+}
 
 /// `dst ^= src`.
 pub fn xor_into(dst: &mut [u8], src: &[u8]) {
-    assert_eq!(dst.len(), src.len());
-    let (d8, dt) = dst.split_at_mut(dst.len() / 8 * 8);
-    let (s8, st) = src.split_at(d8.len());
-    for (d, s) in d8.chunks_exact_mut(8).zip(s8.chunks_exact(8)) {
-        let v =
-            u64::from_ne_bytes(d.try_into().unwrap()) ^ u64::from_ne_bytes(s.try_into().unwrap());
-        d.copy_from_slice(&v.to_ne_bytes());
-    }
-    for (d, s) in dt.iter_mut().zip(st) {
-        *d ^= s;
-    }
+    simd::xor(Isa::best(), &[src], dst, true)
 }
 
 /// `dst = a ^ b`, in one pass.
 pub fn xor2(dst: &mut [u8], a: &[u8], b: &[u8]) {
-    assert!(dst.len() == a.len() && a.len() == b.len());
-    let n8 = dst.len() / 8 * 8;
-    for ((d, x), y) in dst[..n8]
-        .chunks_exact_mut(8)
-        .zip(a[..n8].chunks_exact(8))
-        .zip(b[..n8].chunks_exact(8))
-    {
-        let v =
-            u64::from_ne_bytes(x.try_into().unwrap()) ^ u64::from_ne_bytes(y.try_into().unwrap());
-        d.copy_from_slice(&v.to_ne_bytes());
-    }
-    for i in n8..dst.len() {
-        dst[i] = a[i] ^ b[i];
-    }
+    simd::xor(Isa::best(), &[a, b], dst, false)
 }
 
 /// P = XOR of all data chunks.
 pub fn gen_p(data: &[&[u8]], p: &mut [u8]) {
-    let len = p.len();
-    assert!(data.iter().all(|d| d.len() == len));
-    let Some((first, rest)) = data.split_first() else {
-        p.fill(0);
-        return;
-    };
-    // One pass over P in blocks that stay in L1, rather than one pass per source.
-    const BLOCK: usize = 4096;
-    let mut at = 0;
-    while at < len {
-        let end = (at + BLOCK).min(len);
-        let dst = &mut p[at..end];
-        match rest.split_first() {
-            Some((second, more)) => {
-                xor2(dst, &first[at..end], &second[at..end]);
-                for d in more {
-                    xor_into(dst, &d[at..end]);
-                }
-            }
-            None => dst.copy_from_slice(&first[at..end]),
-        }
-        at = end;
-    }
+    gen_p_with(Isa::best(), data, p)
 }
 
-/// Multiply eight GF(2^8) bytes packed in a u64 by 2.
-#[inline]
-fn mul2_u64(x: u64) -> u64 {
-    const HI: u64 = 0x8080_8080_8080_8080;
-    let hi = x & HI;
-    // Each byte whose top bit was set gets the polynomial's low byte 0x1d.
-    let mask = (hi >> 7).wrapping_mul(0x1d);
-    ((x << 1) & !0x0101_0101_0101_0101) ^ mask
+/// [`gen_p`] with the kernels of one instruction set.
+pub fn gen_p_with(isa: Isa, data: &[&[u8]], p: &mut [u8]) {
+    simd::xor(isa, data, p, false)
 }
 
 /// P and Q of the data chunks, given in md's syndrome order.
 pub fn gen_pq(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
-    let len = p.len();
-    assert_eq!(q.len(), len);
-    assert!(data.iter().all(|d| d.len() == len));
-    p.fill(0);
-    q.fill(0);
-    if data.is_empty() {
-        return;
-    }
-    let words = len / 8;
-    // Horner's rule from the highest index down: q = q*2 ^ d_i.
-    for w in 0..words {
-        let r = w * 8..w * 8 + 8;
-        let mut wp = 0u64;
-        let mut wq = 0u64;
-        for d in data.iter().rev() {
-            let v = u64::from_ne_bytes(d[r.clone()].try_into().unwrap());
-            wp ^= v;
-            wq = mul2_u64(wq) ^ v;
-        }
-        p[r.clone()].copy_from_slice(&wp.to_ne_bytes());
-        q[r].copy_from_slice(&wq.to_ne_bytes());
-    }
-    for i in words * 8..len {
-        let mut bp = 0u8;
-        let mut bq = 0u8;
-        for d in data.iter().rev() {
-            bp ^= d[i];
-            bq = gf_mul(bq, 2) ^ d[i];
-        }
-        p[i] = bp;
-        q[i] = bq;
-    }
+    gen_pq_with(Isa::best(), data, p, q)
+}
+
+/// [`gen_pq`] with the kernels of one instruction set.
+pub fn gen_pq_with(isa: Isa, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+    let srcs = present(data);
+    simd::pq(isa, &srcs[..data.len()], p, q)
 }
 
 /// `dst ^= c * src` in GF(2^8).
 pub fn mul_xor_into(dst: &mut [u8], src: &[u8], c: u8) {
-    assert_eq!(dst.len(), src.len());
-    if c == 0 {
-        return;
-    }
-    if c == 1 {
-        return xor_into(dst, src);
-    }
-    let table = gf::mul_table(c);
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d ^= table[*s as usize];
-    }
-}
-
-/// `buf = c * buf` in GF(2^8).
-pub fn mul_in_place(buf: &mut [u8], c: u8) {
-    let table = gf::mul_table(c);
-    for b in buf.iter_mut() {
-        *b = table[*b as usize];
-    }
+    simd::mul_xor(Isa::best(), dst, src, &MulTable::new(c))
 }
 
 /// Read-modify-write update of P and Q for one data chunk at syndrome
 /// index `slot` changing from `old` to `new`.
 pub fn update_pq(p: &mut [u8], q: Option<&mut [u8]>, slot: usize, old: &[u8], new: &[u8]) {
-    assert!(p.len() == old.len() && old.len() == new.len());
-    match q {
-        None => {
-            xor_into(p, old);
-            xor_into(p, new);
-        }
-        Some(q) => {
-            assert_eq!(q.len(), p.len());
-            let table = gf::mul_table(gf_exp(slot));
-            for i in 0..p.len() {
-                let delta = old[i] ^ new[i];
-                p[i] ^= delta;
-                q[i] ^= table[delta as usize];
-            }
-        }
-    }
+    update_pq_with(Isa::best(), p, q, slot, old, new)
+}
+
+/// [`update_pq`] with the kernels of one instruction set.
+pub fn update_pq_with(
+    isa: Isa,
+    p: &mut [u8],
+    q: Option<&mut [u8]>,
+    slot: usize,
+    old: &[u8],
+    new: &[u8],
+) {
+    simd::rmw(isa, p, q, old, new, &MulTable::new(gf_exp(slot)))
 }
 
 /// Rebuild data chunk `x` from the others and P (RAID-5, or RAID-6 with P).
 /// `data[x]` is overwritten.
 pub fn recover_data_p(data: &mut [Vec<u8>], x: usize, p: &[u8]) {
-    let mut acc = p.to_vec();
-    for (i, d) in data.iter().enumerate() {
-        if i != x {
-            xor_into(&mut acc, d);
-        }
+    recover_data_p_with(Isa::best(), data, x, p)
+}
+
+/// [`recover_data_p`] with the kernels of one instruction set.
+pub fn recover_data_p_with(isa: Isa, data: &mut [Vec<u8>], x: usize, p: &[u8]) {
+    let mut out = std::mem::take(&mut data[x]);
+    out.resize(p.len(), 0);
+    {
+        let mut srcs: Vec<&[u8]> = data
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != x)
+            .map(|(_, d)| d.as_slice())
+            .collect();
+        srcs.push(p);
+        simd::xor(isa, &srcs, &mut out, false);
     }
-    data[x] = acc;
+    data[x] = out;
 }
 
 /// Rebuild data chunk `x` from the other data chunks and Q (RAID-6 with P lost).
 pub fn recover_data_q(data: &mut [Vec<u8>], x: usize, q: &[u8]) {
+    recover_data_q_with(Isa::best(), data, x, q)
+}
+
+/// [`recover_data_q`] with the kernels of one instruction set.
+pub fn recover_data_q_with(isa: Isa, data: &mut [Vec<u8>], x: usize, q: &[u8]) {
     // Q ^ Qx = g^x * Dx, where Qx is the syndrome with Dx = 0.
-    let len = q.len();
-    let mut acc = q.to_vec();
-    for (i, d) in data.iter().enumerate() {
-        if i != x {
-            mul_xor_into(&mut acc, d, gf_exp(i));
-        }
+    let mut out = std::mem::take(&mut data[x]);
+    out.resize(q.len(), 0);
+    {
+        let mut srcs: Vec<Option<&[u8]>> = data.iter().map(|d| Some(d.as_slice())).collect();
+        srcs[x] = None;
+        let c = MulTable::new(gf_inv(gf_exp(x)));
+        simd::recover_q(isa, &srcs, q, &c, &mut out);
     }
-    debug_assert_eq!(acc.len(), len);
-    mul_in_place(&mut acc, gf_inv(gf_exp(x)));
-    data[x] = acc;
+    data[x] = out;
 }
 
 /// Rebuild data chunks `x` and `y` (x != y) from the other data chunks, P and Q.
 pub fn recover_two_data(data: &mut [Vec<u8>], x: usize, y: usize, p: &[u8], q: &[u8]) {
+    recover_two_data_with(Isa::best(), data, x, y, p, q)
+}
+
+/// [`recover_two_data`] with the kernels of one instruction set.
+pub fn recover_two_data_with(
+    isa: Isa,
+    data: &mut [Vec<u8>],
+    x: usize,
+    y: usize,
+    p: &[u8],
+    q: &[u8],
+) {
     assert_ne!(x, y);
-    let len = p.len();
-    // Pxy = P ^ (XOR of the surviving data) = Dx ^ Dy
-    // Qxy = Q ^ (syndrome of the surviving data) = g^x Dx ^ g^y Dy
-    let mut pxy = p.to_vec();
-    let mut qxy = q.to_vec();
-    for (i, d) in data.iter().enumerate() {
-        if i != x && i != y {
-            xor_into(&mut pxy, d);
-            mul_xor_into(&mut qxy, d, gf_exp(i));
-        }
+    let mut dx = std::mem::take(&mut data[x]);
+    let mut dy = std::mem::take(&mut data[y]);
+    dx.resize(p.len(), 0);
+    dy.resize(p.len(), 0);
+    {
+        let mut srcs: Vec<Option<&[u8]>> = data.iter().map(|d| Some(d.as_slice())).collect();
+        srcs[x] = None;
+        srcs[y] = None;
+        recover_two_into(isa, &srcs, x, y, p, q, &mut dx, &mut dy);
     }
-    // Dx = A * Pxy ^ B * Qxy with A = g^(y-x) / (g^(y-x) ^ 1), B = g^-x / (g^(y-x) ^ 1).
-    let gyx = gf_div(gf_exp(y), gf_exp(x));
-    let denom = gyx ^ 1;
-    let a = gf_div(gyx, denom);
-    let b = gf_div(gf_inv(gf_exp(x)), denom);
-    let mut dx = vec![0u8; len];
-    mul_xor_into(&mut dx, &pxy, a);
-    mul_xor_into(&mut dx, &qxy, b);
-    let mut dy = pxy;
-    xor_into(&mut dy, &dx);
     data[x] = dx;
     data[y] = dy;
+}
+
+/// The two-data-chunk recovery kernel on borrowed buffers (for benchmarks
+/// and callers that keep their own): `srcs` in syndrome order with the two
+/// lost chunks `None`, results into `dx` and `dy`.
+#[allow(clippy::too_many_arguments)]
+pub fn recover_two_into(
+    isa: Isa,
+    srcs: &[Option<&[u8]>],
+    x: usize,
+    y: usize,
+    p: &[u8],
+    q: &[u8],
+    dx: &mut [u8],
+    dy: &mut [u8],
+) {
+    // Dx = A * Pxy ^ B * Qxy with A = g^(y-x) / (g^(y-x) ^ 1), B = g^-x / (g^(y-x) ^ 1),
+    // where Pxy, Qxy are P and Q plus the survivors' contributions.
+    let gyx = gf_div(gf_exp(y), gf_exp(x));
+    let denom = gyx ^ 1;
+    let a = MulTable::new(gf_div(gyx, denom));
+    let b = MulTable::new(gf_div(gf_inv(gf_exp(x)), denom));
+    simd::recover2(isa, srcs, p, q, &a, &b, dx, dy)
 }
 
 #[cfg(test)]

@@ -38,63 +38,96 @@ fn known_q_values() {
     assert_eq!(q[0], 0x3a);
 }
 
+#[test]
+fn every_isa_this_cpu_has_is_tested() {
+    let isas = Isa::available();
+    assert_eq!(*isas.last().unwrap(), Isa::Portable);
+    assert_eq!(Isa::best(), isas[0]);
+    eprintln!("parity kernels tested: {:?}", isas);
+}
+
+/// Lengths that exercise the vector bodies (multiples of 256 bytes for
+/// AVX-512 x 4) and every kind of tail.
+fn length() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        0usize..300,
+        250usize..1100,
+        (1usize..20).prop_map(|n| n * 256),
+        4000usize..5000
+    ]
+}
+
 proptest! {
     #[test]
-    fn pq_matches_reference(k in 1usize..12, len in 0usize..300, seed in any::<u64>(), skew in 0usize..8) {
+    fn pq_matches_reference(k in 1usize..20, len in length(), seed in any::<u64>(), skew in 0usize..64) {
         let d = stripes(k, len + skew, seed);
         // Unaligned slices: start `skew` bytes in.
         let refs: Vec<&[u8]> = d.iter().map(|v| &v[skew..]).collect();
         let (rp, rq) = reference::pq(&refs);
-        let mut p = vec![0xAA; len];
-        let mut q = vec![0x55; len];
-        gen_pq(&refs, &mut p, &mut q);
-        prop_assert_eq!(&p, &rp);
-        prop_assert_eq!(&q, &rq);
-        let mut p2 = vec![1; len];
-        gen_p(&refs, &mut p2);
-        prop_assert_eq!(&p2, &rp);
+        for isa in Isa::available() {
+            let mut p = vec![0xAA; len];
+            let mut q = vec![0x55; len];
+            gen_pq_with(isa, &refs, &mut p, &mut q);
+            prop_assert_eq!(&p, &rp, "{:?}", isa);
+            prop_assert_eq!(&q, &rq, "{:?}", isa);
+            let mut p2 = vec![1; len];
+            gen_p_with(isa, &refs, &mut p2);
+            prop_assert_eq!(&p2, &rp, "{:?}", isa);
+        }
     }
 
     #[test]
-    fn recovery_round_trips(k in 2usize..12, len in 1usize..200, seed in any::<u64>(), x in 0usize..12, y in 0usize..12) {
+    fn recovery_round_trips(k in 2usize..20, len in length(), seed in any::<u64>(), x in 0usize..20, y in 0usize..20) {
         let x = x % k;
         let y = y % k;
         let d = stripes(k, len, seed);
         let refs: Vec<&[u8]> = d.iter().map(|v| v.as_slice()).collect();
         let (p, q) = reference::pq(&refs);
-
-        let mut lost = d.clone();
-        lost[x].fill(0x5a);
-        recover_data_p(&mut lost, x, &p);
-        prop_assert_eq!(&lost, &d);
-
-        let mut lost = d.clone();
-        lost[x].fill(0xa5);
-        recover_data_q(&mut lost, x, &q);
-        prop_assert_eq!(&lost, &d);
-
-        if x != y {
+        for isa in Isa::available() {
             let mut lost = d.clone();
-            lost[x].fill(1);
-            lost[y].fill(2);
-            recover_two_data(&mut lost, x, y, &p, &q);
-            prop_assert_eq!(&lost, &d);
+            lost[x].fill(0x5a);
+            recover_data_p_with(isa, &mut lost, x, &p);
+            prop_assert_eq!(&lost, &d, "{:?}", isa);
+
+            let mut lost = d.clone();
+            lost[x].fill(0xa5);
+            recover_data_q_with(isa, &mut lost, x, &q);
+            prop_assert_eq!(&lost, &d, "{:?}", isa);
+
+            if x != y {
+                let mut lost = d.clone();
+                lost[x].fill(1);
+                lost[y].fill(2);
+                recover_two_data_with(isa, &mut lost, x, y, &p, &q);
+                prop_assert_eq!(&lost, &d, "{:?}", isa);
+            }
         }
     }
 
     #[test]
-    fn rmw_update_matches_full_recompute(k in 1usize..10, len in 1usize..100, seed in any::<u64>(), slot in 0usize..10) {
+    fn rmw_update_matches_full_recompute(k in 1usize..12, len in length(), seed in any::<u64>(), slot in 0usize..12, skew in 0usize..16) {
         let slot = slot % k;
         let mut d = stripes(k + 1, len, seed);
         let new = d.pop().unwrap();
         let refs: Vec<&[u8]> = d.iter().map(|v| v.as_slice()).collect();
-        let (mut p, mut q) = reference::pq(&refs);
+        let (p0, q0) = reference::pq(&refs);
         let old = d[slot].clone();
-        update_pq(&mut p, Some(&mut q), slot, &old, &new);
-        d[slot] = new;
-        let refs: Vec<&[u8]> = d.iter().map(|v| v.as_slice()).collect();
+        let mut d2 = d.clone();
+        d2[slot] = new.clone();
+        let refs: Vec<&[u8]> = d2.iter().map(|v| v.as_slice()).collect();
         let (rp, rq) = reference::pq(&refs);
-        prop_assert_eq!(p, rp);
-        prop_assert_eq!(q, rq);
+        for isa in Isa::available() {
+            // Unaligned parity buffers.
+            let mut pb = vec![0u8; len + skew];
+            let mut qb = vec![0u8; len + skew];
+            pb[skew..].copy_from_slice(&p0);
+            qb[skew..].copy_from_slice(&q0);
+            update_pq_with(isa, &mut pb[skew..], Some(&mut qb[skew..]), slot, &old, &new);
+            prop_assert_eq!(&pb[skew..], &rp[..], "{:?}", isa);
+            prop_assert_eq!(&qb[skew..], &rq[..], "{:?}", isa);
+            let mut pb = p0.clone();
+            update_pq_with(isa, &mut pb, None, slot, &old, &new);
+            prop_assert_eq!(&pb, &rp, "{:?}", isa);
+        }
     }
 }

@@ -1,0 +1,728 @@
+//! The parity kernels, written once over a small vector abstraction and
+//! compiled for each instruction set: AVX-512BW (64-byte vectors), AVX2 (32),
+//! SSSE3 (16) and a portable 64-bit SWAR path (8). The best one the CPU has
+//! is chosen at run time; every one can be asked for by name, so the tests
+//! check each path the CPU supports against the slow reference.
+//!
+//! Multiplication by 2 uses the sign-mask trick (md's and ISA-L's); by any
+//! other constant, two 16-entry nibble tables and a byte shuffle.
+//!
+//! No crate does RAID-6 with md's polynomial and syndrome order at SIMD speed
+//! in safe Rust, so the kernels are ours.
+
+use crate::gf::gf_mul;
+
+/// An instruction set the kernels are compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Ssse3,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl Isa {
+    /// Every instruction set this CPU can run, best first.
+    pub fn available() -> Vec<Isa> {
+        let mut v = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+                v.push(Isa::Avx512);
+            }
+            if is_x86_feature_detected!("avx2") {
+                v.push(Isa::Avx2);
+            }
+            if is_x86_feature_detected!("ssse3") {
+                v.push(Isa::Ssse3);
+            }
+        }
+        v.push(Isa::Portable);
+        v
+    }
+
+    /// The fastest instruction set available (checked once).
+    pub fn best() -> Isa {
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| Isa::available()[0])
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Ssse3 => "ssse3",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => "avx512bw",
+        }
+    }
+}
+
+/// Multiplication by a constant, in the forms the vector types need.
+#[derive(Debug, Clone, Copy)]
+pub struct MulTable {
+    lo: [u8; 16],
+    hi: [u8; 16],
+    full: [u8; 256],
+}
+
+impl MulTable {
+    pub fn new(c: u8) -> MulTable {
+        let mut t = MulTable {
+            lo: [0; 16],
+            hi: [0; 16],
+            full: [0; 256],
+        };
+        for i in 0..16u8 {
+            t.lo[i as usize] = gf_mul(c, i);
+            t.hi[i as usize] = gf_mul(c, i << 4);
+        }
+        for (i, v) in t.full.iter_mut().enumerate() {
+            *v = gf_mul(c, i as u8);
+        }
+        t
+    }
+}
+
+/// One vector of bytes. Implementations are only ever used inside a
+/// function compiled for their instruction set (see `dispatch!`).
+trait Vector: Copy {
+    const BYTES: usize;
+    type Table: Copy;
+    /// # Safety
+    /// `p` must be valid for reading `BYTES` bytes.
+    unsafe fn load(p: *const u8) -> Self;
+    /// # Safety
+    /// `p` must be valid for writing `BYTES` bytes.
+    unsafe fn store(self, p: *mut u8);
+    fn zero() -> Self;
+    fn xor(self, o: Self) -> Self;
+    fn mul2(self) -> Self;
+    fn table(t: &MulTable) -> Self::Table;
+    fn mulc(self, t: &Self::Table) -> Self;
+}
+
+#[inline(always)]
+fn mul2_u64(x: u64) -> u64 {
+    let hi = x & 0x8080_8080_8080_8080;
+    ((x << 1) & 0xfefe_fefe_fefe_fefe) ^ ((hi >> 7).wrapping_mul(0x1d))
+}
+
+#[derive(Clone, Copy)]
+struct Swar(u64);
+
+impl Vector for Swar {
+    const BYTES: usize = 8;
+    type Table = [u8; 256];
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Swar {
+        // SAFETY: the caller guarantees 8 readable bytes; unaligned read.
+        Swar(unsafe { (p as *const u64).read_unaligned() })
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut u8) {
+        // SAFETY: the caller guarantees 8 writable bytes; unaligned write.
+        unsafe { (p as *mut u64).write_unaligned(self.0) }
+    }
+    #[inline(always)]
+    fn zero() -> Swar {
+        Swar(0)
+    }
+    #[inline(always)]
+    fn xor(self, o: Swar) -> Swar {
+        Swar(self.0 ^ o.0)
+    }
+    #[inline(always)]
+    fn mul2(self) -> Swar {
+        Swar(mul2_u64(self.0))
+    }
+    fn table(t: &MulTable) -> [u8; 256] {
+        t.full
+    }
+    #[inline(always)]
+    fn mulc(self, t: &[u8; 256]) -> Swar {
+        let b = self.0.to_ne_bytes().map(|x| t[x as usize]);
+        Swar(u64::from_ne_bytes(b))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{MulTable, Vector};
+    use std::arch::x86_64::*;
+
+    #[derive(Clone, Copy)]
+    pub struct V128(__m128i);
+    #[derive(Clone, Copy)]
+    pub struct V256(__m256i);
+    #[derive(Clone, Copy)]
+    pub struct V512(__m512i);
+
+    // SAFETY (for every intrinsic below): these methods are #[inline(always)]
+    // and only called from kernels compiled with the matching
+    // #[target_feature] (SSSE3, AVX2, AVX-512F+BW) after run-time detection,
+    // so the instructions exist; loads and stores are unaligned and the
+    // caller guarantees the bytes are in bounds.
+
+    impl Vector for V128 {
+        const BYTES: usize = 16;
+        type Table = (__m128i, __m128i);
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> V128 {
+            // SAFETY: see the comment above the impls.
+            V128(unsafe { _mm_loadu_si128(p as *const __m128i) })
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut u8) {
+            // SAFETY: see the comment above the impls.
+            unsafe { _mm_storeu_si128(p as *mut __m128i, self.0) }
+        }
+        #[inline(always)]
+        fn zero() -> V128 {
+            // SAFETY: see the comment above the impls.
+            V128(unsafe { _mm_setzero_si128() })
+        }
+        #[inline(always)]
+        fn xor(self, o: V128) -> V128 {
+            // SAFETY: see the comment above the impls.
+            V128(unsafe { _mm_xor_si128(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn mul2(self) -> V128 {
+            // SAFETY: see the comment above the impls.
+            unsafe {
+                let neg = _mm_cmpgt_epi8(_mm_setzero_si128(), self.0);
+                let poly = _mm_and_si128(neg, _mm_set1_epi8(0x1d));
+                V128(_mm_xor_si128(_mm_add_epi8(self.0, self.0), poly))
+            }
+        }
+        fn table(t: &MulTable) -> (__m128i, __m128i) {
+            // SAFETY: see the comment above the impls (16-byte arrays).
+            unsafe {
+                (
+                    _mm_loadu_si128(t.lo.as_ptr() as *const __m128i),
+                    _mm_loadu_si128(t.hi.as_ptr() as *const __m128i),
+                )
+            }
+        }
+        #[inline(always)]
+        fn mulc(self, t: &(__m128i, __m128i)) -> V128 {
+            // SAFETY: see the comment above the impls.
+            unsafe {
+                let m = _mm_set1_epi8(0x0f);
+                let lo = _mm_and_si128(self.0, m);
+                let hi = _mm_and_si128(_mm_srli_epi64(self.0, 4), m);
+                V128(_mm_xor_si128(
+                    _mm_shuffle_epi8(t.0, lo),
+                    _mm_shuffle_epi8(t.1, hi),
+                ))
+            }
+        }
+    }
+
+    impl Vector for V256 {
+        const BYTES: usize = 32;
+        type Table = (__m256i, __m256i);
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> V256 {
+            // SAFETY: see the comment above the impls.
+            V256(unsafe { _mm256_loadu_si256(p as *const __m256i) })
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut u8) {
+            // SAFETY: see the comment above the impls.
+            unsafe { _mm256_storeu_si256(p as *mut __m256i, self.0) }
+        }
+        #[inline(always)]
+        fn zero() -> V256 {
+            // SAFETY: see the comment above the impls.
+            V256(unsafe { _mm256_setzero_si256() })
+        }
+        #[inline(always)]
+        fn xor(self, o: V256) -> V256 {
+            // SAFETY: see the comment above the impls.
+            V256(unsafe { _mm256_xor_si256(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn mul2(self) -> V256 {
+            // SAFETY: see the comment above the impls.
+            unsafe {
+                let neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), self.0);
+                let poly = _mm256_and_si256(neg, _mm256_set1_epi8(0x1d));
+                V256(_mm256_xor_si256(_mm256_add_epi8(self.0, self.0), poly))
+            }
+        }
+        fn table(t: &MulTable) -> (__m256i, __m256i) {
+            // SAFETY: see the comment above the impls (16-byte arrays).
+            unsafe {
+                (
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(t.lo.as_ptr() as *const __m128i)),
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(t.hi.as_ptr() as *const __m128i)),
+                )
+            }
+        }
+        #[inline(always)]
+        fn mulc(self, t: &(__m256i, __m256i)) -> V256 {
+            // SAFETY: see the comment above the impls.
+            unsafe {
+                let m = _mm256_set1_epi8(0x0f);
+                let lo = _mm256_and_si256(self.0, m);
+                let hi = _mm256_and_si256(_mm256_srli_epi64(self.0, 4), m);
+                V256(_mm256_xor_si256(
+                    _mm256_shuffle_epi8(t.0, lo),
+                    _mm256_shuffle_epi8(t.1, hi),
+                ))
+            }
+        }
+    }
+
+    impl Vector for V512 {
+        const BYTES: usize = 64;
+        type Table = (__m512i, __m512i);
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> V512 {
+            // SAFETY: see the comment above the impls.
+            V512(unsafe { _mm512_loadu_si512(p as *const __m512i) })
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut u8) {
+            // SAFETY: see the comment above the impls.
+            unsafe { _mm512_storeu_si512(p as *mut __m512i, self.0) }
+        }
+        #[inline(always)]
+        fn zero() -> V512 {
+            // SAFETY: see the comment above the impls.
+            V512(unsafe { _mm512_setzero_si512() })
+        }
+        #[inline(always)]
+        fn xor(self, o: V512) -> V512 {
+            // SAFETY: see the comment above the impls.
+            V512(unsafe { _mm512_xor_si512(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn mul2(self) -> V512 {
+            // SAFETY: see the comment above the impls.
+            unsafe {
+                let top = _mm512_movepi8_mask(self.0);
+                let poly = _mm512_maskz_mov_epi8(top, _mm512_set1_epi8(0x1d));
+                V512(_mm512_xor_si512(_mm512_add_epi8(self.0, self.0), poly))
+            }
+        }
+        fn table(t: &MulTable) -> (__m512i, __m512i) {
+            // SAFETY: see the comment above the impls (16-byte arrays).
+            unsafe {
+                (
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(t.lo.as_ptr() as *const __m128i)),
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(t.hi.as_ptr() as *const __m128i)),
+                )
+            }
+        }
+        #[inline(always)]
+        fn mulc(self, t: &(__m512i, __m512i)) -> V512 {
+            // SAFETY: see the comment above the impls.
+            unsafe {
+                let m = _mm512_set1_epi8(0x0f);
+                let lo = _mm512_and_si512(self.0, m);
+                let hi = _mm512_and_si512(_mm512_srli_epi64(self.0, 4), m);
+                V512(_mm512_xor_si512(
+                    _mm512_shuffle_epi8(t.0, lo),
+                    _mm512_shuffle_epi8(t.1, hi),
+                ))
+            }
+        }
+    }
+}
+
+/// Vectors per loop iteration: enough independent work to hide latency.
+const UNROLL: usize = 4;
+
+/// The part of `len` the vector loop covers; the kernels finish the rest
+/// byte by byte.
+#[inline(always)]
+fn body<V: Vector>(len: usize) -> usize {
+    len / (V::BYTES * UNROLL) * (V::BYTES * UNROLL)
+}
+
+#[inline(always)]
+fn mul2_byte(x: u8) -> u8 {
+    (x << 1) ^ if x & 0x80 != 0 { 0x1d } else { 0 }
+}
+
+/// `dst = XOR of srcs`, or with `acc`, `dst ^= XOR of srcs`.
+#[inline(always)]
+fn xor_k<V: Vector>(srcs: &[&[u8]], dst: &mut [u8], acc: bool) {
+    let len = dst.len();
+    let end = body::<V>(len);
+    let d = dst.as_mut_ptr();
+    let mut at = 0;
+    while at < end {
+        let mut v = [V::zero(); UNROLL];
+        for (u, x) in v.iter_mut().enumerate() {
+            let o = at + u * V::BYTES;
+            // SAFETY: o + BYTES <= end <= len, and every slice is `len` long
+            // (checked by the public entry points).
+            unsafe {
+                if acc {
+                    *x = V::load(d.add(o));
+                }
+                for s in srcs {
+                    *x = x.xor(V::load(s.as_ptr().add(o)));
+                }
+            }
+        }
+        for (u, x) in v.iter().enumerate() {
+            // SAFETY: as above.
+            unsafe { x.store(d.add(at + u * V::BYTES)) };
+        }
+        at += V::BYTES * UNROLL;
+    }
+    for i in end..len {
+        let mut b = if acc { dst[i] } else { 0 };
+        for s in srcs {
+            b ^= s[i];
+        }
+        dst[i] = b;
+    }
+}
+
+/// P and Q with missing chunks taken as zero; srcs in syndrome order.
+#[inline(always)]
+fn pq_k<V: Vector>(srcs: &[Option<&[u8]>], p: &mut [u8], q: &mut [u8]) {
+    let len = p.len();
+    let end = body::<V>(len);
+    let (pp, qp) = (p.as_mut_ptr(), q.as_mut_ptr());
+    let mut at = 0;
+    while at < end {
+        let mut vp = [V::zero(); UNROLL];
+        let mut vq = [V::zero(); UNROLL];
+        for s in srcs.iter().rev() {
+            for u in 0..UNROLL {
+                vq[u] = vq[u].mul2();
+                if let Some(s) = s {
+                    // SAFETY: in bounds, as in xor_k.
+                    let d = unsafe { V::load(s.as_ptr().add(at + u * V::BYTES)) };
+                    vp[u] = vp[u].xor(d);
+                    vq[u] = vq[u].xor(d);
+                }
+            }
+        }
+        for u in 0..UNROLL {
+            let o = at + u * V::BYTES;
+            // SAFETY: in bounds, as in xor_k.
+            unsafe {
+                vp[u].store(pp.add(o));
+                vq[u].store(qp.add(o));
+            }
+        }
+        at += V::BYTES * UNROLL;
+    }
+    for i in end..len {
+        let (mut bp, mut bq) = (0u8, 0u8);
+        for s in srcs.iter().rev() {
+            bq = mul2_byte(bq);
+            if let Some(s) = s {
+                bp ^= s[i];
+                bq ^= s[i];
+            }
+        }
+        p[i] = bp;
+        q[i] = bq;
+    }
+}
+
+/// `dst ^= c * src`.
+#[inline(always)]
+fn mul_xor_k<V: Vector>(dst: &mut [u8], src: &[u8], t: &MulTable) {
+    let len = dst.len();
+    let end = body::<V>(len);
+    let tab = V::table(t);
+    let d = dst.as_mut_ptr();
+    let mut at = 0;
+    while at < end {
+        for u in 0..UNROLL {
+            let o = at + u * V::BYTES;
+            // SAFETY: in bounds, as in xor_k.
+            unsafe {
+                let x = V::load(d.add(o)).xor(V::load(src.as_ptr().add(o)).mulc(&tab));
+                x.store(d.add(o));
+            }
+        }
+        at += V::BYTES * UNROLL;
+    }
+    for i in end..len {
+        dst[i] ^= t.full[src[i] as usize];
+    }
+}
+
+/// Read-modify-write: `p ^= old ^ new`, `q ^= c * (old ^ new)`.
+#[inline(always)]
+fn rmw_k<V: Vector>(p: &mut [u8], mut q: Option<&mut [u8]>, old: &[u8], new: &[u8], t: &MulTable) {
+    let len = p.len();
+    let end = body::<V>(len);
+    let tab = V::table(t);
+    let pp = p.as_mut_ptr();
+    let qp = q.as_mut().map(|q| q.as_mut_ptr());
+    let mut at = 0;
+    while at < end {
+        for u in 0..UNROLL {
+            let o = at + u * V::BYTES;
+            // SAFETY: in bounds, as in xor_k.
+            unsafe {
+                let delta = V::load(old.as_ptr().add(o)).xor(V::load(new.as_ptr().add(o)));
+                V::load(pp.add(o)).xor(delta).store(pp.add(o));
+                if let Some(qp) = qp {
+                    V::load(qp.add(o)).xor(delta.mulc(&tab)).store(qp.add(o));
+                }
+            }
+        }
+        at += V::BYTES * UNROLL;
+    }
+    for i in end..len {
+        let delta = old[i] ^ new[i];
+        p[i] ^= delta;
+        if let Some(q) = q.as_mut() {
+            q[i] ^= t.full[delta as usize];
+        }
+    }
+}
+
+/// Two lost data chunks in one pass: with `px = P ^ (xor of survivors)` and
+/// `qx = Q ^ (syndrome of survivors)`, `Dx = a*px ^ b*qx` and `Dy = px ^ Dx`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn recover2_k<V: Vector>(
+    srcs: &[Option<&[u8]>],
+    p: &[u8],
+    q: &[u8],
+    a: &MulTable,
+    b: &MulTable,
+    dx: &mut [u8],
+    dy: &mut [u8],
+) {
+    let len = p.len();
+    let end = body::<V>(len);
+    let (ta, tb) = (V::table(a), V::table(b));
+    let (xp, yp) = (dx.as_mut_ptr(), dy.as_mut_ptr());
+    let mut at = 0;
+    while at < end {
+        let mut vp = [V::zero(); UNROLL];
+        let mut vq = [V::zero(); UNROLL];
+        for s in srcs.iter().rev() {
+            for u in 0..UNROLL {
+                vq[u] = vq[u].mul2();
+                if let Some(s) = s {
+                    // SAFETY: in bounds, as in xor_k.
+                    let d = unsafe { V::load(s.as_ptr().add(at + u * V::BYTES)) };
+                    vp[u] = vp[u].xor(d);
+                    vq[u] = vq[u].xor(d);
+                }
+            }
+        }
+        for u in 0..UNROLL {
+            let o = at + u * V::BYTES;
+            // SAFETY: in bounds, as in xor_k.
+            unsafe {
+                let px = V::load(p.as_ptr().add(o)).xor(vp[u]);
+                let qx = V::load(q.as_ptr().add(o)).xor(vq[u]);
+                let x = px.mulc(&ta).xor(qx.mulc(&tb));
+                x.store(xp.add(o));
+                px.xor(x).store(yp.add(o));
+            }
+        }
+        at += V::BYTES * UNROLL;
+    }
+    for i in end..len {
+        let (mut bp, mut bq) = (p[i], q[i]);
+        let mut sq = 0u8;
+        for s in srcs.iter().rev() {
+            sq = mul2_byte(sq);
+            if let Some(s) = s {
+                bp ^= s[i];
+                sq ^= s[i];
+            }
+        }
+        bq ^= sq;
+        let x = a.full[bp as usize] ^ b.full[bq as usize];
+        dx[i] = x;
+        dy[i] = bp ^ x;
+    }
+}
+
+/// One lost data chunk without P: `Dx = c * (Q ^ syndrome of survivors)`.
+#[inline(always)]
+fn recover_q_k<V: Vector>(srcs: &[Option<&[u8]>], q: &[u8], c: &MulTable, out: &mut [u8]) {
+    let len = q.len();
+    let end = body::<V>(len);
+    let tc = V::table(c);
+    let op = out.as_mut_ptr();
+    let mut at = 0;
+    while at < end {
+        let mut vq = [V::zero(); UNROLL];
+        for s in srcs.iter().rev() {
+            for (u, x) in vq.iter_mut().enumerate() {
+                *x = x.mul2();
+                if let Some(s) = s {
+                    // SAFETY: in bounds, as in xor_k.
+                    *x = x.xor(unsafe { V::load(s.as_ptr().add(at + u * V::BYTES)) });
+                }
+            }
+        }
+        for (u, x) in vq.iter().enumerate() {
+            let o = at + u * V::BYTES;
+            // SAFETY: in bounds, as in xor_k.
+            unsafe {
+                V::load(q.as_ptr().add(o))
+                    .xor(*x)
+                    .mulc(&tc)
+                    .store(op.add(o));
+            }
+        }
+        at += V::BYTES * UNROLL;
+    }
+    for i in end..len {
+        let mut sq = 0u8;
+        for s in srcs.iter().rev() {
+            sq = mul2_byte(sq);
+            if let Some(s) = s {
+                sq ^= s[i];
+            }
+        }
+        out[i] = c.full[(q[i] ^ sq) as usize];
+    }
+}
+
+/// For each kernel, one function per instruction set: the generic kernel
+/// inlined into a function compiled with that instruction set enabled.
+macro_rules! per_isa {
+    ($name:ident = $kernel:ident ($($p:ident : $t:ty),*)) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx512bw")]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn avx512($($p: $t),*) { $kernel::<x86::V512>($($p),*) }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2")]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn avx2($($p: $t),*) { $kernel::<x86::V256>($($p),*) }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "ssse3")]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn ssse3($($p: $t),*) { $kernel::<x86::V128>($($p),*) }
+            #[allow(clippy::too_many_arguments)]
+            pub fn portable($($p: $t),*) { $kernel::<Swar>($($p),*) }
+        }
+    };
+}
+
+per_isa!(xor_isa = xor_k(srcs: &[&[u8]], dst: &mut [u8], acc: bool));
+per_isa!(pq_isa = pq_k(srcs: &[Option<&[u8]>], p: &mut [u8], q: &mut [u8]));
+per_isa!(mul_xor_isa = mul_xor_k(dst: &mut [u8], src: &[u8], t: &MulTable));
+per_isa!(rmw_isa = rmw_k(p: &mut [u8], q: Option<&mut [u8]>, old: &[u8], new: &[u8], t: &MulTable));
+per_isa!(recover2_isa = recover2_k(srcs: &[Option<&[u8]>], p: &[u8], q: &[u8], a: &MulTable, b: &MulTable, dx: &mut [u8], dy: &mut [u8]));
+per_isa!(recover_q_isa = recover_q_k(srcs: &[Option<&[u8]>], q: &[u8], c: &MulTable, out: &mut [u8]));
+
+/// Call the version of a kernel for `isa`.
+macro_rules! call {
+    ($isa:expr, $name:ident ($($a:expr),*)) => {
+        match $isa.checked() {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `checked` proved at run time that the CPU has AVX-512F/BW.
+            Isa::Avx512 => unsafe { $name::avx512($($a),*) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `checked` proved at run time that the CPU has AVX2.
+            Isa::Avx2 => unsafe { $name::avx2($($a),*) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `checked` proved at run time that the CPU has SSSE3.
+            Isa::Ssse3 => unsafe { $name::ssse3($($a),*) },
+            Isa::Portable => $name::portable($($a),*),
+        }
+    };
+}
+
+impl Isa {
+    /// This instruction set, if the CPU has it.
+    ///
+    /// # Panics
+    /// If it does not: running its kernels would be undefined behaviour.
+    fn checked(self) -> Isa {
+        assert!(
+            Isa::available().contains(&self),
+            "this CPU cannot run the {} kernels",
+            self.name()
+        );
+        self
+    }
+}
+
+fn same_len(len: usize, slices: &[&[u8]]) {
+    assert!(
+        slices.iter().all(|s| s.len() == len),
+        "parity buffers differ in length"
+    );
+}
+
+fn same_len_opt(len: usize, slices: &[Option<&[u8]>]) {
+    assert!(
+        slices.iter().flatten().all(|s| s.len() == len),
+        "parity buffers differ in length"
+    );
+}
+
+/// `dst = XOR of srcs` (`acc`: `dst ^= ...`).
+pub fn xor(isa: Isa, srcs: &[&[u8]], dst: &mut [u8], acc: bool) {
+    same_len(dst.len(), srcs);
+    call!(isa, xor_isa(srcs, dst, acc))
+}
+
+/// P and Q of `srcs` in syndrome order, `None` entries taken as zero.
+pub fn pq(isa: Isa, srcs: &[Option<&[u8]>], p: &mut [u8], q: &mut [u8]) {
+    assert_eq!(p.len(), q.len());
+    same_len_opt(p.len(), srcs);
+    call!(isa, pq_isa(srcs, p, q))
+}
+
+/// `dst ^= c * src`.
+pub fn mul_xor(isa: Isa, dst: &mut [u8], src: &[u8], t: &MulTable) {
+    same_len(dst.len(), &[src]);
+    call!(isa, mul_xor_isa(dst, src, t))
+}
+
+/// `p ^= old ^ new`; `q ^= c * (old ^ new)`.
+pub fn rmw(isa: Isa, p: &mut [u8], q: Option<&mut [u8]>, old: &[u8], new: &[u8], t: &MulTable) {
+    same_len(p.len(), &[old, new]);
+    if let Some(q) = &q {
+        same_len(p.len(), &[q]);
+    }
+    call!(isa, rmw_isa(p, q, old, new, t))
+}
+
+/// Two lost data chunks (see `recover2_k`).
+#[allow(clippy::too_many_arguments)]
+pub fn recover2(
+    isa: Isa,
+    srcs: &[Option<&[u8]>],
+    p: &[u8],
+    q: &[u8],
+    a: &MulTable,
+    b: &MulTable,
+    dx: &mut [u8],
+    dy: &mut [u8],
+) {
+    same_len_opt(p.len(), srcs);
+    same_len(p.len(), &[q, dx, dy]);
+    call!(isa, recover2_isa(srcs, p, q, a, b, dx, dy))
+}
+
+/// One lost data chunk from Q (see `recover_q_k`).
+pub fn recover_q(isa: Isa, srcs: &[Option<&[u8]>], q: &[u8], c: &MulTable, out: &mut [u8]) {
+    same_len_opt(q.len(), srcs);
+    same_len(q.len(), &[out]);
+    call!(isa, recover_q_isa(srcs, q, c, out))
+}
