@@ -30,6 +30,33 @@ pub enum Command {
     Serve(ServeArgs),
     /// Ask a running server for the array's state, members and I/O counters.
     Status(StatusArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Parity kernel throughput, one line per kernel as "name k chunk GB/s"
+    /// (the format of the ISA-L anchor, to run side by side).
+    Parity(BenchParityArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchParityArgs {
+    /// Data chunks per stripe.
+    #[arg(long, default_value_t = 8)]
+    pub k: usize,
+    /// Chunk size in bytes (K/M suffixes allowed).
+    #[arg(long, default_value = "64K", value_parser = size)]
+    pub chunk: u64,
+    /// Seconds per kernel.
+    #[arg(long, default_value_t = 1.0)]
+    pub seconds: f64,
+    /// Instruction set to use (default: the best this CPU has): avx512bw,
+    /// avx2, ssse3 or portable.
+    #[arg(long)]
+    pub isa: Option<String>,
 }
 
 fn size(s: &str) -> Result<u64, String> {

@@ -22,25 +22,13 @@
 //! assert_eq!(lost, d);
 //! ```
 
+pub mod bench;
 mod gf;
 pub mod reference;
 mod simd;
 
 pub use gf::{gf_div, gf_exp, gf_inv, gf_mul};
 pub use simd::{Isa, MulTable};
-
-/// Most chunks a stripe may have (data plus parity), for stack arrays.
-const MAX_SOURCES: usize = 256;
-
-/// Lift data chunks into the kernels' "possibly missing" form, on the stack.
-fn present<'a>(data: &[&'a [u8]]) -> [Option<&'a [u8]>; MAX_SOURCES] {
-    assert!(data.len() <= MAX_SOURCES, "at most {MAX_SOURCES} chunks");
-    let mut a = [None; MAX_SOURCES];
-    for (slot, d) in a.iter_mut().zip(data) {
-        *slot = Some(*d);
-    }
-    a
-}
 
 /// `dst ^= src`.
 pub fn xor_into(dst: &mut [u8], src: &[u8]) {
@@ -69,8 +57,14 @@ pub fn gen_pq(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
 
 /// [`gen_pq`] with the kernels of one instruction set.
 pub fn gen_pq_with(isa: Isa, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
-    let srcs = present(data);
-    simd::pq(isa, &srcs[..data.len()], p, q)
+    assert!(
+        data.iter().all(|d| d.len() == p.len()),
+        "parity buffers differ in length"
+    );
+    if p.is_empty() {
+        return;
+    }
+    simd::pq(isa, data, p, q)
 }
 
 /// `dst ^= c * src` in GF(2^8).
@@ -130,8 +124,8 @@ pub fn recover_data_q_with(isa: Isa, data: &mut [Vec<u8>], x: usize, q: &[u8]) {
     let mut out = std::mem::take(&mut data[x]);
     out.resize(q.len(), 0);
     {
-        let mut srcs: Vec<Option<&[u8]>> = data.iter().map(|d| Some(d.as_slice())).collect();
-        srcs[x] = None;
+        let mut srcs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+        srcs[x] = &[];
         let c = MulTable::new(gf_inv(gf_exp(x)));
         simd::recover_q(isa, &srcs, q, &c, &mut out);
     }
@@ -158,9 +152,9 @@ pub fn recover_two_data_with(
     dx.resize(p.len(), 0);
     dy.resize(p.len(), 0);
     {
-        let mut srcs: Vec<Option<&[u8]>> = data.iter().map(|d| Some(d.as_slice())).collect();
-        srcs[x] = None;
-        srcs[y] = None;
+        let mut srcs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+        srcs[x] = &[];
+        srcs[y] = &[];
         recover_two_into(isa, &srcs, x, y, p, q, &mut dx, &mut dy);
     }
     data[x] = dx;
@@ -169,11 +163,11 @@ pub fn recover_two_data_with(
 
 /// The two-data-chunk recovery kernel on borrowed buffers (for benchmarks
 /// and callers that keep their own): `srcs` in syndrome order with the two
-/// lost chunks `None`, results into `dx` and `dy`.
+/// lost chunks given as empty slices, results into `dx` and `dy`.
 #[allow(clippy::too_many_arguments)]
 pub fn recover_two_into(
     isa: Isa,
-    srcs: &[Option<&[u8]>],
+    srcs: &[&[u8]],
     x: usize,
     y: usize,
     p: &[u8],

@@ -100,9 +100,31 @@ trait Vector: Copy {
     /// # Safety
     /// `p` must be valid for writing `BYTES` bytes.
     unsafe fn store(self, p: *mut u8);
+    /// A store that bypasses the caches (no read for ownership).
+    ///
+    /// # Safety
+    /// As `store`, and `p` must be aligned to `BYTES`.
+    #[inline(always)]
+    unsafe fn store_nt(self, p: *mut u8) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.store(p) }
+    }
+    /// Order streaming stores before whatever follows.
+    #[inline(always)]
+    fn fence() {}
     fn zero() -> Self;
     fn xor(self, o: Self) -> Self;
+    /// `self ^ a ^ b` (one instruction on AVX-512).
+    #[inline(always)]
+    fn xor3(self, a: Self, b: Self) -> Self {
+        self.xor(a).xor(b)
+    }
     fn mul2(self) -> Self;
+    /// `mul2(self) ^ d`.
+    #[inline(always)]
+    fn mul2_xor(self, d: Self) -> Self {
+        self.mul2().xor(d)
+    }
     fn table(t: &MulTable) -> Self::Table;
     fn mulc(self, t: &Self::Table) -> Self;
 }
@@ -183,6 +205,17 @@ mod x86 {
             unsafe { _mm_storeu_si128(p as *mut __m128i, self.0) }
         }
         #[inline(always)]
+        unsafe fn store_nt(self, p: *mut u8) {
+            // SAFETY: see the comment above the impls; the caller
+            // guarantees alignment.
+            unsafe { _mm_stream_si128(p as *mut _, self.0) }
+        }
+        #[inline(always)]
+        fn fence() {
+            // SAFETY: see the comment above the impls (SSE2 fence).
+            unsafe { _mm_sfence() }
+        }
+        #[inline(always)]
         fn zero() -> V128 {
             // SAFETY: see the comment above the impls.
             V128(unsafe { _mm_setzero_si128() })
@@ -237,6 +270,17 @@ mod x86 {
         unsafe fn store(self, p: *mut u8) {
             // SAFETY: see the comment above the impls.
             unsafe { _mm256_storeu_si256(p as *mut __m256i, self.0) }
+        }
+        #[inline(always)]
+        unsafe fn store_nt(self, p: *mut u8) {
+            // SAFETY: see the comment above the impls; the caller
+            // guarantees alignment.
+            unsafe { _mm256_stream_si256(p as *mut _, self.0) }
+        }
+        #[inline(always)]
+        fn fence() {
+            // SAFETY: see the comment above the impls (SSE2 fence).
+            unsafe { _mm_sfence() }
         }
         #[inline(always)]
         fn zero() -> V256 {
@@ -295,6 +339,17 @@ mod x86 {
             unsafe { _mm512_storeu_si512(p as *mut __m512i, self.0) }
         }
         #[inline(always)]
+        unsafe fn store_nt(self, p: *mut u8) {
+            // SAFETY: see the comment above the impls; the caller
+            // guarantees alignment.
+            unsafe { _mm512_stream_si512(p as *mut _, self.0) }
+        }
+        #[inline(always)]
+        fn fence() {
+            // SAFETY: see the comment above the impls (SSE2 fence).
+            unsafe { _mm_sfence() }
+        }
+        #[inline(always)]
         fn zero() -> V512 {
             // SAFETY: see the comment above the impls.
             V512(unsafe { _mm512_setzero_si512() })
@@ -305,12 +360,30 @@ mod x86 {
             V512(unsafe { _mm512_xor_si512(self.0, o.0) })
         }
         #[inline(always)]
+        fn xor3(self, a: V512, b: V512) -> V512 {
+            // SAFETY: see the comment above the impls.
+            V512(unsafe { _mm512_ternarylogic_epi32::<0x96>(self.0, a.0, b.0) })
+        }
+        #[inline(always)]
         fn mul2(self) -> V512 {
             // SAFETY: see the comment above the impls.
             unsafe {
                 let top = _mm512_movepi8_mask(self.0);
                 let poly = _mm512_maskz_mov_epi8(top, _mm512_set1_epi8(0x1d));
                 V512(_mm512_xor_si512(_mm512_add_epi8(self.0, self.0), poly))
+            }
+        }
+        #[inline(always)]
+        fn mul2_xor(self, d: V512) -> V512 {
+            // SAFETY: see the comment above the impls.
+            unsafe {
+                let top = _mm512_movepi8_mask(self.0);
+                let poly = _mm512_maskz_mov_epi8(top, _mm512_set1_epi8(0x1d));
+                V512(_mm512_ternarylogic_epi32::<0x96>(
+                    _mm512_add_epi8(self.0, self.0),
+                    poly,
+                    d.0,
+                ))
             }
         }
         fn table(t: &MulTable) -> (__m512i, __m512i) {
@@ -348,6 +421,32 @@ fn body<V: Vector>(len: usize) -> usize {
     len / (V::BYTES * UNROLL) * (V::BYTES * UNROLL)
 }
 
+/// Outputs at least this long are written with streaming stores: they
+/// would only push the sources out of the caches.
+const STREAM_FROM: usize = 128 << 10;
+
+/// Whether to stream stores into these outputs.
+#[inline(always)]
+fn stream<V: Vector>(len: usize, outs: &[*mut u8]) -> bool {
+    len >= STREAM_FROM && outs.iter().all(|p| (*p as usize) % V::BYTES == 0)
+}
+
+/// Store, streaming or not.
+///
+/// # Safety
+/// As `Vector::store`, and for `nt`, `Vector::store_nt`.
+#[inline(always)]
+unsafe fn put<V: Vector>(v: V, p: *mut u8, nt: bool) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if nt {
+            v.store_nt(p)
+        } else {
+            v.store(p)
+        }
+    }
+}
+
 #[inline(always)]
 fn mul2_byte(x: u8) -> u8 {
     (x << 1) ^ if x & 0x80 != 0 { 0x1d } else { 0 }
@@ -360,26 +459,49 @@ fn xor_k<V: Vector>(srcs: &[&[u8]], dst: &mut [u8], acc: bool) {
     let end = body::<V>(len);
     let d = dst.as_mut_ptr();
     let mut at = 0;
+    let nt = !acc && stream::<V>(len, &[d]);
+    let (first, rest) = match srcs.split_first() {
+        Some((f, r)) => (Some(*f), r),
+        None => (None, srcs),
+    };
     while at < end {
         let mut v = [V::zero(); UNROLL];
-        for (u, x) in v.iter_mut().enumerate() {
-            let o = at + u * V::BYTES;
-            // SAFETY: o + BYTES <= end <= len, and every slice is `len` long
-            // (checked by the public entry points).
-            unsafe {
-                if acc {
-                    *x = V::load(d.add(o));
-                }
-                for s in srcs {
-                    *x = x.xor(V::load(s.as_ptr().add(o)));
+        // SAFETY: every offset below is at + u * BYTES + BYTES <= end <= len,
+        // and every slice is `len` long (checked by the public entry points).
+        unsafe {
+            if let Some(f) = first {
+                for (u, x) in v.iter_mut().enumerate() {
+                    *x = V::load(f.as_ptr().add(at + u * V::BYTES));
                 }
             }
-        }
-        for (u, x) in v.iter().enumerate() {
-            // SAFETY: as above.
-            unsafe { x.store(d.add(at + u * V::BYTES)) };
+            if acc {
+                for (u, x) in v.iter_mut().enumerate() {
+                    *x = x.xor(V::load(d.add(at + u * V::BYTES)));
+                }
+            }
+            // Sources outermost: each source pointer is loaded once per
+            // iteration, and pairs of sources fold with one three-way XOR.
+            let mut pairs = rest.chunks_exact(2);
+            for pair in &mut pairs {
+                let (a, b) = (pair[0].as_ptr(), pair[1].as_ptr());
+                for (u, x) in v.iter_mut().enumerate() {
+                    let o = at + u * V::BYTES;
+                    *x = x.xor3(V::load(a.add(o)), V::load(b.add(o)));
+                }
+            }
+            for s in pairs.remainder() {
+                for (u, x) in v.iter_mut().enumerate() {
+                    *x = x.xor(V::load(s.as_ptr().add(at + u * V::BYTES)));
+                }
+            }
+            for (u, x) in v.iter().enumerate() {
+                put(*x, d.add(at + u * V::BYTES), nt);
+            }
         }
         at += V::BYTES * UNROLL;
+    }
+    if nt {
+        V::fence();
     }
     for i in end..len {
         let mut b = if acc { dst[i] } else { 0 };
@@ -390,42 +512,59 @@ fn xor_k<V: Vector>(srcs: &[&[u8]], dst: &mut [u8], acc: bool) {
     }
 }
 
+/// Accumulate P (XOR) and Q (Horner's rule, highest index first) of the
+/// present sources over `UNROLL` vectors at `at`; missing sources count as zero.
+#[inline(always)]
+fn syndrome_step<V: Vector>(srcs: &[&[u8]], at: usize, vp: &mut [V; UNROLL], vq: &mut [V; UNROLL]) {
+    for s in srcs.iter().rev() {
+        if s.is_empty() {
+            // A missing chunk: it contributes zero, but still shifts Q.
+            for x in vq.iter_mut() {
+                *x = x.mul2();
+            }
+            continue;
+        }
+        let base = s.as_ptr();
+        for u in 0..UNROLL {
+            // SAFETY: at + u * BYTES + BYTES <= end <= the slice's length
+            // (checked by the public entry points).
+            let d = unsafe { V::load(base.add(at + u * V::BYTES)) };
+            vp[u] = vp[u].xor(d);
+            vq[u] = vq[u].mul2_xor(d);
+        }
+    }
+}
+
 /// P and Q with missing chunks taken as zero; srcs in syndrome order.
 #[inline(always)]
-fn pq_k<V: Vector>(srcs: &[Option<&[u8]>], p: &mut [u8], q: &mut [u8]) {
+fn pq_k<V: Vector>(srcs: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
     let len = p.len();
     let end = body::<V>(len);
     let (pp, qp) = (p.as_mut_ptr(), q.as_mut_ptr());
+    let nt = stream::<V>(len, &[pp, qp]);
     let mut at = 0;
     while at < end {
         let mut vp = [V::zero(); UNROLL];
         let mut vq = [V::zero(); UNROLL];
-        for s in srcs.iter().rev() {
-            for u in 0..UNROLL {
-                vq[u] = vq[u].mul2();
-                if let Some(s) = s {
-                    // SAFETY: in bounds, as in xor_k.
-                    let d = unsafe { V::load(s.as_ptr().add(at + u * V::BYTES)) };
-                    vp[u] = vp[u].xor(d);
-                    vq[u] = vq[u].xor(d);
-                }
-            }
-        }
+        syndrome_step::<V>(srcs, at, &mut vp, &mut vq);
         for u in 0..UNROLL {
             let o = at + u * V::BYTES;
-            // SAFETY: in bounds, as in xor_k.
+            // SAFETY: in bounds, as in xor_k; aligned when streaming.
             unsafe {
-                vp[u].store(pp.add(o));
-                vq[u].store(qp.add(o));
+                put(vp[u], pp.add(o), nt);
+                put(vq[u], qp.add(o), nt);
             }
         }
         at += V::BYTES * UNROLL;
+    }
+    if nt {
+        V::fence();
     }
     for i in end..len {
         let (mut bp, mut bq) = (0u8, 0u8);
         for s in srcs.iter().rev() {
             bq = mul2_byte(bq);
-            if let Some(s) = s {
+            if !s.is_empty() {
                 bp ^= s[i];
                 bq ^= s[i];
             }
@@ -496,7 +635,7 @@ fn rmw_k<V: Vector>(p: &mut [u8], mut q: Option<&mut [u8]>, old: &[u8], new: &[u
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn recover2_k<V: Vector>(
-    srcs: &[Option<&[u8]>],
+    srcs: &[&[u8]],
     p: &[u8],
     q: &[u8],
     a: &MulTable,
@@ -508,21 +647,12 @@ fn recover2_k<V: Vector>(
     let end = body::<V>(len);
     let (ta, tb) = (V::table(a), V::table(b));
     let (xp, yp) = (dx.as_mut_ptr(), dy.as_mut_ptr());
+    let nt = stream::<V>(len, &[xp, yp]);
     let mut at = 0;
     while at < end {
         let mut vp = [V::zero(); UNROLL];
         let mut vq = [V::zero(); UNROLL];
-        for s in srcs.iter().rev() {
-            for u in 0..UNROLL {
-                vq[u] = vq[u].mul2();
-                if let Some(s) = s {
-                    // SAFETY: in bounds, as in xor_k.
-                    let d = unsafe { V::load(s.as_ptr().add(at + u * V::BYTES)) };
-                    vp[u] = vp[u].xor(d);
-                    vq[u] = vq[u].xor(d);
-                }
-            }
-        }
+        syndrome_step::<V>(srcs, at, &mut vp, &mut vq);
         for u in 0..UNROLL {
             let o = at + u * V::BYTES;
             // SAFETY: in bounds, as in xor_k.
@@ -530,18 +660,21 @@ fn recover2_k<V: Vector>(
                 let px = V::load(p.as_ptr().add(o)).xor(vp[u]);
                 let qx = V::load(q.as_ptr().add(o)).xor(vq[u]);
                 let x = px.mulc(&ta).xor(qx.mulc(&tb));
-                x.store(xp.add(o));
-                px.xor(x).store(yp.add(o));
+                put(x, xp.add(o), nt);
+                put(px.xor(x), yp.add(o), nt);
             }
         }
         at += V::BYTES * UNROLL;
+    }
+    if nt {
+        V::fence();
     }
     for i in end..len {
         let (mut bp, mut bq) = (p[i], q[i]);
         let mut sq = 0u8;
         for s in srcs.iter().rev() {
             sq = mul2_byte(sq);
-            if let Some(s) = s {
+            if !s.is_empty() {
                 bp ^= s[i];
                 sq ^= s[i];
             }
@@ -555,7 +688,7 @@ fn recover2_k<V: Vector>(
 
 /// One lost data chunk without P: `Dx = c * (Q ^ syndrome of survivors)`.
 #[inline(always)]
-fn recover_q_k<V: Vector>(srcs: &[Option<&[u8]>], q: &[u8], c: &MulTable, out: &mut [u8]) {
+fn recover_q_k<V: Vector>(srcs: &[&[u8]], q: &[u8], c: &MulTable, out: &mut [u8]) {
     let len = q.len();
     let end = body::<V>(len);
     let tc = V::table(c);
@@ -563,15 +696,8 @@ fn recover_q_k<V: Vector>(srcs: &[Option<&[u8]>], q: &[u8], c: &MulTable, out: &
     let mut at = 0;
     while at < end {
         let mut vq = [V::zero(); UNROLL];
-        for s in srcs.iter().rev() {
-            for (u, x) in vq.iter_mut().enumerate() {
-                *x = x.mul2();
-                if let Some(s) = s {
-                    // SAFETY: in bounds, as in xor_k.
-                    *x = x.xor(unsafe { V::load(s.as_ptr().add(at + u * V::BYTES)) });
-                }
-            }
-        }
+        let mut vp = [V::zero(); UNROLL];
+        syndrome_step::<V>(srcs, at, &mut vp, &mut vq);
         for (u, x) in vq.iter().enumerate() {
             let o = at + u * V::BYTES;
             // SAFETY: in bounds, as in xor_k.
@@ -588,7 +714,7 @@ fn recover_q_k<V: Vector>(srcs: &[Option<&[u8]>], q: &[u8], c: &MulTable, out: &
         let mut sq = 0u8;
         for s in srcs.iter().rev() {
             sq = mul2_byte(sq);
-            if let Some(s) = s {
+            if !s.is_empty() {
                 sq ^= s[i];
             }
         }
@@ -622,11 +748,11 @@ macro_rules! per_isa {
 }
 
 per_isa!(xor_isa = xor_k(srcs: &[&[u8]], dst: &mut [u8], acc: bool));
-per_isa!(pq_isa = pq_k(srcs: &[Option<&[u8]>], p: &mut [u8], q: &mut [u8]));
+per_isa!(pq_isa = pq_k(srcs: &[&[u8]], p: &mut [u8], q: &mut [u8]));
 per_isa!(mul_xor_isa = mul_xor_k(dst: &mut [u8], src: &[u8], t: &MulTable));
 per_isa!(rmw_isa = rmw_k(p: &mut [u8], q: Option<&mut [u8]>, old: &[u8], new: &[u8], t: &MulTable));
-per_isa!(recover2_isa = recover2_k(srcs: &[Option<&[u8]>], p: &[u8], q: &[u8], a: &MulTable, b: &MulTable, dx: &mut [u8], dy: &mut [u8]));
-per_isa!(recover_q_isa = recover_q_k(srcs: &[Option<&[u8]>], q: &[u8], c: &MulTable, out: &mut [u8]));
+per_isa!(recover2_isa = recover2_k(srcs: &[&[u8]], p: &[u8], q: &[u8], a: &MulTable, b: &MulTable, dx: &mut [u8], dy: &mut [u8]));
+per_isa!(recover_q_isa = recover_q_k(srcs: &[&[u8]], q: &[u8], c: &MulTable, out: &mut [u8]));
 
 /// Call the version of a kernel for `isa`.
 macro_rules! call {
@@ -668,9 +794,9 @@ fn same_len(len: usize, slices: &[&[u8]]) {
     );
 }
 
-fn same_len_opt(len: usize, slices: &[Option<&[u8]>]) {
+fn same_len_opt(len: usize, slices: &[&[u8]]) {
     assert!(
-        slices.iter().flatten().all(|s| s.len() == len),
+        slices.iter().all(|s| s.is_empty() || s.len() == len),
         "parity buffers differ in length"
     );
 }
@@ -681,8 +807,9 @@ pub fn xor(isa: Isa, srcs: &[&[u8]], dst: &mut [u8], acc: bool) {
     call!(isa, xor_isa(srcs, dst, acc))
 }
 
-/// P and Q of `srcs` in syndrome order, `None` entries taken as zero.
-pub fn pq(isa: Isa, srcs: &[Option<&[u8]>], p: &mut [u8], q: &mut [u8]) {
+/// P and Q of `srcs` in syndrome order; an empty slice is a missing chunk
+/// (taken as zero).
+pub fn pq(isa: Isa, srcs: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
     assert_eq!(p.len(), q.len());
     same_len_opt(p.len(), srcs);
     call!(isa, pq_isa(srcs, p, q))
@@ -707,7 +834,7 @@ pub fn rmw(isa: Isa, p: &mut [u8], q: Option<&mut [u8]>, old: &[u8], new: &[u8],
 #[allow(clippy::too_many_arguments)]
 pub fn recover2(
     isa: Isa,
-    srcs: &[Option<&[u8]>],
+    srcs: &[&[u8]],
     p: &[u8],
     q: &[u8],
     a: &MulTable,
@@ -721,7 +848,7 @@ pub fn recover2(
 }
 
 /// One lost data chunk from Q (see `recover_q_k`).
-pub fn recover_q(isa: Isa, srcs: &[Option<&[u8]>], q: &[u8], c: &MulTable, out: &mut [u8]) {
+pub fn recover_q(isa: Isa, srcs: &[&[u8]], q: &[u8], c: &MulTable, out: &mut [u8]) {
     same_len_opt(q.len(), srcs);
     same_len(q.len(), &[out]);
     call!(isa, recover_q_isa(srcs, q, c, out))
