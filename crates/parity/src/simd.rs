@@ -428,7 +428,7 @@ const STREAM_FROM: usize = 128 << 10;
 /// Whether to stream stores into these outputs.
 #[inline(always)]
 fn stream<V: Vector>(len: usize, outs: &[*mut u8]) -> bool {
-    len >= STREAM_FROM && outs.iter().all(|p| (*p as usize) % V::BYTES == 0)
+    len >= STREAM_FROM && outs.iter().all(|p| (*p as usize).is_multiple_of(V::BYTES))
 }
 
 /// Store, streaming or not.
