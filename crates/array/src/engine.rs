@@ -12,6 +12,9 @@ use raidkit_parity as parity;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// Column width for full-stripe writes (see `write_full_stripe`).
+const COLUMN: usize = 128 << 10;
+
 /// Stripe locks: a fixed table hashed by stripe number keeps unrelated
 /// stripes concurrent while serialising updates of the same stripe.
 const LOCKS: usize = 1024;
@@ -582,6 +585,10 @@ impl Array {
             return done;
         }
 
+        if rcw_reads == 0 && len >= 2 * COLUMN {
+            return self.write_full_stripe(pieces, &sm, dev, len);
+        }
+
         // Reconstruct-write: assemble full rows, then compute parity afresh.
         // Fully covered chunks are used in place, without a copy.
         let need: Vec<bool> = (0..k).map(|d| !covers(d)).collect();
@@ -623,6 +630,51 @@ impl Array {
         }
         rows.into_iter().for_each(scratch::give);
         written
+    }
+
+    /// A full-stripe write, column by column: each column's data goes to
+    /// the members and then feeds P and Q while still in cache, so parity
+    /// costs no second trip to memory.
+    fn write_full_stripe(
+        &self,
+        pieces: &[(&Piece, &[u8])],
+        sm: &raidkit_layout::StripeMap,
+        dev: u64,
+        len: usize,
+    ) -> Result<()> {
+        let k = sm.data.len();
+        let mut by_dd: Vec<&[u8]> = vec![&[]; k];
+        for (p, d) in pieces {
+            by_dd[p.dd] = d;
+        }
+        let mut pbuf = scratch::take(len);
+        let mut qbuf = sm.q.map(|_| scratch::take(len));
+        let mut refs: Vec<&[u8]> = vec![&[]; k];
+        let done = (|| {
+            let mut at = 0;
+            while at < len {
+                let end = (at + COLUMN).min(len);
+                for (dd, d) in by_dd.iter().enumerate() {
+                    self.member_write(sm.data[dd], &d[at..end], dev + at as u64)?;
+                    refs[sm.syndrome[dd]] = &d[at..end];
+                }
+                match qbuf.as_mut() {
+                    Some(q) => parity::gen_pq(&refs, &mut pbuf[at..end], &mut q[at..end]),
+                    None => parity::gen_p(&refs, &mut pbuf[at..end]),
+                }
+                self.member_write(sm.p, &pbuf[at..end], dev + at as u64)?;
+                if let (Some(role), Some(q)) = (sm.q, &qbuf) {
+                    self.member_write(role, &q[at..end], dev + at as u64)?;
+                }
+                at = end;
+            }
+            Ok(())
+        })();
+        scratch::give(pbuf);
+        if let Some(q) = qbuf {
+            scratch::give(q);
+        }
+        done
     }
 
     /// The writes that end a stripe update: new data, then P and Q.

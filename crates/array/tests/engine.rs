@@ -307,3 +307,49 @@ fn out_of_range_and_read_only() {
     .unwrap();
     assert!(ro.write(&[1], 0).is_err());
 }
+
+#[test]
+fn full_stripe_writes_with_large_chunks() {
+    // Chunks of 512 KiB take the column-by-column full-stripe path.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(512);
+    for (level, n) in [(Level::Raid5, 4), (Level::Raid6, 5), (Level::Raid6, 6)] {
+        let dir = tmp();
+        let ps = paths(dir.path(), n);
+        let chunk = 512 * 1024;
+        let opts = CreateOptions {
+            level,
+            layout: level.default_layout(),
+            chunk,
+            size: Some((1 << 20) + 6 * chunk),
+            name: "big".into(),
+            force: false,
+            assume_clean: false,
+        };
+        create(&specs(&ps), &opts, |_, _| {}).unwrap();
+        let all: Vec<Option<&PathBuf>> = ps.iter().map(Some).collect();
+        let a = open(&all).unwrap();
+        let stripe = a.geometry().data_members() as u64 * chunk;
+        let mut model = vec![0u8; a.capacity() as usize];
+        // Two full stripes at once, one full stripe, then partial writes on top.
+        for (off, len) in [(0, 2 * stripe), (3 * stripe, stripe)] {
+            let d: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            a.write(&d, off).unwrap();
+            model[off as usize..(off + len) as usize].copy_from_slice(&d);
+        }
+        random_writes(&a, &mut model, &mut rng, 20);
+        assert!(read_all(&a) == model, "{level}");
+        assert_eq!(a.count_mismatches().unwrap(), 0, "{level}");
+        a.close().unwrap();
+        for gone in 0..n {
+            let present: Vec<Option<&PathBuf>> = ps
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (i != gone).then_some(p))
+                .collect();
+            assert!(
+                read_all(&open(&present).unwrap()) == model,
+                "{level} -{gone}"
+            );
+        }
+    }
+}

@@ -40,6 +40,35 @@ pub enum BenchCommand {
     /// Parity kernel throughput, one line per kernel as "name k chunk GB/s"
     /// (the format of the ISA-L anchor, to run side by side).
     Parity(BenchParityArgs),
+    /// Array engine throughput through the array API (no NBD): full-stripe
+    /// sequential writes and 4 KiB random writes on RAID-0, RAID-5 and
+    /// RAID-6 built over the same member files.
+    Engine(BenchEngineArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchEngineArgs {
+    /// Members per array.
+    #[arg(long, default_value_t = 6)]
+    pub members: usize,
+    /// Size of each member file.
+    #[arg(long, default_value = "256M", value_parser = size)]
+    pub size: u64,
+    /// Chunk size.
+    #[arg(long, default_value = "512K", value_parser = size)]
+    pub chunk: u64,
+    /// Directory for the member files (a RAM disk measures the engine, not disks).
+    #[arg(long, default_value = "/dev/shm")]
+    pub dir: PathBuf,
+    /// Writer threads, each on its own region.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Rounds (levels alternate within each round); medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
 }
 
 #[derive(Debug, Args)]

@@ -22,6 +22,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Serve(a) => crate::serve::serve(a),
         Command::Status(a) => crate::serve::status(a),
         Command::Bench(crate::cli::BenchCommand::Parity(a)) => cmd_bench_parity(a),
+        Command::Bench(crate::cli::BenchCommand::Engine(a)) => crate::bench::engine(a),
     }
 }
 

@@ -27,6 +27,16 @@ pub enum Isa {
 impl Isa {
     /// Every instruction set this CPU can run, best first.
     pub fn available() -> Vec<Isa> {
+        Isa::detected().to_vec()
+    }
+
+    /// `available`, detected once.
+    fn detected() -> &'static [Isa] {
+        static ISAS: std::sync::OnceLock<Vec<Isa>> = std::sync::OnceLock::new();
+        ISAS.get_or_init(Isa::detect)
+    }
+
+    fn detect() -> Vec<Isa> {
         let mut v = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
@@ -46,8 +56,7 @@ impl Isa {
 
     /// The fastest instruction set available (checked once).
     pub fn best() -> Isa {
-        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| Isa::available()[0])
+        Isa::detected()[0]
     }
 
     pub fn name(self) -> &'static str {
@@ -779,7 +788,7 @@ impl Isa {
     /// If it does not: running its kernels would be undefined behaviour.
     fn checked(self) -> Isa {
         assert!(
-            Isa::available().contains(&self),
+            Isa::detected().contains(&self),
             "this CPU cannot run the {} kernels",
             self.name()
         );
