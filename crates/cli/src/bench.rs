@@ -107,7 +107,7 @@ pub fn engine(a: BenchEngineArgs) -> Result<()> {
     if a.members < 4 {
         bail!("--members must be at least 4 (RAID-6 needs 4)");
     }
-    if a.threads == 0 || a.runs == 0 || !(a.seconds > 0.0) {
+    if a.threads == 0 || a.runs == 0 || a.seconds.is_nan() || a.seconds <= 0.0 {
         bail!("--threads, --runs and --seconds must be positive");
     }
     if !a.dir.is_dir() {
