@@ -431,3 +431,69 @@ fn every_command_has_help() {
     let o = raidkit(&["frobnicate"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn bench_parity_prints_the_anchor_format() {
+    let o = ok(&[
+        "bench",
+        "parity",
+        "--k",
+        "4",
+        "--chunk",
+        "8K",
+        "--seconds",
+        "0.05",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let names: Vec<&str> = out
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    for want in ["memcpy", "xor_gen", "pq_gen", "rs_recover_2"] {
+        assert!(names.contains(&want), "{want} missing from:\n{out}");
+    }
+    for line in out.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f.len(), 4, "{line}");
+        assert_eq!(f[1], "4");
+        assert_eq!(f[2], "8192");
+        assert!(f[3].parse::<f64>().unwrap() > 0.0, "{line}");
+    }
+    fails(&["bench", "parity", "--k", "1"], "--k must be between");
+    fails(&["bench", "parity", "--isa", "mmx"], "not available");
+}
+
+#[test]
+fn bench_engine_reports_every_level_and_cleans_up() {
+    let dir = tmp();
+    let d = dir.path().display().to_string();
+    let o = ok(&[
+        "bench",
+        "engine",
+        "--members",
+        "4",
+        "--size",
+        "12M",
+        "--chunk",
+        "64K",
+        "--seconds",
+        "0.1",
+        "--runs",
+        "1",
+        "--dir",
+        &d,
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    for level in ["raid0", "raid5", "raid6"] {
+        assert!(out.lines().any(|l| l.starts_with(level)), "{out}");
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "member files left behind"
+    );
+    fails(
+        &["bench", "engine", "--members", "3", "--dir", &d],
+        "at least 4",
+    );
+}
