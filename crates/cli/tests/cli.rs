@@ -1,36 +1,11 @@
 //! The real `raidkit` binary, driven as a user drives it.
 
+mod common;
+
+use common::{args, members, ok, raidkit, tmp};
 use rand::{seq::SliceRandom, Rng, SeedableRng};
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-
-fn tmp() -> tempfile::TempDir {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        tempfile::tempdir_in(shm).unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    }
-}
-
-fn raidkit(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_raidkit"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run raidkit")
-}
-
-fn ok(args: &[&str]) -> Output {
-    let o = raidkit(args);
-    assert!(
-        o.status.success(),
-        "raidkit {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    o
-}
 
 /// Runs, expects failure (exit 1) with `needle` in the message.
 fn fails(args: &[&str], needle: &str) -> String {
@@ -42,19 +17,6 @@ fn fails(args: &[&str], needle: &str) -> String {
         "raidkit {args:?}: expected '{needle}' in: {err}"
     );
     err
-}
-
-fn members(dir: &Path, n: usize) -> Vec<String> {
-    (0..n)
-        .map(|i| dir.join(format!("d{i}.img")).display().to_string())
-        .collect()
-}
-
-fn args<'a>(head: &[&'a str], ms: &'a [String]) -> Vec<&'a str> {
-    head.iter()
-        .copied()
-        .chain(ms.iter().map(|s| s.as_str()))
-        .collect()
 }
 
 fn digest(paths: &[String]) -> Vec<Vec<u8>> {
