@@ -109,8 +109,7 @@ fn read_all(a: &Array) -> Vec<u8> {
 
 /// Every data byte sits where the layout (checked against md's pictures in
 /// the layout crate) says, on the raw member files.
-fn check_members(a: &Array, paths: &[PathBuf], model: &[u8]) {
-    let g = a.geometry();
+fn check_members(g: &raidkit_layout::Geometry, paths: &[PathBuf], model: &[u8]) {
     let files: Vec<FileMember> = paths
         .iter()
         .map(|p| FileMember::open(p, true).unwrap())
@@ -153,10 +152,11 @@ fn every_level_against_a_model_with_every_member_missing() {
         assert!(read_all(&a) == model, "{level} {layout}: read-back");
         assert_eq!(a.count_mismatches().unwrap(), 0, "{level} {layout}");
         a.close().unwrap();
-        check_members(&a, &ps, &model);
+        let g = a.geometry().clone();
+        drop(a); // releases the members' writer locks
+        check_members(&g, &ps, &model);
 
         // Degraded reads: each member missing, and each pair for RAID-6.
-        let g = a.geometry().clone();
         let mut sets: Vec<Vec<usize>> = (0..n).map(|i| vec![i]).collect();
         if level == Level::Raid6 {
             for i in 0..n {
@@ -205,6 +205,7 @@ fn degraded_writes_then_the_stale_member_is_never_trusted() {
             let mut model = vec![0u8; a.capacity() as usize];
             random_writes(&a, &mut model, &mut rng, 10);
             a.close().unwrap();
+            drop(a);
             // Write with one member away.
             let present: Vec<Option<&PathBuf>> = ps
                 .iter()
@@ -215,6 +216,7 @@ fn degraded_writes_then_the_stale_member_is_never_trusted() {
             random_writes(&d, &mut model, &mut rng, 30);
             assert!(read_all(&d) == model, "{level} {layout} -{gone}");
             d.close().unwrap();
+            drop(d);
             // The member comes back: it is stale and ignored, data stays right.
             let asm = assemble(spec::open_all(&specs(&ps), true).unwrap()).unwrap();
             match &asm.slots[gone].absence {
@@ -340,6 +342,7 @@ fn full_stripe_writes_with_large_chunks() {
         assert!(read_all(&a) == model, "{level}");
         assert_eq!(a.count_mismatches().unwrap(), 0, "{level}");
         a.close().unwrap();
+        drop(a);
         for gone in 0..n {
             let present: Vec<Option<&PathBuf>> = ps
                 .iter()

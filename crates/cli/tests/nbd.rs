@@ -383,6 +383,18 @@ fn sigterm_finishes_cleanly_and_marks_the_array_clean() {
     let e: Value = serde_json::from_slice(&ok(&["examine", &ms[0], "--json"]).stdout).unwrap();
     assert_eq!(e["state"], "dirty", "a written, running array is dirty");
     assert!(s.control.exists());
+    // While it runs, nobody else may write its members.
+    let input = dir.path().join("x.bin");
+    std::fs::write(&input, [1u8; 10]).unwrap();
+    let o = raidkit(&args(
+        &["write", "--offset", "0", "--in", input.to_str().unwrap()],
+        &ms,
+    ));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("in use"));
+    let o = raidkit(&args(&["serve", "--listen", "127.0.0.1:0"], &ms));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("in use"));
     assert_eq!(s.stop().code(), Some(0));
     assert!(!s.control.exists(), "control socket left behind");
     let e: Value = serde_json::from_slice(&ok(&["examine", &ms[0], "--json"]).stdout).unwrap();

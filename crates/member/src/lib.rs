@@ -142,7 +142,10 @@ pub struct FileMember {
 }
 
 impl FileMember {
-    /// Open an existing file or block device.
+    /// Open an existing file or block device. Opening for writing takes an
+    /// exclusive lock on it, so that two raidkit processes never write the
+    /// same member (read-only opens take none: examining a member of a
+    /// running array is fine).
     pub fn open(path: impl AsRef<Path>, read_only: bool) -> Result<FileMember> {
         let path = path.as_ref();
         let name = path.display().to_string();
@@ -151,6 +154,9 @@ impl FileMember {
             .write(!read_only)
             .open(path)
             .map_err(|e| MemberError::new(&name, Op::Open, 0, 0, e))?;
+        if !read_only {
+            lock(&file, &name)?;
+        }
         let len = file_len(&file).map_err(|e| MemberError::new(&name, Op::Open, 0, 0, e))?;
         Ok(FileMember {
             file,
@@ -170,6 +176,7 @@ impl FileMember {
             .create_new(true)
             .open(path)
             .map_err(|e| MemberError::new(&name, Op::Open, 0, 0, e))?;
+        lock(&file, &name)?;
         file.set_len(len)
             .map_err(|e| MemberError::new(&name, Op::Write, 0, len, e))?;
         Ok(FileMember {
@@ -183,6 +190,20 @@ impl FileMember {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Take the exclusive writer's lock (released when the file is closed).
+fn lock(file: &File, name: &str) -> Result<()> {
+    file.try_lock().map_err(|e| {
+        let source = match e {
+            std::fs::TryLockError::WouldBlock => io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                "in use by another process (a running raidkit server?)",
+            ),
+            std::fs::TryLockError::Error(e) => e,
+        };
+        MemberError::new(name, Op::Open, 0, 0, source)
+    })
 }
 
 /// Length of a file or block device (whose metadata length is 0, so seek to the end).
