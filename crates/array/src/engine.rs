@@ -649,32 +649,41 @@ impl Array {
         }
         let mut pbuf = scratch::take(len);
         let mut qbuf = sm.q.map(|_| scratch::take(len));
-        let mut refs: Vec<&[u8]> = vec![&[]; k];
-        let done = (|| {
-            let mut at = 0;
-            while at < len {
-                let end = (at + COLUMN).min(len);
+        // Data to the members on one core while another computes P and Q
+        // and writes them: parity overlaps member I/O.
+        let (data_done, parity_done) = rayon::join(
+            || -> Result<()> {
                 for (dd, d) in by_dd.iter().enumerate() {
-                    self.member_write(sm.data[dd], &d[at..end], dev + at as u64)?;
-                    refs[sm.syndrome[dd]] = &d[at..end];
+                    self.member_write(sm.data[dd], d, dev)?;
                 }
-                match qbuf.as_mut() {
-                    Some(q) => parity::gen_pq(&refs, &mut pbuf[at..end], &mut q[at..end]),
-                    None => parity::gen_p(&refs, &mut pbuf[at..end]),
+                Ok(())
+            },
+            || -> Result<()> {
+                let mut refs: Vec<&[u8]> = vec![&[]; k];
+                let mut at = 0;
+                while at < len {
+                    let end = (at + COLUMN).min(len);
+                    for (dd, d) in by_dd.iter().enumerate() {
+                        refs[sm.syndrome[dd]] = &d[at..end];
+                    }
+                    match qbuf.as_mut() {
+                        Some(q) => parity::gen_pq(&refs, &mut pbuf[at..end], &mut q[at..end]),
+                        None => parity::gen_p(&refs, &mut pbuf[at..end]),
+                    }
+                    at = end;
                 }
-                self.member_write(sm.p, &pbuf[at..end], dev + at as u64)?;
+                self.member_write(sm.p, &pbuf, dev)?;
                 if let (Some(role), Some(q)) = (sm.q, &qbuf) {
-                    self.member_write(role, &q[at..end], dev + at as u64)?;
+                    self.member_write(role, q, dev)?;
                 }
-                at = end;
-            }
-            Ok(())
-        })();
+                Ok(())
+            },
+        );
         scratch::give(pbuf);
         if let Some(q) = qbuf {
             scratch::give(q);
         }
-        done
+        data_done.and(parity_done)
     }
 
     /// The writes that end a stripe update: new data, then P and Q.
