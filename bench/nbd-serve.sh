@@ -74,8 +74,11 @@ SERVERS=(raidkit nbdkit-file qemu-nbd raidkit-raid5x4)
 RES="$W/results.txt"
 : > "$RES"
 for r in $(seq "$ROUNDS"); do
+  # Rotate the order each round so that no server always runs first (or
+  # always right after the RAID-5 one).
+  ORDER=("${SERVERS[@]:$(( (r - 1) % ${#SERVERS[@]} ))}" "${SERVERS[@]:0:$(( (r - 1) % ${#SERVERS[@]} ))}")
   for job in "${JOBS[@]}"; do
-    for s in "${SERVERS[@]}"; do
+    for s in "${ORDER[@]}"; do
       [ "$s" = raidkit-raid5x4 ] && [ "$job" != seqwrite_1m ] && [ "$job" != seqread_1m ] && continue
       v=$(run "${URI[$s]}" "$job")
       echo "round $r $job $s $v" | tee -a "$RES"
