@@ -101,7 +101,7 @@ mod scratch {
     }
 }
 
-/// Data rows of one stripe over a column range, P and Q as read.
+/// Data rows of one stripe over a column range (read or reconstructed).
 struct Rows {
     data: Vec<Vec<u8>>,
 }

@@ -30,16 +30,6 @@ mod simd;
 pub use gf::{gf_div, gf_exp, gf_inv, gf_mul};
 pub use simd::{Isa, MulTable};
 
-/// `dst ^= src`.
-pub fn xor_into(dst: &mut [u8], src: &[u8]) {
-    simd::xor(Isa::best(), &[src], dst, true)
-}
-
-/// `dst = a ^ b`, in one pass.
-pub fn xor2(dst: &mut [u8], a: &[u8], b: &[u8]) {
-    simd::xor(Isa::best(), &[a, b], dst, false)
-}
-
 /// P = XOR of all data chunks.
 pub fn gen_p(data: &[&[u8]], p: &mut [u8]) {
     gen_p_with(Isa::best(), data, p)
@@ -65,11 +55,6 @@ pub fn gen_pq_with(isa: Isa, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
         return;
     }
     simd::pq(isa, data, p, q)
-}
-
-/// `dst ^= c * src` in GF(2^8).
-pub fn mul_xor_into(dst: &mut [u8], src: &[u8], c: u8) {
-    simd::mul_xor(Isa::best(), dst, src, &MulTable::new(c))
 }
 
 /// Read-modify-write update of P and Q for one data chunk at syndrome

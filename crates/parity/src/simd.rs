@@ -583,30 +583,6 @@ fn pq_k<V: Vector>(srcs: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
     }
 }
 
-/// `dst ^= c * src`.
-#[inline(always)]
-fn mul_xor_k<V: Vector>(dst: &mut [u8], src: &[u8], t: &MulTable) {
-    let len = dst.len();
-    let end = body::<V>(len);
-    let tab = V::table(t);
-    let d = dst.as_mut_ptr();
-    let mut at = 0;
-    while at < end {
-        for u in 0..UNROLL {
-            let o = at + u * V::BYTES;
-            // SAFETY: in bounds, as in xor_k.
-            unsafe {
-                let x = V::load(d.add(o)).xor(V::load(src.as_ptr().add(o)).mulc(&tab));
-                x.store(d.add(o));
-            }
-        }
-        at += V::BYTES * UNROLL;
-    }
-    for i in end..len {
-        dst[i] ^= t.full[src[i] as usize];
-    }
-}
-
 /// Read-modify-write: `p ^= old ^ new`, `q ^= c * (old ^ new)`.
 #[inline(always)]
 fn rmw_k<V: Vector>(p: &mut [u8], mut q: Option<&mut [u8]>, old: &[u8], new: &[u8], t: &MulTable) {
@@ -758,7 +734,6 @@ macro_rules! per_isa {
 
 per_isa!(xor_isa = xor_k(srcs: &[&[u8]], dst: &mut [u8], acc: bool));
 per_isa!(pq_isa = pq_k(srcs: &[&[u8]], p: &mut [u8], q: &mut [u8]));
-per_isa!(mul_xor_isa = mul_xor_k(dst: &mut [u8], src: &[u8], t: &MulTable));
 per_isa!(rmw_isa = rmw_k(p: &mut [u8], q: Option<&mut [u8]>, old: &[u8], new: &[u8], t: &MulTable));
 per_isa!(recover2_isa = recover2_k(srcs: &[&[u8]], p: &[u8], q: &[u8], a: &MulTable, b: &MulTable, dx: &mut [u8], dy: &mut [u8]));
 per_isa!(recover_q_isa = recover_q_k(srcs: &[&[u8]], q: &[u8], c: &MulTable, out: &mut [u8]));
@@ -822,12 +797,6 @@ pub fn pq(isa: Isa, srcs: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
     assert_eq!(p.len(), q.len());
     same_len_opt(p.len(), srcs);
     call!(isa, pq_isa(srcs, p, q))
-}
-
-/// `dst ^= c * src`.
-pub fn mul_xor(isa: Isa, dst: &mut [u8], src: &[u8], t: &MulTable) {
-    same_len(dst.len(), &[src]);
-    call!(isa, mul_xor_isa(dst, src, t))
 }
 
 /// `p ^= old ^ new`; `q ^= c * (old ^ new)`.
