@@ -9,8 +9,12 @@ use crate::superblock::{write_superblock, ArrayState, Role, RoleState, Superbloc
 use raidkit_layout::{Geometry, Level, Piece};
 use raidkit_member::{Member, MemberError, Op};
 use raidkit_parity as parity;
+use smallvec::{smallvec, SmallVec};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Per-stripe scratch lists, inline for up to 16 members (no allocation).
+type Small<T> = SmallVec<[T; 16]>;
 
 /// Column width for full-stripe writes (see `write_full_stripe`).
 const COLUMN: usize = 128 << 10;
@@ -481,7 +485,7 @@ impl Array {
                 while j < pieces.len() && pieces[j].stripe == stripe {
                     j += 1;
                 }
-                let group: Vec<(&Piece, &[u8])> =
+                let group: Small<(&Piece, &[u8])> =
                     pieces[i..j].iter().map(|p| (p, src(p))).collect();
                 self.write_stripe(stripe, &group)?;
                 i = j;
@@ -528,7 +532,7 @@ impl Array {
             .expect("non-empty");
         let len = (c1 - c0) as usize;
         let dev = stripe * chunk + c0;
-        let parity_roles: Vec<usize> = std::iter::once(sm.p).chain(sm.q).collect();
+        let parity_roles: Small<usize> = std::iter::once(sm.p).chain(sm.q).collect();
         let parity_present = parity_roles.iter().any(|&r| self.member(r).is_some());
 
         if !parity_present {
@@ -539,7 +543,7 @@ impl Array {
             return Ok(());
         }
 
-        let mut new_for: Vec<Option<(&Piece, &[u8])>> = vec![None; k];
+        let mut new_for: Small<Option<(&Piece, &[u8])>> = smallvec![None; k];
         for &(p, d) in pieces {
             new_for[p.dd] = Some((p, d));
         }
@@ -591,7 +595,7 @@ impl Array {
 
         // Reconstruct-write: assemble full rows, then compute parity afresh.
         // Fully covered chunks are used in place, without a copy.
-        let need: Vec<bool> = (0..k).map(|d| !covers(d)).collect();
+        let need: Small<bool> = (0..k).map(|d| !covers(d)).collect();
         let mut rows = if rcw_reads > 0 {
             self.read_rows(stripe, c0, len as u64, &need, &[])?.data
         } else {
@@ -605,11 +609,11 @@ impl Array {
                 }
             }
         }
-        let mut order = vec![0; k];
+        let mut order: Small<usize> = smallvec![0; k];
         for dd in 0..k {
             order[sm.syndrome[dd]] = dd;
         }
-        let refs: Vec<&[u8]> = order
+        let refs: Small<&[u8]> = order
             .iter()
             .map(|&dd| match new_for[dd] {
                 Some((_, d)) if covers(dd) => d,
@@ -643,7 +647,7 @@ impl Array {
         len: usize,
     ) -> Result<()> {
         let k = sm.data.len();
-        let mut by_dd: Vec<&[u8]> = vec![&[]; k];
+        let mut by_dd: Small<&[u8]> = smallvec![&[][..]; k];
         for (p, d) in pieces {
             by_dd[p.dd] = d;
         }
@@ -659,7 +663,7 @@ impl Array {
                 Ok(())
             },
             || -> Result<()> {
-                let mut refs: Vec<&[u8]> = vec![&[]; k];
+                let mut refs: Small<&[u8]> = smallvec![&[][..]; k];
                 let mut at = 0;
                 while at < len {
                     let end = (at + COLUMN).min(len);

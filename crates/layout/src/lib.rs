@@ -19,6 +19,7 @@
 //! assert_eq!(g.stripe_map(1).p, 2);
 //! ```
 
+use smallvec::{smallvec, SmallVec};
 use std::fmt;
 use std::str::FromStr;
 
@@ -295,9 +296,16 @@ impl fmt::Display for Layout {
 pub struct StripeMap {
     pub p: usize,
     pub q: Option<usize>,
-    pub data: Vec<usize>,
-    pub syndrome: Vec<usize>,
+    pub data: SmallVec<[usize; 16]>,
+    pub syndrome: SmallVec<[usize; 16]>,
 }
+
+/// Member locations of one piece (inline for up to three copies, so that
+/// mapping a request allocates nothing).
+pub type Copies = SmallVec<[(usize, u64); 3]>;
+
+/// The pieces of one request (inline for short requests).
+pub type Pieces = SmallVec<[Piece; 4]>;
 
 /// One contiguous run of a logical range that lies within one chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -313,7 +321,7 @@ pub struct Piece {
     pub dd: usize,
     /// Every (member, data-area offset) holding this piece: one for
     /// linear/0/4/5/6, all members for RAID-1, the copies for RAID-10.
-    pub copies: Vec<(usize, u64)>,
+    pub copies: Copies,
 }
 
 /// The shape of an array: level, layout, chunk and per-member data sizes.
@@ -449,7 +457,7 @@ impl Geometry {
             panic!("stripe_map on {} which has no parity", self.level)
         };
         let r = (stripe % n as u64) as usize;
-        let mut data = Vec::with_capacity(k);
+        let mut data: SmallVec<[usize; 16]> = SmallVec::with_capacity(k);
         let (p, q) = match self.level {
             Level::Raid4 => {
                 data.extend(0..k);
@@ -516,7 +524,7 @@ impl Geometry {
         };
         // md's set_syndrome_sources: walk the members starting after Q
         // (from 0 when Q is the last member), skipping P and Q.
-        let mut syndrome = vec![0; k];
+        let mut syndrome: SmallVec<[usize; 16]> = smallvec![0; k];
         if let Some(q) = q {
             let d0 = if q == n - 1 { 0 } else { q + 1 };
             let mut slot = 0;
@@ -543,13 +551,13 @@ impl Geometry {
     /// Split the logical range `[off, off + len)` into pieces that each lie
     /// within one chunk (one member for linear). The range must lie within
     /// the capacity.
-    pub fn pieces(&self, off: u64, len: u64) -> Vec<Piece> {
+    pub fn pieces(&self, off: u64, len: u64) -> Pieces {
         assert!(
             off.checked_add(len).is_some_and(|e| e <= self.capacity()),
             "range {off}+{len} beyond capacity {}",
             self.capacity()
         );
-        let mut out = Vec::new();
+        let mut out = Pieces::new();
         let mut pos = off;
         let end = off + len;
         while pos < end {
@@ -574,7 +582,7 @@ impl Geometry {
                 stripe: m as u64,
                 col: within,
                 dd: 0,
-                copies: vec![(m, within)],
+                copies: smallvec![(m, within)],
             };
         }
         let col = pos % chunk;
@@ -584,13 +592,9 @@ impl Geometry {
             Level::Raid0 => {
                 let stripe = chunk_no / n;
                 let m = (chunk_no % n) as usize;
-                (stripe, 0, vec![(m, stripe * chunk + col)])
+                (stripe, 0, smallvec![(m, stripe * chunk + col)])
             }
-            Level::Raid1 => (
-                chunk_no,
-                0,
-                (0..n as usize).map(|m| (m, pos)).collect::<Vec<_>>(),
-            ),
+            Level::Raid1 => (chunk_no, 0, (0..n as usize).map(|m| (m, pos)).collect()),
             Level::Raid10 => {
                 // md's raid10_find_phys, near layout: copy j of chunk c sits in
                 // slot c * copies + j, slots filled row by row across members.
@@ -608,7 +612,7 @@ impl Geometry {
                 let stripe = chunk_no / k;
                 let dd = (chunk_no % k) as usize;
                 let m = self.stripe_map(stripe).data[dd];
-                (stripe, dd, vec![(m, stripe * chunk + col)])
+                (stripe, dd, smallvec![(m, stripe * chunk + col)])
             }
             Level::Linear => unreachable!(),
         };

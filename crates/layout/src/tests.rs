@@ -147,8 +147,8 @@ fn raid6_syndrome_order_follows_member_order_after_q() {
         8,
     );
     let m = g.stripe_map(2);
-    assert_eq!(m.data, vec![0, 1, 4]);
-    assert_eq!(m.syndrome, vec![1, 2, 0]);
+    assert_eq!(m.data.to_vec(), vec![0, 1, 4]);
+    assert_eq!(m.syndrome.to_vec(), vec![1, 2, 0]);
     // Left-symmetric: syndrome order is the logical order.
     let g = geom(
         Level::Raid6,
@@ -157,7 +157,7 @@ fn raid6_syndrome_order_follows_member_order_after_q() {
         8,
     );
     for s in 0..10 {
-        assert_eq!(g.stripe_map(s).syndrome, vec![0, 1, 2]);
+        assert_eq!(g.stripe_map(s).syndrome.to_vec(), vec![0, 1, 2]);
     }
 }
 
@@ -166,13 +166,13 @@ fn raid10_near2_matches_md() {
     // 4 members n2: chunk 0 on members 0,1; chunk 1 on 2,3; chunk 2 on 0,1 row 1.
     let g = geom(Level::Raid10, Layout::Near(2), 4, 8);
     let p = g.pieces(0, 3 * K);
-    assert_eq!(p[0].copies, vec![(0, 0), (1, 0)]);
-    assert_eq!(p[1].copies, vec![(2, 0), (3, 0)]);
-    assert_eq!(p[2].copies, vec![(0, K), (1, K)]);
+    assert_eq!(p[0].copies.to_vec(), vec![(0, 0), (1, 0)]);
+    assert_eq!(p[1].copies.to_vec(), vec![(2, 0), (3, 0)]);
+    assert_eq!(p[2].copies.to_vec(), vec![(0, K), (1, K)]);
     // 3 members n2: copies rotate: chunk 1 on member 2 (row 0) and member 0 (row 1).
     let g = geom(Level::Raid10, Layout::Near(2), 3, 8);
     let p = g.pieces(K, K);
-    assert_eq!(p[0].copies, vec![(2, 0), (0, K)]);
+    assert_eq!(p[0].copies.to_vec(), vec![(2, 0), (0, K)]);
     assert_eq!(g.capacity(), 12 * K);
 }
 
@@ -180,13 +180,13 @@ fn raid10_near2_matches_md() {
 fn raid0_and_linear() {
     let g = geom(Level::Raid0, Layout::None, 3, 4);
     let p = g.pieces(4 * K + 10, 100);
-    assert_eq!(p[0].copies, vec![(1, K + 10)]);
+    assert_eq!(p[0].copies.to_vec(), vec![(1, K + 10)]);
     let g = Geometry::new(Level::Linear, Layout::None, K, vec![2 * K, 3 * K + 100]).unwrap();
     assert_eq!(g.capacity(), 5 * K);
     let p = g.pieces(K, 2 * K);
     assert_eq!(p.len(), 2);
-    assert_eq!(p[0].copies, vec![(0, K)]);
-    assert_eq!(p[1].copies, vec![(1, 0)]);
+    assert_eq!(p[0].copies.to_vec(), vec![(0, K)]);
+    assert_eq!(p[1].copies.to_vec(), vec![(1, 0)]);
 }
 
 #[test]
@@ -288,12 +288,12 @@ fn every_chunk_placed_exactly_once() {
                         "{level} {layout} n={n}: parity collides"
                     );
                 }
-                let mut all: Vec<usize> = sm.data.clone();
+                let mut all: Vec<usize> = sm.data.to_vec();
                 all.push(sm.p);
                 all.extend(sm.q);
                 all.sort_unstable();
                 assert_eq!(all, (0..n).collect::<Vec<_>>());
-                let mut syn = sm.syndrome.clone();
+                let mut syn = sm.syndrome.to_vec();
                 syn.sort_unstable();
                 assert_eq!(syn, (0..g.data_members()).collect::<Vec<_>>());
             }
