@@ -4,11 +4,13 @@
 //! - `array[SPEC,SPEC,...]`: the array assembled from those members, used as
 //!   one member of another array (RAID-50: `raidkit create --level 0
 //!   'array[a,b,c]' 'array[d,e,f]'`). Specs nest.
+//! - `fault:SPEC?FAULTS`: SPEC with faults injected (see
+//!   [`raidkit_member::fault`]), e.g. `fault:d2.img?read-error-at=4M&delay=5ms`.
 
 use crate::assemble::assemble;
 use crate::engine::Array;
 use crate::error::{Error, Result};
-use raidkit_member::{FileMember, Member};
+use raidkit_member::{FaultConfig, FaultMember, FileMember, Member};
 use std::sync::Arc;
 
 /// A parsed member specification.
@@ -16,11 +18,24 @@ use std::sync::Arc;
 pub enum Spec {
     File(String),
     Array(Vec<Spec>),
+    Fault(Box<Spec>, FaultConfig, String),
 }
 
 impl Spec {
     pub fn parse(s: &str) -> Result<Spec> {
         let t = s.trim();
+        if let Some(rest) = t.strip_prefix("fault:") {
+            let (inner, query) = rest.rsplit_once('?').ok_or_else(|| {
+                Error::Invalid(format!("member spec '{s}': expected fault:MEMBER?FAULTS"))
+            })?;
+            let config = FaultConfig::parse(query)
+                .map_err(|e| Error::Invalid(format!("member spec '{s}': {e}")))?;
+            return Ok(Spec::Fault(
+                Box::new(Spec::parse(inner)?),
+                config,
+                query.to_string(),
+            ));
+        }
         if let Some(inner) = t.strip_prefix("array[") {
             let inner = inner.strip_suffix(']').ok_or_else(|| {
                 Error::Invalid(format!("member spec '{s}': 'array[' without closing ']'"))
@@ -49,7 +64,7 @@ impl Spec {
     pub fn path(&self) -> Option<&str> {
         match self {
             Spec::File(p) => Some(p),
-            Spec::Array(_) => None,
+            Spec::Array(_) | Spec::Fault(..) => None,
         }
     }
 }
@@ -58,6 +73,7 @@ impl std::fmt::Display for Spec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Spec::File(p) => f.write_str(p),
+            Spec::Fault(inner, _, query) => write!(f, "fault:{inner}?{query}"),
             Spec::Array(v) => {
                 f.write_str("array[")?;
                 for (i, s) in v.iter().enumerate() {
@@ -108,6 +124,9 @@ pub fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn Member>> {
     Ok(match spec {
         Spec::File(p) => Arc::new(FileMember::open(p, read_only)?),
         Spec::Array(_) => Arc::new(open_array(spec, read_only)?),
+        Spec::Fault(inner, config, _) => {
+            Arc::new(FaultMember::new(open(inner, read_only)?, config.clone()))
+        }
     })
 }
 
@@ -148,5 +167,12 @@ mod tests {
         assert!(Spec::parse("array[]").is_err());
         assert!(Spec::parse("array[a]]").is_err());
         assert!(Spec::parse("").is_err());
+        let f = Spec::parse("fault:array[a,b]?read-error-at=4K&delay=1ms").unwrap();
+        assert!(matches!(&f, Spec::Fault(inner, c, _)
+            if **inner == Spec::Array(vec![Spec::File("a".into()), Spec::File("b".into())])
+                && c.read_error_at == vec![4096]));
+        assert_eq!(f.to_string(), "fault:array[a,b]?read-error-at=4K&delay=1ms");
+        assert!(Spec::parse("fault:a.img").is_err());
+        assert!(Spec::parse("fault:a.img?boom=1").is_err());
     }
 }

@@ -14,6 +14,10 @@
 //! m.read_at(&mut buf, 4096).unwrap();
 //! ```
 
+pub mod fault;
+
+pub use fault::{FaultConfig, FaultMember};
+
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;

@@ -1,0 +1,217 @@
+//! A member that injects faults into another: read errors at chosen
+//! offsets, writes that start failing after a count, delays, and a member
+//! that vanishes after a number of operations. For tests, and for fire drills
+//! before an array is trusted.
+//!
+//! Configured from a query string (the part after `?` in a member spec such
+//! as `fault:disk3.img?read-error-at=4M,9M&delay=5ms`):
+//!
+//! | key | meaning |
+//! |-----|---------|
+//! | `read-error-at=OFF[,OFF...]` | a read that covers any of these member offsets fails (EIO) |
+//! | `fail-writes-after=N` | the first N writes succeed, every later one fails (EIO) |
+//! | `delay=DUR` | every read and write first sleeps DUR (`5ms`, `1s`, `200us`) |
+//! | `vanish-after=N` | after N operations every operation fails (ENODEV), as a pulled cable |
+//!
+//! Offsets take K/M/G/T suffixes.
+
+use crate::{Member, MemberError, Op, Result};
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What to inject.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FaultConfig {
+    pub read_error_at: Vec<u64>,
+    pub fail_writes_after: Option<u64>,
+    pub delay: Option<Duration>,
+    pub vanish_after: Option<u64>,
+}
+
+fn parse_u64_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suf) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    let mult: u64 = match suf.to_ascii_uppercase().as_str() {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return Err(format!("'{s}': unknown suffix")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("'{s}' is too large"))
+}
+
+fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration"))?;
+    Ok(match unit {
+        "us" => Duration::from_micros(n),
+        "ms" | "" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        _ => return Err(format!("'{s}': use us, ms or s")),
+    })
+}
+
+impl FaultConfig {
+    /// Parse `key=value&key=value`.
+    pub fn parse(query: &str) -> std::result::Result<FaultConfig, String> {
+        let mut c = FaultConfig::default();
+        for part in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("'{part}' is not key=value"))?;
+            match k {
+                "read-error-at" => {
+                    for o in v.split(',') {
+                        c.read_error_at.push(parse_u64_size(o)?);
+                    }
+                }
+                "fail-writes-after" => c.fail_writes_after = Some(parse_u64_size(v)?),
+                "delay" => c.delay = Some(parse_duration(v)?),
+                "vanish-after" => c.vanish_after = Some(parse_u64_size(v)?),
+                other => {
+                    return Err(format!(
+                        "unknown fault '{other}' (read-error-at, fail-writes-after, delay, vanish-after)"
+                    ))
+                }
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// A member with faults injected.
+#[derive(Debug)]
+pub struct FaultMember {
+    inner: Arc<dyn Member>,
+    config: FaultConfig,
+    name: String,
+    ops: AtomicU64,
+    writes: AtomicU64,
+}
+
+impl FaultMember {
+    pub fn new(inner: Arc<dyn Member>, config: FaultConfig) -> FaultMember {
+        let name = inner.name().to_string();
+        FaultMember {
+            inner,
+            config,
+            name,
+            ops: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+        }
+    }
+
+    fn err(&self, op: Op, offset: u64, len: u64, errno: i32) -> MemberError {
+        MemberError::new(
+            &self.name,
+            op,
+            offset,
+            len,
+            io::Error::from_raw_os_error(errno),
+        )
+    }
+
+    /// Count an operation; fail it if the member has vanished.
+    fn enter(&self, op: Op, offset: u64, len: u64) -> Result<()> {
+        let n = self.ops.fetch_add(1, Ordering::Relaxed);
+        if self.config.vanish_after.is_some_and(|v| n >= v) {
+            return Err(self.err(op, offset, len, 19)); // ENODEV
+        }
+        if let Some(d) = self.config.delay {
+            std::thread::sleep(d);
+        }
+        Ok(())
+    }
+}
+
+impl Member for FaultMember {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let len = buf.len() as u64;
+        self.enter(Op::Read, offset, len)?;
+        if self
+            .config
+            .read_error_at
+            .iter()
+            .any(|&o| o >= offset && o < offset + len)
+        {
+            return Err(self.err(Op::Read, offset, len, 5)); // EIO
+        }
+        self.inner.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let len = buf.len() as u64;
+        self.enter(Op::Write, offset, len)?;
+        let n = self.writes.fetch_add(1, Ordering::Relaxed);
+        if self.config.fail_writes_after.is_some_and(|f| n >= f) {
+            return Err(self.err(Op::Write, offset, len, 5));
+        }
+        self.inner.write_at(buf, offset)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.enter(Op::Flush, 0, 0)?;
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemMember;
+
+    #[test]
+    fn parses_and_refuses() {
+        let c =
+            FaultConfig::parse("read-error-at=4K,1M&fail-writes-after=3&delay=2ms&vanish-after=10")
+                .unwrap();
+        assert_eq!(c.read_error_at, vec![4096, 1 << 20]);
+        assert_eq!(c.fail_writes_after, Some(3));
+        assert_eq!(c.delay, Some(Duration::from_millis(2)));
+        assert_eq!(c.vanish_after, Some(10));
+        assert!(FaultConfig::parse("explode=1").is_err());
+        assert!(FaultConfig::parse("delay=5 parsecs").is_err());
+        assert!(FaultConfig::parse("read-error-at").is_err());
+        assert!(FaultConfig::parse("read-error-at=12Q").is_err());
+    }
+
+    #[test]
+    fn injects_what_it_is_told() {
+        let inner: Arc<dyn Member> = Arc::new(MemMember::new("m", 1 << 20));
+        let c =
+            FaultConfig::parse("read-error-at=8192&fail-writes-after=2&vanish-after=8").unwrap();
+        let f = FaultMember::new(inner, c);
+        let mut b = [0u8; 4096];
+        f.read_at(&mut b, 0).unwrap(); // op 1
+        let e = f.read_at(&mut b, 8000).unwrap_err(); // op 2: covers 8192
+        assert_eq!(e.source.raw_os_error(), Some(5));
+        f.read_at(&mut b, 8193).unwrap(); // op 3: starts after it
+        f.write_at(&b, 0).unwrap(); // op 4
+        f.write_at(&b, 0).unwrap(); // op 5
+        assert!(f.write_at(&b, 0).is_err()); // op 6: third write fails
+        f.read_at(&mut b, 0).unwrap(); // op 7
+        f.flush().unwrap(); // op 8
+        let e = f.read_at(&mut b, 0).unwrap_err(); // op 9: vanished
+        assert_eq!(e.source.raw_os_error(), Some(19));
+        assert!(f.flush().is_err());
+    }
+}
