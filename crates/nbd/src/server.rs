@@ -18,7 +18,7 @@ pub const MAX_PAYLOAD: u32 = 32 << 20;
 pub const PREFERRED_BLOCK: u32 = 4096;
 /// Socket read buffer per connection. Payloads at least this big bypass it
 /// (no extra copy) when it is empty.
-const READ_BUFFER: usize = 256 << 10;
+const READ_BUFFER: usize = 32 << 10;
 /// How long a client may take over each handshake step.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
