@@ -80,6 +80,14 @@ fn make(level: Level, layout: Layout, paths: &[PathBuf]) {
     create(&specs(paths), &opts, |_, _| {}).unwrap();
 }
 
+/// The members with the roles in `gone` left out.
+fn without<'a>(ps: &'a [PathBuf], gone: &[usize]) -> Vec<Option<&'a PathBuf>> {
+    ps.iter()
+        .enumerate()
+        .map(|(i, p)| (!gone.contains(&i)).then_some(p))
+        .collect()
+}
+
 /// Open the array from the members present (None = absent).
 fn open(paths: &[Option<&PathBuf>]) -> Result<Array, Error> {
     let ms: Vec<Arc<dyn Member>> = paths
@@ -141,8 +149,7 @@ fn every_level_against_a_model_with_every_member_missing() {
         let dir = tmp();
         let ps = paths(dir.path(), n);
         make(level, layout, &ps);
-        let all: Vec<Option<&PathBuf>> = ps.iter().map(Some).collect();
-        let a = open(&all).unwrap();
+        let a = open(&without(&ps, &[])).unwrap();
         let mut model = vec![0u8; a.capacity() as usize];
         // A full-array write first, then scattered partial ones.
         let full: Vec<u8> = (0..model.len()).map(|_| rng.gen()).collect();
@@ -166,11 +173,7 @@ fn every_level_against_a_model_with_every_member_missing() {
             }
         }
         for gone in sets {
-            let present: Vec<Option<&PathBuf>> = ps
-                .iter()
-                .enumerate()
-                .map(|(i, p)| (!gone.contains(&i)).then_some(p))
-                .collect();
+            let present = without(&ps, &gone);
             match open(&present) {
                 Ok(d) => {
                     assert!(g.survives(&gone));
@@ -200,18 +203,13 @@ fn degraded_writes_then_the_stale_member_is_never_trusted() {
             let dir = tmp();
             let ps = paths(dir.path(), n);
             make(level, layout, &ps);
-            let all: Vec<Option<&PathBuf>> = ps.iter().map(Some).collect();
-            let a = open(&all).unwrap();
+            let a = open(&without(&ps, &[])).unwrap();
             let mut model = vec![0u8; a.capacity() as usize];
             random_writes(&a, &mut model, &mut rng, 10);
             a.close().unwrap();
             drop(a);
             // Write with one member away.
-            let present: Vec<Option<&PathBuf>> = ps
-                .iter()
-                .enumerate()
-                .map(|(i, p)| (i != gone).then_some(p))
-                .collect();
+            let present = without(&ps, &[gone]);
             let d = open(&present).unwrap();
             random_writes(&d, &mut model, &mut rng, 30);
             assert!(read_all(&d) == model, "{level} {layout} -{gone}");
@@ -289,8 +287,7 @@ fn out_of_range_and_read_only() {
     let dir = tmp();
     let ps = paths(dir.path(), 3);
     make(Level::Raid5, Level::Raid5.default_layout(), &ps);
-    let all: Vec<Option<&PathBuf>> = ps.iter().map(Some).collect();
-    let a = open(&all).unwrap();
+    let a = open(&without(&ps, &[])).unwrap();
     let cap = a.capacity();
     assert!(matches!(
         a.write(&[1, 2, 3], cap - 2),
@@ -328,8 +325,7 @@ fn full_stripe_writes_with_large_chunks() {
             assume_clean: false,
         };
         create(&specs(&ps), &opts, |_, _| {}).unwrap();
-        let all: Vec<Option<&PathBuf>> = ps.iter().map(Some).collect();
-        let a = open(&all).unwrap();
+        let a = open(&without(&ps, &[])).unwrap();
         let stripe = a.geometry().data_members() as u64 * chunk;
         let mut model = vec![0u8; a.capacity() as usize];
         // Two full stripes at once, one full stripe, then partial writes on top.
@@ -344,11 +340,7 @@ fn full_stripe_writes_with_large_chunks() {
         a.close().unwrap();
         drop(a);
         for gone in 0..n {
-            let present: Vec<Option<&PathBuf>> = ps
-                .iter()
-                .enumerate()
-                .map(|(i, p)| (i != gone).then_some(p))
-                .collect();
+            let present = without(&ps, &[gone]);
             assert!(
                 read_all(&open(&present).unwrap()) == model,
                 "{level} -{gone}"
