@@ -65,7 +65,7 @@ pub fn create(
     for s in specs {
         let exists = match s {
             Spec::File(p) => Path::new(p).exists(),
-            Spec::Array(_) | Spec::Fault(..) => true,
+            Spec::Array(_) | Spec::Fault(..) | Spec::Sim(..) => true,
         };
         if exists {
             let m = spec::open(s, false)?;
@@ -221,7 +221,7 @@ fn check_distinct(specs: &[Spec]) -> Result<()> {
         match s {
             Spec::File(p) => out.push(p),
             Spec::Array(v) => v.iter().for_each(|x| files(x, out)),
-            Spec::Fault(inner, ..) => files(inner, out),
+            Spec::Fault(inner, ..) | Spec::Sim(inner, ..) => files(inner, out),
         }
     }
     let mut all = Vec::new();

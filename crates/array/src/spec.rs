@@ -6,11 +6,13 @@
 //!   'array[a,b,c]' 'array[d,e,f]'`). Specs nest.
 //! - `fault:SPEC?FAULTS`: SPEC with faults injected (see
 //!   [`raidkit_member::fault`]), e.g. `fault:d2.img?read-error-at=4M&delay=5ms`.
+//! - `sim:SPEC?TIMING`: SPEC with a simulated disk's timing (see
+//!   [`raidkit_member::sim`]), e.g. `sim:d0.img?bw=150M&seek=8ms`.
 
 use crate::assemble::assemble;
 use crate::engine::Array;
 use crate::error::{Error, Result};
-use raidkit_member::{FaultConfig, FaultMember, FileMember, Member};
+use raidkit_member::{FaultConfig, FaultMember, FileMember, Member, SimConfig, SimDisk};
 use std::sync::Arc;
 
 /// A parsed member specification.
@@ -19,6 +21,7 @@ pub enum Spec {
     File(String),
     Array(Vec<Spec>),
     Fault(Box<Spec>, FaultConfig, String),
+    Sim(Box<Spec>, SimConfig, String),
 }
 
 impl Spec {
@@ -31,6 +34,16 @@ impl Spec {
             let config = FaultConfig::parse(query)
                 .map_err(|e| Error::Invalid(format!("member spec '{s}': {e}")))?;
             return Ok(Spec::Fault(
+                Box::new(Spec::parse(inner)?),
+                config,
+                query.to_string(),
+            ));
+        }
+        if let Some(rest) = t.strip_prefix("sim:") {
+            let (inner, query) = rest.rsplit_once('?').unwrap_or((rest, ""));
+            let config = SimConfig::parse(query)
+                .map_err(|e| Error::Invalid(format!("member spec '{s}': {e}")))?;
+            return Ok(Spec::Sim(
                 Box::new(Spec::parse(inner)?),
                 config,
                 query.to_string(),
@@ -64,7 +77,7 @@ impl Spec {
     pub fn path(&self) -> Option<&str> {
         match self {
             Spec::File(p) => Some(p),
-            Spec::Array(_) | Spec::Fault(..) => None,
+            Spec::Array(_) | Spec::Fault(..) | Spec::Sim(..) => None,
         }
     }
 }
@@ -74,6 +87,7 @@ impl std::fmt::Display for Spec {
         match self {
             Spec::File(p) => f.write_str(p),
             Spec::Fault(inner, _, query) => write!(f, "fault:{inner}?{query}"),
+            Spec::Sim(inner, _, query) => write!(f, "sim:{inner}?{query}"),
             Spec::Array(v) => {
                 f.write_str("array[")?;
                 for (i, s) in v.iter().enumerate() {
@@ -127,6 +141,7 @@ pub fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn Member>> {
         Spec::Fault(inner, config, _) => {
             Arc::new(FaultMember::new(open(inner, read_only)?, config.clone()))
         }
+        Spec::Sim(inner, config, _) => Arc::new(SimDisk::new(open(inner, read_only)?, *config)),
     })
 }
 
@@ -174,5 +189,10 @@ mod tests {
         assert_eq!(f.to_string(), "fault:array[a,b]?read-error-at=4K&delay=1ms");
         assert!(Spec::parse("fault:a.img").is_err());
         assert!(Spec::parse("fault:a.img?boom=1").is_err());
+        let d = Spec::parse("sim:a.img?bw=100M&seek=4ms").unwrap();
+        assert!(matches!(&d, Spec::Sim(inner, c, _)
+            if **inner == Spec::File("a.img".into()) && c.bandwidth == 100_000_000));
+        assert_eq!(d.to_string(), "sim:a.img?bw=100M&seek=4ms");
+        assert!(Spec::parse("sim:a.img?bw=0").is_err());
     }
 }

@@ -47,7 +47,7 @@ fn parse_u64_size(s: &str) -> std::result::Result<u64, String> {
         .ok_or_else(|| format!("'{s}' is too large"))
 }
 
-fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);

@@ -15,8 +15,10 @@
 //! ```
 
 pub mod fault;
+pub mod sim;
 
 pub use fault::{FaultConfig, FaultMember};
+pub use sim::{SimConfig, SimDisk};
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
