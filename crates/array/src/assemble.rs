@@ -46,6 +46,12 @@ pub struct Slot {
     pub absence: Option<Absence>,
     /// The member's own superblock (fresh members only).
     pub sb: Option<Superblock>,
+    /// A fresh member in the middle of a rebuild: where to resume it.
+    pub resume: Option<u64>,
+    /// A stale member given for this role (never read; resynced if taken back).
+    pub stale: Option<(Arc<dyn Member>, Superblock)>,
+    /// The stale member still holds this role in the role table.
+    pub stale_is_ours: bool,
 }
 
 /// An assembled array description.
@@ -76,6 +82,37 @@ impl Assembly {
         } else {
             Health::Failed
         }
+    }
+
+    /// md's `--force`: if the array cannot run, take back the most recent
+    /// stale members as if in sync until it can. Returns what was forced.
+    /// Their data may miss the last writes before they dropped out; the
+    /// members still missing are rebuilt from them.
+    pub fn force(&mut self) -> Vec<String> {
+        let mut forced = Vec::new();
+        while self.health() == Health::Failed {
+            let best = (0..self.slots.len())
+                .filter(|&r| self.slots[r].member.is_none())
+                .filter_map(|r| self.slots[r].stale.as_ref().map(|(_, sb)| (r, sb.events)))
+                .max_by_key(|&(_, e)| e);
+            let Some((r, events)) = best else { break };
+            let slot = &mut self.slots[r];
+            let (m, mut sb) = slot.stale.take().expect("stale member");
+            forced.push(format!(
+                "{}: forced back into role {r} (event counter {events}, the array's is {})",
+                m.name(),
+                self.sb.events
+            ));
+            sb.events = self.sb.events;
+            sb.recovery_offset = None;
+            self.sb.roles[r].member_uuid = sb.member_uuid;
+            self.sb.roles[r].state = RoleState::Active;
+            slot.member = Some(m);
+            slot.sb = Some(sb);
+            slot.absence = None;
+            slot.resume = None;
+        }
+        forced
     }
 
     /// A sentence naming each unavailable role and why.
@@ -146,6 +183,9 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
             member: None,
             absence: Some(Absence::Missing),
             sb: None,
+            resume: None,
+            stale: None,
+            stale_is_ours: false,
         })
         .collect();
     let mut spares = Vec::new();
@@ -162,7 +202,12 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
             Role::Active(r) => r as usize,
         };
         let entry = fresh.roles[role];
-        let stale_reason = if sb.member_uuid != entry.member_uuid {
+        let resuming = sb.member_uuid == entry.member_uuid
+            && sb.events == fresh.events
+            && entry.state == RoleState::Rebuilding;
+        let stale_reason = if resuming {
+            None
+        } else if sb.member_uuid != entry.member_uuid {
             Some(format!(
                 "role {role} now belongs to member {}",
                 entry.member_uuid
@@ -184,18 +229,27 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
         };
         let slot = &mut slots[role];
         if let Some(reason) = stale_reason {
-            // A fresh member for this role beats a stale one.
-            if slot.member.is_none() {
+            // A fresh member for this role beats a stale one, and of two
+            // stale ones the more recent.
+            let newer = match &slot.stale {
+                Some((_, old)) => sb.events > old.events,
+                None => true,
+            };
+            if slot.member.is_none() && newer {
                 slot.absence = Some(Absence::Stale {
                     member: m.name().to_string(),
                     reason,
                 });
+                slot.stale_is_ours = sb.member_uuid == entry.member_uuid;
+                slot.stale = Some((m, sb));
             }
             continue;
         }
         slot.member = Some(m);
         slot.absence = None;
+        slot.resume = resuming.then(|| sb.recovery_offset.unwrap_or(0));
         slot.sb = Some(sb);
+        slot.stale = None;
     }
     let sizes: Vec<u64> = fresh.roles.iter().map(|r| r.data_size).collect();
     let geometry = Geometry::new(fresh.level, fresh.layout, fresh.chunk, sizes).map_err(|e| {

@@ -1,56 +1,139 @@
 //! The array engine: logical reads and writes turned into member I/O, with
 //! parity kept consistent and degraded operation where the level allows.
 //!
+//! The members in service form a [`View`], replaced as a whole (never
+//! edited) when a member fails, joins or finishes rebuilding; each request
+//! works on the view it started with. A member that returns an I/O error on
+//! a write, or on a read that rewriting from redundancy does not cure, or
+//! that stalls beyond the member timeout, is failed: the other members'
+//! superblocks record it before the request that found it completes.
+//!
 //! An [`Array`] is itself a [`Member`], so arrays nest (RAID-50, RAID-60).
 
 use crate::assemble::{Absence, Assembly, Health};
+use crate::bitmap::{Bitmap, RegionSet};
 use crate::error::{Error, Result};
-use crate::superblock::{write_superblock, ArrayState, Role, RoleState, Superblock};
-use raidkit_layout::{Geometry, Level, Piece};
+use crate::recovery::Recovery;
+use crate::superblock::{ArrayState, RoleState, Superblock};
+use arc_swap::ArcSwap;
+use raidkit_layout::{Geometry, Level, Piece, StripeMap};
 use raidkit_member::{Member, MemberError, Op};
 use raidkit_parity as parity;
 use smallvec::{smallvec, SmallVec};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
 
 /// Per-stripe scratch lists, inline for up to 16 members (no allocation).
-type Small<T> = SmallVec<[T; 16]>;
+pub(crate) type Small<T> = SmallVec<[T; 16]>;
 
 /// Column width for full-stripe writes (see `write_full_stripe`).
 const COLUMN: usize = 128 << 10;
 
 /// Stripe locks: a fixed table hashed by stripe number keeps unrelated
 /// stripes concurrent while serialising updates of the same stripe.
-const LOCKS: usize = 1024;
+pub(crate) const LOCKS: usize = 1024;
 
+/// Default time after which a member that has not completed an operation is failed.
+pub const DEFAULT_MEMBER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A member in service (in a role, a spare, or failed and not yet removed).
 #[derive(Debug)]
-struct IoSlot {
-    member: Option<Arc<dyn Member>>,
-    data_offset: u64,
+pub(crate) struct Disk {
+    pub member: Arc<dyn Member>,
+    pub data_offset: u64,
+    pub uuid: Uuid,
+    /// The member's own superblock as last written (role, seq, checkpoint).
+    pub sb: Mutex<Superblock>,
+    inflight: AtomicU32,
+    /// Nanoseconds (on the array's clock) of the last start-from-idle or completion.
+    progress_at: AtomicU64,
 }
 
-#[derive(Debug)]
-struct Meta {
-    /// The array-wide superblock content (role table, events, state).
-    sb: Superblock,
-    /// Each present member's own superblock (its uuid, role, sizes, seq).
-    member_sbs: Vec<Option<Superblock>>,
+impl Disk {
+    pub fn new(member: Arc<dyn Member>, sb: Superblock) -> Disk {
+        Disk {
+            data_offset: sb.data_offset,
+            uuid: sb.member_uuid,
+            member,
+            sb: Mutex::new(sb),
+            inflight: AtomicU32::new(0),
+            progress_at: AtomicU64::new(0),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        self.member.name()
+    }
 }
 
-/// An assembled, running array.
+/// Rebuild progress of a disk: which part of its data area is in sync.
 #[derive(Debug)]
-pub struct Array {
-    name: String,
-    geom: Geometry,
-    slots: Vec<IoSlot>,
-    meta: Mutex<Meta>,
-    /// Set once the superblocks say dirty (and record missing members).
-    write_ready: AtomicBool,
-    read_only: bool,
-    locks: Box<[Mutex<()>]>,
-    /// Why each absent role is absent (for status reports).
-    absence: Vec<Option<Absence>>,
-    spares: Vec<String>,
+pub(crate) struct SyncState {
+    /// Device offsets below this are in sync.
+    pub cursor: AtomicU64,
+    /// For a resync after re-adding: only these regions were out of sync.
+    pub dirty: Option<RegionSet>,
+    /// Where this rebuild started (a checkpoint, or 0).
+    pub start: u64,
+}
+
+impl SyncState {
+    pub fn new(start: u64, dirty: Option<RegionSet>) -> Arc<SyncState> {
+        Arc::new(SyncState {
+            cursor: AtomicU64::new(start),
+            dirty,
+            start,
+        })
+    }
+
+    fn readable(&self, dev: u64, len: u64) -> bool {
+        dev + len <= self.cursor.load(Ordering::Acquire)
+            || self
+                .dirty
+                .as_ref()
+                .is_some_and(|d| !d.overlaps(dev.max(self.start), dev + len))
+    }
+}
+
+/// What is in a role now.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RoleView {
+    pub disk: Option<Arc<Disk>>,
+    /// Set while `disk` is being rebuilt.
+    pub sync: Option<Arc<SyncState>>,
+    /// A member being rebuilt to take over from `disk` (replace).
+    pub replacement: Option<(Arc<Disk>, Arc<SyncState>)>,
+    /// Why there is no disk.
+    pub absence: Option<Absence>,
+}
+
+/// The members in service, replaced as a whole on every change.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct View {
+    pub roles: Vec<RoleView>,
+    pub spares: Vec<Arc<Disk>>,
+    /// Failed members still open (until removed), with their role and why.
+    pub failed: Vec<(Arc<Disk>, Option<usize>, String)>,
+}
+
+impl View {
+    /// Roles whose data cannot be read from their own disk everywhere.
+    pub fn degraded_roles(&self) -> Vec<usize> {
+        (0..self.roles.len())
+            .filter(|&r| self.roles[r].disk.is_none() || self.roles[r].sync.is_some())
+            .collect()
+    }
+
+    /// Every member that takes writes: role disks and replacements.
+    pub fn writable(&self) -> Vec<Arc<Disk>> {
+        self.roles
+            .iter()
+            .flat_map(|r| r.disk.iter().chain(r.replacement.iter().map(|x| &x.0)))
+            .cloned()
+            .collect()
+    }
 }
 
 /// One member's line in a status report.
@@ -60,13 +143,69 @@ pub struct MemberStatus {
     pub path: Option<String>,
     /// The role number; None for a spare.
     pub role: Option<usize>,
-    /// active, missing, stale or spare.
+    /// active, rebuilding, faulty, spare or missing.
     pub state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
 
-fn unix_now() -> u64 {
+/// How an array is started.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    pub read_only: bool,
+    /// Take stale members given at assembly back in and resync them (by
+    /// bitmap where possible); otherwise they are left out.
+    pub readd_stale: bool,
+    pub member_timeout: Duration,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            read_only: false,
+            readd_stale: false,
+            member_timeout: DEFAULT_MEMBER_TIMEOUT,
+        }
+    }
+}
+
+pub(crate) struct Meta {
+    /// The array-wide superblock content (role table, events, state).
+    pub sb: Superblock,
+}
+
+/// An assembled, running array.
+pub struct Array {
+    pub(crate) name: String,
+    pub(crate) geom: Geometry,
+    pub(crate) view: ArcSwap<View>,
+    pub(crate) meta: Mutex<Meta>,
+    /// Set once the superblocks say dirty (and record missing members).
+    pub(crate) write_ready: AtomicBool,
+    pub(crate) read_only: bool,
+    locks: Box<[Mutex<()>]>,
+    pub(crate) bitmap: Option<Bitmap>,
+    pub(crate) recovery: Recovery,
+    /// Foreground requests started (the rebuild throttle watches it).
+    pub(crate) fg_ops: AtomicU64,
+    /// Read errors cured by rewriting from redundancy.
+    pub(crate) corrected: AtomicU64,
+    epoch: Instant,
+    timeout_ns: AtomicU64,
+    /// Cleared when the array fails: no member is written after that.
+    pub(crate) alive: AtomicBool,
+}
+
+impl std::fmt::Debug for Array {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Array")
+            .field("name", &self.name)
+            .field("geom", &self.geom)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -75,7 +214,7 @@ fn unix_now() -> u64 {
 
 /// Per-thread reusable buffers for stripe work, so that the hot path
 /// neither allocates nor zero-fills fresh memory for every request.
-mod scratch {
+pub(crate) mod scratch {
     use std::cell::RefCell;
 
     const KEEP: usize = 16;
@@ -105,65 +244,205 @@ mod scratch {
     }
 }
 
-/// Data rows of one stripe over a column range (read or reconstructed).
-struct Rows {
-    data: Vec<Vec<u8>>,
+/// Rebuild the data rows of a stripe (in dd order) from what could be
+/// read: `data[dd]` None where lost, P and Q where available. Works in
+/// syndrome order so that Q-based recovery sees md's indices.
+pub(crate) fn solve(
+    sm: &StripeMap,
+    mut data: Vec<Option<Vec<u8>>>,
+    p: Option<&[u8]>,
+    q: Option<&[u8]>,
+    len: usize,
+) -> std::result::Result<Vec<Vec<u8>>, Vec<usize>> {
+    let k = sm.data.len();
+    let lost: Small<usize> = (0..k).filter(|&d| data[d].is_none()).collect();
+    let mut syn: Vec<Vec<u8>> = vec![Vec::new(); k];
+    for dd in 0..k {
+        syn[sm.syndrome[dd]] = data[dd].take().unwrap_or_else(|| vec![0; len]);
+    }
+    let s = |dd: usize| sm.syndrome[dd];
+    match (lost.as_slice(), p, q) {
+        ([], _, _) => {}
+        ([x], Some(p), _) => parity::recover_data_p(&mut syn, s(*x), p),
+        ([x], None, Some(q)) => parity::recover_data_q(&mut syn, s(*x), q),
+        ([x, y], Some(p), Some(q)) => parity::recover_two_data(&mut syn, s(*x), s(*y), p, q),
+        _ => {
+            let mut gone: Vec<usize> = lost.iter().map(|&d| sm.data[d]).collect();
+            if p.is_none() {
+                gone.push(sm.p);
+            }
+            if let (Some(qr), None) = (sm.q, q) {
+                gone.push(qr);
+            }
+            gone.sort_unstable();
+            return Err(gone);
+        }
+    }
+    let mut out = vec![Vec::new(); k];
+    for dd in 0..k {
+        out[dd] = std::mem::take(&mut syn[sm.syndrome[dd]]);
+    }
+    Ok(out)
+}
+
+/// P and Q of full data rows (given in dd order).
+pub(crate) fn parity_of(sm: &StripeMap, rows: &[Vec<u8>], len: usize) -> (Vec<u8>, Vec<u8>) {
+    let k = sm.data.len();
+    let mut order: Small<&[u8]> = smallvec![&[][..]; k];
+    for dd in 0..k {
+        order[sm.syndrome[dd]] = &rows[dd];
+    }
+    let mut p = vec![0u8; len];
+    let mut q = vec![0u8; len];
+    parity::gen_pq(&order, &mut p, &mut q);
+    (p, q)
 }
 
 impl Array {
     /// Start an array from an assembly. Fails if too many members are
     /// unavailable, naming them.
     pub fn open(asm: Assembly, name: &str, read_only: bool) -> Result<Array> {
-        if asm.health() == Health::Failed {
-            let limit = match asm.geometry.level {
-                Level::Linear | Level::Raid0 => "it has no redundancy".to_string(),
-                Level::Raid10 => "RAID-10 can lose at most one member of each mirror set".into(),
-                l => format!(
-                    "{l} can lose at most {} member(s)",
-                    asm.geometry.redundancy()
-                ),
-            };
-            return Err(Error::NotEnoughMembers {
-                name: asm.sb.name.clone(),
-                detail: format!("unavailable: {}; {limit}", asm.describe_missing()),
-            });
+        Self::open_with(
+            asm,
+            name,
+            OpenOptions {
+                read_only,
+                ..OpenOptions::default()
+            },
+        )
+    }
+
+    /// Start an array with options (see [`OpenOptions`]).
+    pub fn open_with(asm: Assembly, name: &str, opts: OpenOptions) -> Result<Array> {
+        let geom = asm.geometry.clone();
+        let mut sb = asm.sb.clone();
+        let dev_size = geom.member_sizes.iter().copied().max().unwrap_or(0);
+        let bitmap_region = sb.bitmap[1];
+        // The bitmap: the union of every fresh member's copy.
+        let bitmap = if bitmap_region > 0 && geom.level.has_redundancy() {
+            let mut set: Option<RegionSet> = None;
+            for s in &asm.slots {
+                if let Some(m) = &s.member {
+                    let b = Bitmap::read(m.as_ref(), bitmap_region, dev_size)?;
+                    set = Some(match set {
+                        None => b,
+                        Some(mut a) => {
+                            a.words.iter_mut().zip(&b.words).for_each(|(x, y)| *x |= y);
+                            a
+                        }
+                    });
+                }
+            }
+            Some(Bitmap::new(bitmap_region, dev_size, set.as_ref()))
+        } else {
+            None
+        };
+        let mut roles = Vec::with_capacity(asm.slots.len());
+        let mut notes = Vec::new();
+        for (r, s) in asm.slots.iter().enumerate() {
+            let mut rv = RoleView::default();
+            match (&s.member, &s.sb) {
+                (Some(m), Some(msb)) => {
+                    rv.disk = Some(Arc::new(Disk::new(m.clone(), msb.clone())));
+                    if let Some(at) = s.resume {
+                        rv.sync = Some(SyncState::new(at, None));
+                    }
+                }
+                _ => rv.absence = s.absence.clone(),
+            }
+            if rv.disk.is_none() && opts.readd_stale && !opts.read_only {
+                if let Some((m, msb)) = &s.stale {
+                    if msb.member_uuid == sb.roles[r].member_uuid || s.stale_is_ours {
+                        let dirty = match &bitmap {
+                            Some(b)
+                                if msb.member_uuid == sb.roles[r].member_uuid
+                                    && msb.recovery_offset.is_none()
+                                    && msb.events >= sb.bitmap[2]
+                                    && sb.bitmap[2] > 0 =>
+                            {
+                                Some(b.snapshot())
+                            }
+                            _ => None,
+                        };
+                        notes.push(format!(
+                            "{}: stale, taken back in for {}",
+                            m.name(),
+                            if dirty.is_some() {
+                                "a resync of the regions written without it"
+                            } else {
+                                "a full rebuild"
+                            }
+                        ));
+                        let mut own = msb.clone();
+                        own.recovery_offset = Some(0);
+                        own.events = sb.events;
+                        rv.disk = Some(Arc::new(Disk::new(m.clone(), own)));
+                        rv.sync = Some(SyncState::new(0, dirty));
+                        rv.absence = None;
+                        sb.roles[r].member_uuid = msb.member_uuid;
+                        sb.roles[r].state = RoleState::Rebuilding;
+                    }
+                }
+            }
+            roles.push(rv);
         }
-        let slots = asm
-            .slots
-            .iter()
-            .map(|s| IoSlot {
-                member: s.member.clone(),
-                data_offset: s.sb.as_ref().map_or(0, |sb| sb.data_offset),
-            })
-            .collect();
-        let member_sbs = asm.slots.iter().map(|s| s.sb.clone()).collect();
-        let absence = asm.slots.iter().map(|s| s.absence.clone()).collect();
         let spares = asm
             .spares
             .iter()
-            .map(|(m, _)| m.name().to_string())
+            .map(|(m, s)| Arc::new(Disk::new(m.clone(), s.clone())))
             .collect();
-        Ok(Array {
-            name: name.to_string(),
-            geom: asm.geometry,
-            slots,
-            meta: Mutex::new(Meta {
-                sb: asm.sb,
-                member_sbs,
-            }),
-            write_ready: AtomicBool::new(false),
-            read_only,
-            locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
-            absence,
+        let view = View {
+            roles,
             spares,
-        })
+            failed: Vec::new(),
+        };
+        let missing = view.degraded_roles();
+        if !geom.survives(&missing) {
+            let limit = match geom.level {
+                Level::Linear | Level::Raid0 => "it has no redundancy".to_string(),
+                Level::Raid10 => "RAID-10 can lose at most one member of each mirror set".into(),
+                l => format!("{l} can lose at most {} member(s)", geom.redundancy()),
+            };
+            let mut detail = format!("unavailable: {}; {limit}", asm.describe_missing());
+            if asm.slots.iter().any(|s| s.stale.is_some()) {
+                detail.push_str(
+                    "; if the stale members hold the data, `--force` starts the array from them",
+                );
+            }
+            return Err(Error::NotEnoughMembers {
+                name: asm.sb.name.clone(),
+                detail,
+            });
+        }
+        let a = Array {
+            name: name.to_string(),
+            geom,
+            view: ArcSwap::from_pointee(view),
+            meta: Mutex::new(Meta { sb }),
+            write_ready: AtomicBool::new(false),
+            read_only: opts.read_only,
+            locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
+            bitmap,
+            recovery: Recovery::default(),
+            fg_ops: AtomicU64::new(0),
+            corrected: AtomicU64::new(0),
+            epoch: Instant::now(),
+            timeout_ns: AtomicU64::new(opts.member_timeout.as_nanos() as u64),
+            alive: AtomicBool::new(true),
+        };
+        a.recovery.note(notes);
+        if !opts.read_only {
+            a.use_spares()?;
+        }
+        Ok(a)
     }
 
     /// Whether every member is present, some redundancy is lost, or data is.
     pub fn health(&self) -> Health {
-        let missing: Vec<usize> = (0..self.slots.len())
-            .filter(|&r| self.slots[r].member.is_none())
-            .collect();
+        if !self.alive.load(Ordering::Acquire) {
+            return Health::Failed;
+        }
+        let missing = self.view.load().degraded_roles();
         if missing.is_empty() {
             Health::Optimal
         } else if self.geom.survives(&missing) {
@@ -173,40 +452,78 @@ impl Array {
         }
     }
 
-    /// Every role's member and state, then the spares.
+    /// Every role's member and state, then replacements, spares and failed members.
     pub fn members_status(&self) -> Vec<MemberStatus> {
-        let mut v: Vec<MemberStatus> = self
-            .slots
-            .iter()
-            .enumerate()
-            .map(|(role, s)| match (&s.member, &self.absence[role]) {
-                (Some(m), _) => MemberStatus {
-                    path: Some(m.name().to_string()),
+        let v = self.view.load();
+        let mut out = Vec::new();
+        for (role, rv) in v.roles.iter().enumerate() {
+            out.push(match (&rv.disk, &rv.absence) {
+                (Some(d), _) => MemberStatus {
+                    path: Some(d.name().to_string()),
                     role: Some(role),
-                    state: "active",
+                    state: if rv.sync.is_some() {
+                        "rebuilding"
+                    } else {
+                        "active"
+                    },
                     reason: None,
                 },
-                (None, Some(Absence::Stale { member, reason })) => MemberStatus {
-                    path: Some(member.clone()),
+                (None, absence) => {
+                    // A failed member still open speaks for its role.
+                    if let Some((d, _, why)) = v.failed.iter().find(|f| f.1 == Some(role)) {
+                        MemberStatus {
+                            path: Some(d.name().to_string()),
+                            role: Some(role),
+                            state: "faulty",
+                            reason: Some(why.clone()),
+                        }
+                    } else if let Some(Absence::Stale { member, reason }) = absence {
+                        MemberStatus {
+                            path: Some(member.clone()),
+                            role: Some(role),
+                            state: "missing",
+                            reason: Some(format!("stale: {reason}")),
+                        }
+                    } else {
+                        MemberStatus {
+                            path: None,
+                            role: Some(role),
+                            state: "missing",
+                            reason: None,
+                        }
+                    }
+                }
+            });
+            if let Some((d, _)) = &rv.replacement {
+                out.push(MemberStatus {
+                    path: Some(d.name().to_string()),
                     role: Some(role),
-                    state: "stale",
-                    reason: Some(reason.clone()),
-                },
-                (None, _) => MemberStatus {
-                    path: None,
-                    role: Some(role),
-                    state: "missing",
-                    reason: None,
-                },
-            })
-            .collect();
-        v.extend(self.spares.iter().map(|p| MemberStatus {
-            path: Some(p.clone()),
+                    state: "rebuilding",
+                    reason: Some(format!(
+                        "replacing {}",
+                        rv.disk.as_ref().map_or("-", |d| d.name())
+                    )),
+                });
+            }
+        }
+        out.extend(v.spares.iter().map(|d| MemberStatus {
+            path: Some(d.name().to_string()),
             role: None,
             state: "spare",
             reason: None,
         }));
-        v
+        for (d, role, why) in &v.failed {
+            if role.is_some_and(|r| v.roles[r].disk.is_none()) {
+                continue; // shown in its role's line
+            }
+            out.push(MemberStatus {
+                path: Some(d.name().to_string()),
+                role: None,
+                state: "faulty",
+                reason: Some(why.clone()),
+            });
+        }
+        out
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -222,14 +539,30 @@ impl Array {
         self.meta.lock().expect("meta lock").sb.clone()
     }
 
-    fn member(&self, role: usize) -> Option<&Arc<dyn Member>> {
-        self.slots[role].member.as_ref()
+    /// Read errors cured by rewriting the block from redundancy.
+    pub fn corrected_read_errors(&self) -> u64 {
+        self.corrected.load(Ordering::Relaxed)
     }
 
-    fn lock(&self, stripe: u64) -> MutexGuard<'_, ()> {
+    pub fn set_member_timeout(&self, t: Duration) {
+        self.timeout_ns
+            .store(t.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn lock(&self, stripe: u64) -> MutexGuard<'_, ()> {
         self.locks[(stripe % LOCKS as u64) as usize]
             .lock()
             .expect("stripe lock")
+    }
+
+    /// Lock a run of stripes (in lock-table order, so no two holders deadlock).
+    pub(crate) fn lock_range(&self, s0: u64, s1: u64) -> Vec<MutexGuard<'_, ()>> {
+        let mut idx: Vec<usize> = (s0..s1).map(|s| (s % LOCKS as u64) as usize).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter()
+            .map(|i| self.locks[i].lock().expect("stripe lock"))
+            .collect()
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<()> {
@@ -243,167 +576,255 @@ impl Array {
         }
     }
 
-    fn member_read(&self, role: usize, buf: &mut [u8], dev: u64) -> Option<Result<()>> {
-        let s = &self.slots[role];
-        s.member
-            .as_ref()
-            .map(|m| Ok(m.read_at(buf, s.data_offset + dev)?))
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
     }
 
-    fn member_write(&self, role: usize, buf: &[u8], dev: u64) -> Result<()> {
-        let s = &self.slots[role];
-        match &s.member {
-            Some(m) => Ok(m.write_at(buf, s.data_offset + dev)?),
-            None => Ok(()),
+    /// Run one member operation, keeping the stall watch up to date.
+    pub(crate) fn timed<T>(
+        &self,
+        d: &Disk,
+        f: impl FnOnce() -> std::result::Result<T, MemberError>,
+    ) -> std::result::Result<T, MemberError> {
+        if d.inflight.fetch_add(1, Ordering::AcqRel) == 0 {
+            d.progress_at.store(self.now_ns(), Ordering::Release);
         }
+        let t = Instant::now();
+        let r = f();
+        d.progress_at.store(self.now_ns(), Ordering::Release);
+        d.inflight.fetch_sub(1, Ordering::AcqRel);
+        let limit = self.timeout_ns.load(Ordering::Relaxed);
+        if r.is_ok() && t.elapsed().as_nanos() as u64 > limit {
+            let why = format!(
+                "an operation took {:.1}s (member timeout {:.1}s)",
+                t.elapsed().as_secs_f64(),
+                limit as f64 / 1e9
+            );
+            self.fail_disk_by_ptr(d, &why);
+        }
+        r
     }
 
-    /// Write every present member's superblock from the array-wide state.
-    fn write_superblocks(&self, meta: &mut Meta) -> Result<()> {
-        meta.sb.utime = unix_now();
-        for (role, slot) in self.slots.iter().enumerate() {
-            let (Some(m), Some(own)) = (&slot.member, meta.member_sbs[role].as_mut()) else {
-                continue;
-            };
-            let mut sb = meta.sb.clone();
-            sb.member_uuid = own.member_uuid;
-            sb.role = Role::Active(role as u32);
-            sb.data_offset = own.data_offset;
-            sb.data_size = own.data_size;
-            sb.recovery_offset = own.recovery_offset;
-            sb.seq = own.seq;
-            write_superblock(m.as_ref(), &mut sb)?;
-            *own = sb;
-        }
-        Ok(())
-    }
-
-    /// Before the first write: record that the array is dirty and which
-    /// roles are absent (raising the event counter), so that a member that
-    /// missed these writes is known to be stale when it comes back.
-    fn begin_write(&self) -> Result<()> {
-        if self.read_only {
-            return Err(Error::Invalid("the array is open read-only".into()));
-        }
-        if self.write_ready.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let mut meta = self.meta.lock().expect("meta lock");
-        if self.write_ready.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let mut changed = false;
-        for (role, slot) in self.slots.iter().enumerate() {
-            if slot.member.is_none() && meta.sb.roles[role].state == RoleState::Active {
-                meta.sb.roles[role].state = RoleState::Removed;
-                changed = true;
+    /// Fail members that have had an operation outstanding, with nothing
+    /// completing, for longer than the member timeout. Returns their names.
+    pub fn check_stalls(&self) -> Vec<String> {
+        let limit = self.timeout_ns.load(Ordering::Relaxed);
+        let now = self.now_ns();
+        let v = self.view.load();
+        let mut failed = Vec::new();
+        for d in v.writable() {
+            if d.inflight.load(Ordering::Acquire) > 0
+                && now.saturating_sub(d.progress_at.load(Ordering::Acquire)) > limit
+            {
+                let why = format!(
+                    "no operation completed for {:.1}s (member timeout)",
+                    limit as f64 / 1e9
+                );
+                self.fail_disk_by_ptr(&d, &why);
+                failed.push(d.name().to_string());
             }
         }
-        if changed {
-            meta.sb.events += 1;
-        }
-        meta.sb.state = ArrayState::Dirty;
-        self.write_superblocks(&mut meta)?;
-        self.write_ready.store(true, Ordering::Release);
-        Ok(())
+        failed
     }
 
-    /// Flush every member and, if the array was written, mark it clean.
-    pub fn close(&self) -> Result<()> {
-        self.flush()?;
-        let mut meta = self.meta.lock().expect("meta lock");
-        if self.write_ready.swap(false, Ordering::AcqRel) {
-            meta.sb.state = ArrayState::Clean;
-            self.write_superblocks(&mut meta)?;
+    /// Whether `role` can serve reads of device range `[dev, dev+len)`.
+    fn readable(v: &View, role: usize, dev: u64, len: u64) -> Option<&Arc<Disk>> {
+        let rv = &v.roles[role];
+        let d = rv.disk.as_ref()?;
+        match &rv.sync {
+            Some(s) if !s.readable(dev, len) => None,
+            _ => Some(d),
         }
-        for s in &self.slots {
-            if let Some(m) = &s.member {
-                m.close()?;
+    }
+
+    /// Read from `role`. None: the role cannot serve this range.
+    fn member_read(
+        &self,
+        v: &View,
+        role: usize,
+        buf: &mut [u8],
+        dev: u64,
+    ) -> Option<std::result::Result<(), MemberError>> {
+        let d = Self::readable(v, role, dev, buf.len() as u64)?;
+        Some(self.timed(d, || d.member.read_at(buf, d.data_offset + dev)))
+    }
+
+    /// Write to every member of `role` (its disk and any replacement). A
+    /// member that fails the write is failed; the write as a whole fails
+    /// only if that leaves the array unable to serve.
+    fn member_write(&self, v: &View, role: usize, buf: &[u8], dev: u64) -> Result<()> {
+        let rv = &v.roles[role];
+        for d in rv.disk.iter().chain(rv.replacement.iter().map(|x| &x.0)) {
+            if let Err(e) = self.timed(d, || d.member.write_at(buf, d.data_offset + dev)) {
+                self.fail_disk_by_ptr(d, &e.to_string());
             }
         }
-        Ok(())
+        self.ensure_alive(dev)
     }
 
-    /// Make every completed write durable on every member.
+    pub(crate) fn ensure_alive(&self, dev: u64) -> Result<()> {
+        if self.alive.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(Error::Unavailable {
+                offset: dev,
+                detail: format!(
+                    "array '{}' has failed: too many members are gone",
+                    self.name
+                ),
+            })
+        }
+    }
+
+    /// Whether `role` has a member that takes writes.
+    fn writable(v: &View, role: usize) -> bool {
+        v.roles[role].disk.is_some() || v.roles[role].replacement.is_some()
+    }
+
+    /// Rewrite a block that failed to read with its contents rebuilt from
+    /// redundancy, then read it back (as md does); fail the member if that
+    /// does not work.
+    fn repair(&self, v: &View, role: usize, good: &[u8], dev: u64) {
+        let Some(d) = v.roles[role].disk.as_ref() else {
+            return;
+        };
+        let at = d.data_offset + dev;
+        let mut back = scratch::take(good.len());
+        let ok = self
+            .timed(d, || d.member.write_at(good, at))
+            .and_then(|()| self.timed(d, || d.member.read_at(&mut back, at)));
+        match ok {
+            Ok(()) if back == good => {
+                self.corrected.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(()) => self.fail_disk_by_ptr(d, "a rewritten block read back different"),
+            Err(e) => self.fail_disk_by_ptr(d, &format!("read error not cured by rewriting: {e}")),
+        }
+        scratch::give(back);
+    }
+
+    /// Flush every member in service.
     pub fn flush(&self) -> Result<()> {
-        for s in &self.slots {
-            if let Some(m) = &s.member {
-                m.flush()?;
+        let v = self.view.load();
+        for d in v.writable() {
+            if let Err(e) = self.timed(&d, || d.member.flush()) {
+                self.fail_disk_by_ptr(&d, &e.to_string());
             }
         }
-        Ok(())
+        self.ensure_alive(0)
     }
 
     /// Read `buf.len()` bytes at logical `offset`.
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
+        self.ensure_alive(offset)?;
+        self.fg_ops.fetch_add(1, Ordering::Relaxed);
+        let v = self.view.load();
         for p in self.geom.pieces(offset, buf.len() as u64) {
             let at = (p.logical - offset) as usize;
             let dst = &mut buf[at..at + p.len as usize];
             if self.geom.level.is_parity() {
-                self.read_parity_piece(&p, dst)?;
+                self.read_parity_piece(&v, &p, dst)?;
             } else {
-                self.read_copies(&p, dst)?;
+                self.read_copies(&v, &p, dst)?;
             }
         }
         Ok(())
     }
 
-    fn read_copies(&self, p: &Piece, dst: &mut [u8]) -> Result<()> {
+    fn read_copies(&self, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()> {
+        let mut bad: Small<usize> = Small::new();
         let mut last_err = None;
+        let mut done = false;
         for &(role, dev) in &p.copies {
-            match self.member_read(role, dst, dev) {
-                Some(Ok(())) => return Ok(()),
-                Some(Err(e)) => last_err = Some(e),
+            match self.member_read(v, role, dst, dev) {
+                Some(Ok(())) => {
+                    done = true;
+                    break;
+                }
+                Some(Err(e)) => {
+                    bad.push(role);
+                    last_err = Some(e)
+                }
                 None => {}
             }
         }
-        Err(last_err.unwrap_or_else(|| Error::Unavailable {
-            offset: p.logical,
-            detail: format!(
-                "no member holds it (role(s) {} missing)",
-                roles_list(p.copies.iter().map(|c| c.0))
-            ),
-        }))
-    }
-
-    fn read_parity_piece(&self, p: &Piece, dst: &mut [u8]) -> Result<()> {
-        let (role, dev) = p.copies[0];
-        if let Some(Ok(())) = self.member_read(role, dst, dev) {
+        if done && !bad.is_empty() {
+            // Cure the copies that failed, from a copy read under the lock
+            // (so no write slips in between).
+            let _g = self.lock(p.logical / self.geom.chunk);
+            let mut good = scratch::take(dst.len());
+            let src = p
+                .copies
+                .iter()
+                .find(|&&(r, d)| !bad.contains(&r) && Self::readable(v, r, d, p.len).is_some());
+            if let Some(&(r, dev)) = src {
+                if let Some(Ok(())) = self.member_read(v, r, &mut good, dev) {
+                    for &(br, bdev) in p.copies.iter().filter(|(r, _)| bad.contains(r)) {
+                        self.repair(v, br, &good, bdev);
+                    }
+                }
+            }
+            scratch::give(good);
+        }
+        if done {
             return Ok(());
         }
-        // Missing or failing: rebuild the piece from the rest of its stripe.
+        for &role in &bad {
+            if let Some(d) = &v.roles[role].disk {
+                self.fail_disk_by_ptr(d, "read error with no copy to cure it from");
+            }
+        }
+        self.ensure_alive(p.logical)?;
+        Err(match last_err {
+            Some(e) => e.into(),
+            None => Error::Unavailable {
+                offset: p.logical,
+                detail: format!(
+                    "no member holds it (role(s) {} missing)",
+                    roles_list(p.copies.iter().map(|c| c.0))
+                ),
+            },
+        })
+    }
+
+    fn read_parity_piece(&self, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()> {
+        let (role, dev) = p.copies[0];
+        if let Some(Ok(())) = self.member_read(v, role, dst, dev) {
+            return Ok(());
+        }
+        // Missing or failing: rebuild the piece from the rest of its stripe
+        // (read_rows tries the member once more and cures it if it can).
         let _g = self.lock(p.stripe);
         let k = self.geom.data_members();
-        let mut need = vec![false; k];
+        let mut need: Small<bool> = smallvec![false; k];
         need[p.dd] = true;
-        let rows = self.read_rows(p.stripe, p.col, p.len, &need, &[role])?;
-        dst.copy_from_slice(&rows.data[p.dd]);
+        let rows = self.read_rows(v, p.stripe, p.col, p.len, &need)?;
+        dst.copy_from_slice(&rows[p.dd]);
+        rows.into_iter().for_each(scratch::give);
         Ok(())
     }
 
     /// Read the data chunks marked in `need` of `stripe` over
-    /// `[col, col + len)`, reconstructing any that are missing or fail
-    /// (never reading from the roles in `avoid`).
+    /// `[col, col + len)`, reconstructing any that are unavailable or fail
+    /// to read; members that failed are cured from the result or failed.
+    /// Rows not needed may come back empty. Call with the stripe locked.
     fn read_rows(
         &self,
+        v: &View,
         stripe: u64,
         col: u64,
         len: u64,
         need: &[bool],
-        avoid: &[usize],
-    ) -> Result<Rows> {
+    ) -> Result<Vec<Vec<u8>>> {
         let sm = self.geom.stripe_map(stripe);
         let k = sm.data.len();
         let dev = stripe * self.geom.chunk + col;
-        let mut failed: Vec<usize> = avoid.to_vec();
+        let mut failed: Small<usize> = Small::new();
         let mut data: Vec<Option<Vec<u8>>> = vec![None; k];
-        let read = |role: usize, failed: &mut Vec<usize>| -> Option<Vec<u8>> {
-            if failed.contains(&role) {
-                return None;
-            }
+        let read = |role: usize, failed: &mut Small<usize>| -> Option<Vec<u8>> {
             let mut b = scratch::take(len as usize);
-            match self.member_read(role, &mut b, dev) {
+            match self.member_read(v, role, &mut b, dev) {
                 Some(Ok(())) => Some(b),
                 Some(Err(_)) => {
                     scratch::give(b);
@@ -420,9 +841,7 @@ impl Array {
             data[dd] = read(sm.data[dd], &mut failed);
         }
         if (0..k).all(|d| !need[d] || data[d].is_some()) {
-            return Ok(Rows {
-                data: data.into_iter().map(Option::unwrap_or_default).collect(),
-            });
+            return Ok(data.into_iter().map(Option::unwrap_or_default).collect());
         }
         for dd in 0..k {
             if data[dd].is_none() && !need[dd] {
@@ -431,48 +850,85 @@ impl Array {
         }
         let p = read(sm.p, &mut failed);
         let q = sm.q.and_then(|q| read(q, &mut failed));
-        let lost: Vec<usize> = (0..k).filter(|&d| data[d].is_none()).collect();
-        // Work in syndrome order so that Q-based recovery sees md's indices.
-        let mut syn: Vec<Vec<u8>> = vec![Vec::new(); k];
-        for dd in 0..k {
-            syn[sm.syndrome[dd]] = data[dd].take().unwrap_or_else(|| vec![0; len as usize]);
-        }
-        let s = |dd: usize| sm.syndrome[dd];
-        match (lost.as_slice(), &p, &q) {
-            ([], _, _) => {}
-            ([x], Some(p), _) => parity::recover_data_p(&mut syn, s(*x), p),
-            ([x], None, Some(q)) => parity::recover_data_q(&mut syn, s(*x), q),
-            ([x, y], Some(p), Some(q)) => parity::recover_two_data(&mut syn, s(*x), s(*y), p, q),
-            _ => {
-                let mut gone: Vec<usize> = lost.iter().map(|&d| sm.data[d]).collect();
-                if p.is_none() {
-                    gone.push(sm.p);
+        let solved = solve(&sm, data, p.as_deref(), q.as_deref(), len as usize);
+        let rows = match solved {
+            Ok(rows) => rows,
+            Err(gone) => {
+                for &r in &failed {
+                    if let Some(d) = &v.roles[r].disk {
+                        self.fail_disk_by_ptr(d, "read error that redundancy could not cover");
+                    }
                 }
-                if let (Some(qr), None) = (sm.q, &q) {
-                    gone.push(qr);
-                }
-                gone.sort_unstable();
+                self.ensure_alive(dev)?;
+                let lost = (0..k).find(|&d| gone.contains(&sm.data[d])).unwrap_or(0);
                 return Err(Error::Unavailable {
-                    offset: self.geom.stripe_data_offset(stripe, lost[0]) + col,
+                    offset: self.geom.stripe_data_offset(stripe, lost) + col,
                     detail: format!(
                         "roles {} of stripe {stripe} are missing or failing",
                         roles_list(gone.into_iter())
                     ),
                 });
             }
+        };
+        if !failed.is_empty() {
+            let (pp, qq) = parity_of(&sm, &rows, len as usize);
+            for &r in &failed {
+                let good: &[u8] = if r == sm.p {
+                    &pp
+                } else if Some(r) == sm.q {
+                    &qq
+                } else {
+                    &rows[sm.data.iter().position(|&x| x == r).expect("data role")]
+                };
+                self.repair(v, r, good, dev);
+            }
         }
-        let mut out = vec![Vec::new(); k];
-        for dd in 0..k {
-            out[dd] = std::mem::take(&mut syn[sm.syndrome[dd]]);
+        p.into_iter().chain(q).for_each(scratch::give);
+        Ok(rows)
+    }
+
+    /// The device range a write touches (for the write-intent bitmap).
+    fn dev_span(&self, pieces: &[Piece]) -> (u64, u64) {
+        let chunk = self.geom.chunk;
+        let mut lo = u64::MAX;
+        let mut hi = 0;
+        for p in pieces {
+            if self.geom.level.is_parity() {
+                lo = lo.min(p.stripe * chunk + p.col);
+                hi = hi.max(p.stripe * chunk + p.col + p.len);
+            }
+            for &(_, dev) in &p.copies {
+                lo = lo.min(dev);
+                hi = hi.max(dev + p.len);
+            }
         }
-        Ok(Rows { data: out })
+        (lo, hi)
     }
 
     /// Write `buf` at logical `offset`.
     pub fn write(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
         self.begin_write()?;
+        self.ensure_alive(offset)?;
+        self.fg_ops.fetch_add(1, Ordering::Relaxed);
+        let v = self.view.load();
         let pieces = self.geom.pieces(offset, buf.len() as u64);
+        let _bits = match &self.bitmap {
+            Some(b) => {
+                let (lo, hi) = self.dev_span(&pieces);
+                let ws = v.writable();
+                let (guard, failed) =
+                    b.start_write(lo, hi, &|| ws.iter().map(|d| d.member.clone()).collect());
+                for (i, e) in failed {
+                    self.fail_disk_by_ptr(&ws[i], &format!("writing the bitmap: {e}"));
+                }
+                self.ensure_alive(offset)?;
+                Some(guard)
+            }
+            None => None,
+        };
+        // A member failed while marking the bitmap is out of this view too.
+        let v = self.view.load();
         let src = |p: &Piece| {
             let at = (p.logical - offset) as usize;
             &buf[at..at + p.len as usize]
@@ -487,7 +943,7 @@ impl Array {
                 }
                 let group: Small<(&Piece, &[u8])> =
                     pieces[i..j].iter().map(|p| (p, src(p))).collect();
-                self.write_stripe(stripe, &group)?;
+                self.write_stripe(&v, stripe, &group)?;
                 i = j;
             }
             return Ok(());
@@ -498,8 +954,8 @@ impl Array {
             let _g = mirrored.then(|| self.lock(p.logical / self.geom.chunk));
             let mut wrote = false;
             for &(role, dev) in &p.copies {
-                if self.member(role).is_some() {
-                    self.member_write(role, src(p), dev)?;
+                if Self::writable(&v, role) {
+                    self.member_write(&v, role, src(p), dev)?;
                     wrote = true;
                 }
             }
@@ -519,7 +975,7 @@ impl Array {
     /// Update one stripe: read-modify-write or reconstruct-write, whichever
     /// reads less (md's handle_stripe_dirtying), or no reads at all for a
     /// full-stripe write.
-    fn write_stripe(&self, stripe: u64, pieces: &[(&Piece, &[u8])]) -> Result<()> {
+    fn write_stripe(&self, v: &View, stripe: u64, pieces: &[(&Piece, &[u8])]) -> Result<()> {
         let _g = self.lock(stripe);
         let sm = self.geom.stripe_map(stripe);
         let k = sm.data.len();
@@ -533,12 +989,11 @@ impl Array {
         let len = (c1 - c0) as usize;
         let dev = stripe * chunk + c0;
         let parity_roles: Small<usize> = std::iter::once(sm.p).chain(sm.q).collect();
-        let parity_present = parity_roles.iter().any(|&r| self.member(r).is_some());
 
-        if !parity_present {
+        if !parity_roles.iter().any(|&r| Self::writable(v, r)) {
             // Every parity member of this stripe is gone: data is all there is.
             for (p, d) in pieces {
-                self.member_write(p.copies[0].0, d, p.copies[0].1)?;
+                self.member_write(v, p.copies[0].0, d, p.copies[0].1)?;
             }
             return Ok(());
         }
@@ -550,25 +1005,35 @@ impl Array {
         let covers =
             |dd: usize| new_for[dd].is_some_and(|(p, _)| p.col == c0 && p.col + p.len == c1);
         let rcw_reads = (0..k).filter(|&d| !covers(d)).count();
-        let rmw_ok = parity_roles.iter().all(|&r| self.member(r).is_some())
+        let span = len as u64;
+        let rmw_ok = parity_roles
+            .iter()
+            .all(|&r| Self::readable(v, r, dev, span).is_some())
             && pieces
                 .iter()
-                .all(|(p, _)| self.member(p.copies[0].0).is_some());
+                .all(|(p, _)| Self::readable(v, p.copies[0].0, p.copies[0].1, p.len).is_some());
         let rmw_reads = pieces.len() + parity_roles.len();
 
         if rmw_ok && rcw_reads > 0 && rmw_reads < rcw_reads {
             let mut pbuf = scratch::take(len);
             let mut qbuf = sm.q.map(|_| scratch::take(len));
             let mut old = scratch::take(0);
-            let done = (|| {
-                self.member_read(sm.p, &mut pbuf, dev).expect("present")?;
+            let read_ok = (|| {
+                let ok =
+                    |r: Option<std::result::Result<(), MemberError>>| matches!(r, Some(Ok(())));
+                if !ok(self.member_read(v, sm.p, &mut pbuf, dev)) {
+                    return false;
+                }
                 if let (Some(q), Some(qb)) = (sm.q, qbuf.as_mut()) {
-                    self.member_read(q, qb, dev).expect("present")?;
+                    if !ok(self.member_read(v, q, qb, dev)) {
+                        return false;
+                    }
                 }
                 for (p, d) in pieces {
                     old.resize(p.len as usize, 0);
-                    self.member_read(p.copies[0].0, &mut old, p.copies[0].1)
-                        .expect("present")?;
+                    if !ok(self.member_read(v, p.copies[0].0, &mut old, p.copies[0].1)) {
+                        return false;
+                    }
                     let r = (p.col - c0) as usize..(p.col - c0 + p.len) as usize;
                     parity::update_pq(
                         &mut pbuf[r.clone()],
@@ -578,26 +1043,30 @@ impl Array {
                         d,
                     );
                 }
-                Ok(())
-            })()
-            .and_then(|()| self.write_out(pieces, &sm, dev, &pbuf, qbuf.as_deref()));
+                true
+            })();
+            let done = read_ok.then(|| self.write_out(v, pieces, &sm, dev, &pbuf, qbuf.as_deref()));
             scratch::give(pbuf);
             if let Some(q) = qbuf {
                 scratch::give(q);
             }
             scratch::give(old);
-            return done;
+            // A failed read falls through to reconstruct-write below,
+            // which rewrites every block read-modify-write read: that cures it.
+            if let Some(r) = done {
+                return r;
+            }
         }
 
         if rcw_reads == 0 && len >= 2 * COLUMN {
-            return self.write_full_stripe(pieces, &sm, dev, len);
+            return self.write_full_stripe(v, pieces, &sm, dev, len);
         }
 
         // Reconstruct-write: assemble full rows, then compute parity afresh.
         // Fully covered chunks are used in place, without a copy.
         let need: Small<bool> = (0..k).map(|d| !covers(d)).collect();
         let mut rows = if rcw_reads > 0 {
-            self.read_rows(stripe, c0, len as u64, &need, &[])?.data
+            self.read_rows(v, stripe, c0, len as u64, &need)?
         } else {
             vec![Vec::new(); k]
         };
@@ -627,7 +1096,7 @@ impl Array {
             None => parity::gen_p(&refs, &mut pbuf),
         }
         drop(refs);
-        let written = self.write_out(pieces, &sm, dev, &pbuf, qbuf.as_deref());
+        let written = self.write_out(v, pieces, &sm, dev, &pbuf, qbuf.as_deref());
         scratch::give(pbuf);
         if let Some(q) = qbuf {
             scratch::give(q);
@@ -641,8 +1110,9 @@ impl Array {
     /// costs no second trip to memory.
     fn write_full_stripe(
         &self,
+        v: &View,
         pieces: &[(&Piece, &[u8])],
-        sm: &raidkit_layout::StripeMap,
+        sm: &StripeMap,
         dev: u64,
         len: usize,
     ) -> Result<()> {
@@ -658,7 +1128,7 @@ impl Array {
         let (data_done, parity_done) = rayon::join(
             || -> Result<()> {
                 for (dd, d) in by_dd.iter().enumerate() {
-                    self.member_write(sm.data[dd], d, dev)?;
+                    self.member_write(v, sm.data[dd], d, dev)?;
                 }
                 Ok(())
             },
@@ -676,9 +1146,9 @@ impl Array {
                     }
                     at = end;
                 }
-                self.member_write(sm.p, &pbuf, dev)?;
+                self.member_write(v, sm.p, &pbuf, dev)?;
                 if let (Some(role), Some(q)) = (sm.q, &qbuf) {
-                    self.member_write(role, q, dev)?;
+                    self.member_write(v, role, q, dev)?;
                 }
                 Ok(())
             },
@@ -693,18 +1163,19 @@ impl Array {
     /// The writes that end a stripe update: new data, then P and Q.
     fn write_out(
         &self,
+        v: &View,
         pieces: &[(&Piece, &[u8])],
-        sm: &raidkit_layout::StripeMap,
+        sm: &StripeMap,
         dev: u64,
         p: &[u8],
         q: Option<&[u8]>,
     ) -> Result<()> {
         for (piece, d) in pieces {
-            self.member_write(piece.copies[0].0, d, piece.copies[0].1)?;
+            self.member_write(v, piece.copies[0].0, d, piece.copies[0].1)?;
         }
-        self.member_write(sm.p, p, dev)?;
+        self.member_write(v, sm.p, p, dev)?;
         if let (Some(role), Some(q)) = (sm.q, q) {
-            self.member_write(role, q, dev)?;
+            self.member_write(v, role, q, dev)?;
         }
         Ok(())
     }
@@ -715,6 +1186,7 @@ impl Array {
     pub fn resync(&self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
         self.begin_write()?;
         let chunk = self.geom.chunk;
+        let v = self.view.load();
         match self.geom.level {
             Level::Linear | Level::Raid0 => {}
             Level::Raid1 | Level::Raid10 => {
@@ -725,7 +1197,7 @@ impl Array {
                     let ps = self.geom.pieces(pos, chunk.min(total - pos));
                     for p in ps {
                         let b = &mut buf[..p.len as usize];
-                        self.read_copies(&p, b)?;
+                        self.read_copies(&v, &p, b)?;
                         self.write(b, p.logical)?;
                         pos = p.logical + p.len;
                     }
@@ -739,18 +1211,11 @@ impl Array {
                 for s in 0..stripes {
                     let _g = self.lock(s);
                     let sm = self.geom.stripe_map(s);
-                    let rows = self.read_rows(s, 0, chunk, &need, &[])?.data;
-                    let mut order = vec![0; k];
-                    for dd in 0..k {
-                        order[sm.syndrome[dd]] = dd;
-                    }
-                    let refs: Vec<&[u8]> = order.iter().map(|&d| rows[d].as_slice()).collect();
-                    let mut pbuf = vec![0u8; chunk as usize];
-                    let mut qbuf = vec![0u8; chunk as usize];
-                    parity::gen_pq(&refs, &mut pbuf, &mut qbuf);
-                    self.member_write(sm.p, &pbuf, s * chunk)?;
+                    let rows = self.read_rows(&v, s, 0, chunk, &need)?;
+                    let (pbuf, qbuf) = parity_of(&sm, &rows, chunk as usize);
+                    self.member_write(&v, sm.p, &pbuf, s * chunk)?;
                     if let Some(q) = sm.q {
-                        self.member_write(q, &qbuf, s * chunk)?;
+                        self.member_write(&v, q, &qbuf, s * chunk)?;
                     }
                     progress(s + 1, stripes);
                 }
@@ -760,21 +1225,33 @@ impl Array {
     }
 
     /// Count stripes (parity levels) or chunks (mirrors) whose redundancy
-    /// disagrees with the data. Needs every member present.
+    /// disagrees with the data, P and Q recomputed by the slow reference
+    /// code. Needs every member present and in sync.
     pub fn count_mismatches(&self) -> Result<u64> {
-        if self.slots.iter().any(|s| s.member.is_none()) {
+        let v = self.view.load();
+        if !v.degraded_roles().is_empty() {
             return Err(Error::Invalid(
-                "checking redundancy needs every member".into(),
+                "checking redundancy needs every member in sync".into(),
             ));
         }
         let chunk = self.geom.chunk as usize;
         let n = self.geom.members();
         let mut bad = 0;
         let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; chunk]; n];
+        let rd = |role: usize, b: &mut [u8], dev: u64| -> Result<()> {
+            Ok(self
+                .member_read(&v, role, b, dev)
+                .expect("every member in sync")?)
+        };
         for s in 0..self.geom.stripes() {
+            if !matches!(
+                self.geom.level,
+                Level::Raid4 | Level::Raid5 | Level::Raid6 | Level::Raid1
+            ) {
+                break;
+            }
             for (role, b) in bufs.iter_mut().enumerate() {
-                self.member_read(role, b, s * chunk as u64)
-                    .expect("present")?;
+                rd(role, b, s * chunk as u64)?;
             }
             match self.geom.level {
                 Level::Raid4 | Level::Raid5 | Level::Raid6 => {
@@ -801,9 +1278,9 @@ impl Array {
                 (0..cap / chunk as u64).map(|c| self.geom.pieces(c * chunk as u64, chunk as u64))
             {
                 let (r0, d0) = p[0].copies[0];
-                self.member_read(r0, &mut a, d0).expect("present")?;
+                rd(r0, &mut a, d0)?;
                 for &(r, d) in &p[0].copies[1..] {
-                    self.member_read(r, &mut b, d).expect("present")?;
+                    rd(r, &mut b, d)?;
                     if a != b {
                         bad += 1;
                     }
@@ -812,9 +1289,63 @@ impl Array {
         }
         Ok(bad)
     }
+
+    /// Before the first write: record that the array is dirty and which
+    /// roles are absent (raising the event counter), so that a member that
+    /// missed these writes is known to be stale when it comes back.
+    pub(crate) fn begin_write(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::Invalid("the array is open read-only".into()));
+        }
+        if self.write_ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut meta = self.meta.lock().expect("meta lock");
+        if self.write_ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let v = self.view.load();
+        let mut changed = false;
+        for (role, rv) in v.roles.iter().enumerate() {
+            if rv.disk.is_none() && meta.sb.roles[role].state == RoleState::Active {
+                meta.sb.roles[role].state = RoleState::Removed;
+                changed = true;
+            }
+        }
+        if changed {
+            meta.sb.events += 1;
+        }
+        meta.sb.state = ArrayState::Dirty;
+        self.write_superblocks(&mut meta)?;
+        self.write_ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Stop background work, flush every member and, if the array was
+    /// written, mark it clean.
+    pub fn close(&self) -> Result<()> {
+        self.recovery.stop();
+        let flushed = self.flush();
+        let mut meta = self.meta.lock().expect("meta lock");
+        if self.write_ready.swap(false, Ordering::AcqRel) && flushed.is_ok() {
+            meta.sb.state = ArrayState::Clean;
+            self.write_superblocks(&mut meta)?;
+        }
+        drop(meta);
+        let v = self.view.load();
+        for d in v
+            .writable()
+            .iter()
+            .chain(&v.spares)
+            .chain(v.failed.iter().map(|f| &f.0))
+        {
+            let _ = d.member.close();
+        }
+        flushed
+    }
 }
 
-fn roles_list(roles: impl Iterator<Item = usize>) -> String {
+pub(crate) fn roles_list(roles: impl Iterator<Item = usize>) -> String {
     roles.map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
 }
 

@@ -14,12 +14,17 @@
 //! ```
 
 pub mod assemble;
+pub mod bitmap;
 pub mod create;
 mod engine;
 pub mod error;
+mod manage;
+mod recovery;
 pub mod spec;
 pub mod superblock;
 
-pub use engine::{Array, MemberStatus};
+pub use engine::{Array, MemberStatus, OpenOptions, DEFAULT_MEMBER_TIMEOUT};
 pub use error::{Error, Result};
+pub use manage::Added;
+pub use recovery::{LastRecovery, RecoveryStatus, DEFAULT_MIN_RATE};
 pub use superblock::SB_SIZE;

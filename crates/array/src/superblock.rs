@@ -6,7 +6,7 @@
 //! |---------|---------|-------------------------------------------|
 //! | 0       | 8 KiB   | superblock, copy A                        |
 //! | 8 KiB   | 8 KiB   | superblock, copy B                        |
-//! | 16 KiB  | ...     | reserved: write-intent bitmap, journal    |
+//! | 16 KiB  | ...     | write-intent bitmap (see `bitmap`), then reserved for a journal |
 //! | `data_offset` | `data_size` | array data                     |
 //!
 //! `data_offset` is a multiple of 1 MiB: 1/128 of the member rounded up to
@@ -34,7 +34,8 @@
 //! 176 data_offset u64       184 data_size u64         192 array_size u64
 //! 200 state u32 (0 clean, 1 dirty)                    204 reserved
 //! 208 recovery_offset u64 (u64::MAX: in sync)
-//! 216 bitmap offset, size, chunk u64 x3   240 journal offset, size u64 x2
+//! 216 bitmap: offset u64, region size u64 (0: no bitmap), events_cleared u64
+//! 240 journal offset, size u64 x2
 //! 1024 role table: raid_disks entries of 32 bytes:
 //!      member uuid [16], state u32, reserved u32, data_size u64
 //! ```

@@ -107,6 +107,11 @@ impl Level {
         self.parity_count() > 0
     }
 
+    /// Whether a member can be lost (and rebuilt) without losing data.
+    pub fn has_redundancy(self) -> bool {
+        !matches!(self, Level::Linear | Level::Raid0)
+    }
+
     /// The layout used when none is given.
     pub fn default_layout(self) -> Layout {
         match self {
@@ -624,6 +629,19 @@ impl Geometry {
             dd,
             copies,
         }
+    }
+
+    /// Mirrored levels: the logical chunk that member `role` holds in its
+    /// chunk row `row` (None past the end of the array).
+    pub fn mirror_chunk_at(&self, role: usize, row: u64) -> Option<u64> {
+        let c = match self.level {
+            Level::Raid1 => row,
+            Level::Raid10 => {
+                (row * self.members() as u64 + role as u64) / self.near_copies() as u64
+            }
+            _ => return None,
+        };
+        (c < self.capacity() / self.chunk).then_some(c)
     }
 
     /// Logical offset of data chunk `dd` of `stripe` (parity levels).

@@ -436,3 +436,37 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn mirror_chunk_at_inverts_placement() {
+    for (level, layout, n) in [
+        (Level::Raid1, Layout::None, 3),
+        (Level::Raid10, Layout::Near(2), 3),
+        (Level::Raid10, Layout::Near(2), 4),
+        (Level::Raid10, Layout::Near(3), 5),
+    ] {
+        let g = geom(level, layout, n, 8);
+        let chunks = g.capacity() / K;
+        let mut seen = 0;
+        for role in 0..n {
+            for row in 0..8 {
+                let Some(c) = g.mirror_chunk_at(role, row) else {
+                    continue;
+                };
+                seen += 1;
+                let p = g.pieces(c * K, K);
+                assert!(
+                    p[0].copies.contains(&(role, row * K)),
+                    "{level} n{n}: role {role} row {row} -> chunk {c}: {:?}",
+                    p[0].copies
+                );
+            }
+        }
+        let copies = if level == Level::Raid1 {
+            n as u64
+        } else {
+            layout.md_number() as u64 & 0xff
+        };
+        assert_eq!(seen, chunks * copies, "{level} n{n}");
+    }
+}

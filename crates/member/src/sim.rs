@@ -47,9 +47,7 @@ impl SimConfig {
                 "bw" => {
                     // Rates are decimal, as disk makers quote them (150M = 150 MB/s).
                     let raw = v.trim().trim_end_matches("/s").trim_end_matches('B');
-                    let split = raw
-                        .find(|c: char| !c.is_ascii_digit())
-                        .unwrap_or(raw.len());
+                    let split = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
                     let (num, suf) = raw.split_at(split);
                     let n: u64 = num.parse().map_err(|_| format!("bw '{v}' is not a rate"))?;
                     let mult = match suf.to_ascii_uppercase().as_str() {

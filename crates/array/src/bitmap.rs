@@ -1,0 +1,311 @@
+//! The write-intent bitmap: one bit per region of the members' data areas,
+//! set (durably, on every member) before any write to the region starts and
+//! cleared lazily once the region has been idle while the array was whole.
+//!
+//! A member that drops out and comes back therefore needs only the regions
+//! whose bits are set: nothing else was written while it was away, because
+//! bits are never cleared while the array is degraded. The superblock
+//! records `events_cleared`, the event count when bits were last cleared; a
+//! returning member whose event count is older than that may have missed
+//! writes whose bits are gone, and is rebuilt in full.
+//!
+//! # On disk
+//!
+//! Every member holds a copy at member offset [`BITMAP_OFFSET`] (inside the
+//! metadata area, after the two superblock copies): `ceil(regions / 8)`
+//! bytes, region `i` in bit `i % 8` of byte `i / 8`, written in whole 4 KiB
+//! blocks. The superblock's bitmap fields hold the offset, the region size
+//! and `events_cleared`; a region size of zero means no bitmap. Assembly
+//! ORs the copies of every fresh member, so a torn bitmap write can only
+//! add regions to resync, never lose one.
+//!
+//! # Concurrency
+//!
+//! A write raises its regions' in-flight counters, then looks at the
+//! durable bits; the cleaner clears a bit, then looks at the in-flight
+//! counter and puts the bit back if a write arrived. Both sides use
+//! sequentially consistent operations, so one of them always sees the
+//! other: a write never proceeds on a region whose bit is being cleared.
+
+use crate::superblock::SB_SIZE;
+use raidkit_member::{Member, MemberError};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+/// Where the bitmap lives on every member.
+pub const BITMAP_OFFSET: u64 = 2 * SB_SIZE as u64;
+/// md's default region ("bitmap chunk") size.
+pub const DEFAULT_REGION: u64 = 64 << 20;
+const BLOCK: usize = 4096;
+
+/// Bytes of metadata area a bitmap of `regions` regions needs.
+pub fn bytes_for(regions: u64) -> u64 {
+    regions.div_ceil(8).div_ceil(BLOCK as u64).max(1) * BLOCK as u64
+}
+
+/// A set of regions (a snapshot of dirty bits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionSet {
+    pub region: u64,
+    pub words: Vec<u64>,
+}
+
+impl RegionSet {
+    pub fn contains(&self, r: u64) -> bool {
+        self.words
+            .get((r / 64) as usize)
+            .is_some_and(|w| w >> (r % 64) & 1 == 1)
+    }
+
+    /// Whether any region overlapping device range `[lo, hi)` is in the set.
+    pub fn overlaps(&self, lo: u64, hi: u64) -> bool {
+        hi > lo && (lo / self.region..hi.div_ceil(self.region)).any(|r| self.contains(r))
+    }
+
+    pub fn count(&self) -> u64 {
+        self.words.iter().map(|w| w.count_ones() as u64).sum()
+    }
+}
+
+#[derive(Debug)]
+pub struct Bitmap {
+    region: u64,
+    regions: u64,
+    /// Bits known durable on every member.
+    durable: Vec<AtomicU64>,
+    /// Regions written since the cleaner last looked.
+    active: Vec<AtomicU64>,
+    inflight: Vec<AtomicU32>,
+    /// Serialises changes to the durable bits and their writing out.
+    io: Mutex<()>,
+}
+
+/// Held while a write is in flight on its regions.
+#[derive(Debug)]
+pub struct WriteGuard<'a> {
+    bitmap: &'a Bitmap,
+    lo: u64,
+    hi: u64,
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        for r in self.lo..self.hi {
+            self.bitmap.inflight[r as usize].fetch_sub(1, SeqCst);
+        }
+    }
+}
+
+fn words(regions: u64) -> usize {
+    regions.div_ceil(64) as usize
+}
+
+impl Bitmap {
+    /// A bitmap over `dev_size` bytes of member data area, starting from `initial`.
+    pub fn new(region: u64, dev_size: u64, initial: Option<&RegionSet>) -> Bitmap {
+        let regions = dev_size.div_ceil(region).max(1);
+        let n = words(regions);
+        let durable: Vec<AtomicU64> = (0..n)
+            .map(|i| AtomicU64::new(initial.and_then(|s| s.words.get(i).copied()).unwrap_or(0)))
+            .collect();
+        Bitmap {
+            region,
+            regions,
+            durable,
+            active: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            inflight: (0..regions).map(|_| AtomicU32::new(0)).collect(),
+            io: Mutex::new(()),
+        }
+    }
+
+    pub fn region(&self) -> u64 {
+        self.region
+    }
+
+    pub fn regions(&self) -> u64 {
+        self.regions
+    }
+
+    /// The dirty regions now.
+    pub fn snapshot(&self) -> RegionSet {
+        RegionSet {
+            region: self.region,
+            words: self.durable.iter().map(|w| w.load(SeqCst)).collect(),
+        }
+    }
+
+    fn bit(v: &[AtomicU64], r: u64) -> bool {
+        v[(r / 64) as usize].load(SeqCst) >> (r % 64) & 1 == 1
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; bytes_for(self.regions) as usize];
+        for (i, w) in self.durable.iter().enumerate() {
+            let bytes = w.load(SeqCst).to_le_bytes();
+            let at = i * 8;
+            let n = bytes.len().min(b.len().saturating_sub(at));
+            b[at..at + n].copy_from_slice(&bytes[..n]);
+        }
+        b
+    }
+
+    /// Read a member's copy.
+    pub fn read(m: &dyn Member, region: u64, dev_size: u64) -> Result<RegionSet, MemberError> {
+        let regions = dev_size.div_ceil(region).max(1);
+        let mut b = vec![0u8; bytes_for(regions) as usize];
+        m.read_at(&mut b, BITMAP_OFFSET)?;
+        let mut words = vec![0u64; words(regions)];
+        for (i, w) in words.iter_mut().enumerate() {
+            let mut x = [0u8; 8];
+            let at = i * 8;
+            let n = 8.min(b.len() - at);
+            x[..n].copy_from_slice(&b[at..at + n]);
+            *w = u64::from_le_bytes(x);
+        }
+        // Bits past the last region are noise: drop them.
+        if !regions.is_multiple_of(64) {
+            if let Some(last) = words.last_mut() {
+                *last &= (1u64 << (regions % 64)) - 1;
+            }
+        }
+        Ok(RegionSet { region, words })
+    }
+
+    /// Write the bitmap to `members` and flush them; returns the members
+    /// that failed (by index), which the caller fails once no lock is held.
+    fn write_out(&self, members: &[Arc<dyn Member>]) -> Vec<(usize, MemberError)> {
+        let b = self.encode();
+        let mut failed = Vec::new();
+        for (i, m) in members.iter().enumerate() {
+            if let Err(e) = m.write_at(&b, BITMAP_OFFSET).and_then(|()| m.flush()) {
+                failed.push((i, e));
+            }
+        }
+        failed
+    }
+
+    /// Write the whole bitmap to one member (a member joining the array).
+    pub fn write_to(&self, m: &dyn Member) -> Result<(), MemberError> {
+        let _g = self.io.lock().expect("bitmap io");
+        m.write_at(&self.encode(), BITMAP_OFFSET)?;
+        m.flush()
+    }
+
+    /// Declare a write to device range `[lo, hi)`. The regions' bits are
+    /// durable on `members` when this returns; the write must complete
+    /// before the guard is dropped. Members that could not take the bitmap
+    /// are returned for failing.
+    pub fn start_write<'a>(
+        &'a self,
+        lo: u64,
+        hi: u64,
+        members: &dyn Fn() -> Vec<Arc<dyn Member>>,
+    ) -> (WriteGuard<'a>, Vec<(usize, MemberError)>) {
+        let r0 = (lo / self.region).min(self.regions - 1);
+        let r1 = hi.div_ceil(self.region).clamp(r0 + 1, self.regions);
+        for r in r0..r1 {
+            self.inflight[r as usize].fetch_add(1, SeqCst);
+            self.active[(r / 64) as usize].fetch_or(1 << (r % 64), SeqCst);
+        }
+        let guard = WriteGuard {
+            bitmap: self,
+            lo: r0,
+            hi: r1,
+        };
+        if (r0..r1).all(|r| Self::bit(&self.durable, r)) {
+            return (guard, Vec::new());
+        }
+        let _g = self.io.lock().expect("bitmap io");
+        if (r0..r1).all(|r| Self::bit(&self.durable, r)) {
+            return (guard, Vec::new());
+        }
+        for r in r0..r1 {
+            self.durable[(r / 64) as usize].fetch_or(1 << (r % 64), SeqCst);
+        }
+        let failed = self.write_out(&members());
+        (guard, failed)
+    }
+
+    /// Clear the bits of regions idle since the last call. Only for an
+    /// array whose every member is in sync. `before_write` runs (once, if
+    /// anything is to be cleared) before the cleared bits are written out:
+    /// the caller records `events_cleared` there. Returns how many bits
+    /// were cleared and the members that failed.
+    pub fn clear_idle(
+        &self,
+        members: &[Arc<dyn Member>],
+        before_write: impl FnOnce(),
+    ) -> (u64, Vec<(usize, MemberError)>) {
+        let _g = self.io.lock().expect("bitmap io");
+        let mut cleared = 0;
+        for r in 0..self.regions {
+            let (w, bit) = ((r / 64) as usize, 1u64 << (r % 64));
+            if self.durable[w].load(SeqCst) & bit == 0 {
+                continue;
+            }
+            if self.active[w].fetch_and(!bit, SeqCst) & bit != 0 {
+                continue; // written lately: look again next time
+            }
+            self.durable[w].fetch_and(!bit, SeqCst);
+            if self.inflight[r as usize].load(SeqCst) > 0 {
+                self.durable[w].fetch_or(bit, SeqCst);
+            } else {
+                cleared += 1;
+            }
+        }
+        if cleared == 0 {
+            return (0, Vec::new());
+        }
+        before_write();
+        (cleared, self.write_out(members))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use raidkit_member::MemMember;
+
+    #[test]
+    fn bits_are_durable_before_writes_and_cleared_when_idle() {
+        let m: Arc<dyn Member> = Arc::new(MemMember::new("m", 1 << 20));
+        let members = || vec![m.clone()];
+        let b = Bitmap::new(1 << 20, 100 << 20, None);
+        assert_eq!(b.regions(), 100);
+        {
+            let (_g, failed) = b.start_write(3 << 20, (5 << 20) + 1, &members);
+            assert!(failed.is_empty());
+            let on_disk = Bitmap::read(m.as_ref(), 1 << 20, 100 << 20).unwrap();
+            assert_eq!(on_disk.count(), 3);
+            assert!(on_disk.contains(3) && on_disk.contains(4) && on_disk.contains(5));
+            // In flight: the cleaner leaves them alone however often it runs.
+            for _ in 0..3 {
+                assert_eq!(b.clear_idle(&members(), || {}).0, 0);
+            }
+        }
+        // Written since the last look: kept one more round, then cleared.
+        let (n, _) = b.clear_idle(&members(), || {});
+        assert_eq!(n, 3);
+        assert_eq!(
+            Bitmap::read(m.as_ref(), 1 << 20, 100 << 20)
+                .unwrap()
+                .count(),
+            0
+        );
+    }
+
+    #[test]
+    fn region_sets_answer_overlap_questions() {
+        let mut s = RegionSet {
+            region: 10,
+            words: vec![0; 2],
+        };
+        s.words[1] |= 1 << 2; // region 66: bytes 660..670
+        assert!(s.overlaps(665, 666));
+        assert!(s.overlaps(600, 661));
+        assert!(!s.overlaps(600, 660));
+        assert!(!s.overlaps(670, 700));
+        assert!(!s.overlaps(665, 665));
+        assert_eq!(s.count(), 1);
+    }
+}

@@ -1,0 +1,491 @@
+//! Membership changes on a running array: failing, removing and adding
+//! members, hot spares taking over, and replacing a member while it stays in
+//! service. Every change is recorded in the superblocks (event counter
+//! raised) before the new set of members is put in service.
+
+use crate::assemble::Absence;
+use crate::engine::{Array, Disk, Meta, SyncState, View};
+use crate::error::{Error, Result};
+use crate::spec::{self, Spec};
+use crate::superblock::{
+    data_offset_for, probe, write_superblock, Role, RoleState, Superblock, SB_SIZE,
+};
+use raidkit_member::Member;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// What `add` did with a member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Added {
+    /// Taken into a role and being rebuilt (`resync`: only the regions the
+    /// bitmap marks).
+    Role {
+        role: usize,
+        resync: bool,
+    },
+    Spare,
+}
+
+fn same_member(a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+/// Where a member named by the user sits.
+enum Place {
+    Role(usize),
+    Replacement(usize),
+    Spare(usize),
+    Failed(usize),
+}
+
+impl Array {
+    /// Write every role member's superblock from the array-wide state. A
+    /// member that cannot take it is failed, and the others written again.
+    pub(crate) fn write_superblocks(&self, meta: &mut Meta) -> Result<()> {
+        meta.sb.utime = crate::engine::unix_now();
+        loop {
+            let v = self.view.load_full();
+            let mut failed = Vec::new();
+            for (role, rv) in v.roles.iter().enumerate() {
+                let Some(d) = &rv.disk else { continue };
+                let mut own = d.sb.lock().expect("member sb");
+                let mut sb = meta.sb.clone();
+                sb.member_uuid = own.member_uuid;
+                sb.role = Role::Active(role as u32);
+                sb.data_offset = own.data_offset;
+                sb.data_size = own.data_size;
+                sb.recovery_offset = rv.sync.as_ref().map(|_| own.recovery_offset.unwrap_or(0));
+                sb.seq = own.seq;
+                match write_superblock(d.member.as_ref(), &mut sb) {
+                    Ok(()) => *own = sb,
+                    Err(e) => failed.push((d.clone(), e)),
+                }
+            }
+            if failed.is_empty() {
+                return Ok(());
+            }
+            let mut changed = false;
+            for (d, e) in failed {
+                changed |= self.fail_locked(meta, &d, &format!("writing its superblock: {e}"));
+            }
+            if !changed {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Take `d` out of service (under the meta lock; the caller writes the
+    /// superblocks). Returns false if it was not in service.
+    pub(crate) fn fail_locked(&self, meta: &mut Meta, d: &Disk, why: &str) -> bool {
+        let old = self.view.load_full();
+        let mut v = View::clone(&old);
+        let is = |x: &Arc<Disk>| std::ptr::eq(Arc::as_ptr(x), d);
+        let mut place = None;
+        for (r, rv) in v.roles.iter().enumerate() {
+            if rv.disk.as_ref().is_some_and(is) {
+                place = Some(Place::Role(r));
+            } else if rv.replacement.as_ref().is_some_and(|x| is(&x.0)) {
+                place = Some(Place::Replacement(r));
+            }
+        }
+        if place.is_none() {
+            place = v.spares.iter().position(is).map(Place::Spare);
+        }
+        let (disk, role) = match place {
+            None | Some(Place::Failed(_)) => return false,
+            Some(Place::Spare(i)) => (v.spares.remove(i), None),
+            Some(Place::Replacement(r)) => {
+                let (x, _) = v.roles[r].replacement.take().expect("replacement");
+                (x, Some(r))
+            }
+            Some(Place::Role(r)) => {
+                let rv = &mut v.roles[r];
+                let x = rv.disk.take().expect("disk");
+                rv.sync = None;
+                meta.sb.roles[r].state = RoleState::Faulty;
+                if let Some((rep, sync)) = rv.replacement.take() {
+                    // The member being replaced failed first: its
+                    // replacement carries on as an ordinary rebuild.
+                    rep.sb.lock().expect("member sb").recovery_offset =
+                        Some(sync.cursor.load(Ordering::Acquire));
+                    meta.sb.roles[r].member_uuid = rep.uuid;
+                    meta.sb.roles[r].state = RoleState::Rebuilding;
+                    rv.disk = Some(rep);
+                    rv.sync = Some(sync);
+                } else {
+                    rv.absence = Some(Absence::Missing);
+                }
+                (x, Some(r))
+            }
+        };
+        tracing::warn!(member = disk.name(), role, "member failed: {why}");
+        v.failed.push((disk, role, why.to_string()));
+        meta.sb.events += 1;
+        if !self.geom.survives(&v.degraded_roles()) {
+            self.alive.store(false, Ordering::Release);
+            tracing::error!("array '{}' has failed: too many members lost", self.name);
+        }
+        self.view.store(Arc::new(v));
+        true
+    }
+
+    /// Fail a member found to be faulty by the I/O path.
+    pub(crate) fn fail_disk_by_ptr(&self, d: &Disk, why: &str) {
+        let changed = {
+            let mut meta = self.meta.lock().expect("meta lock");
+            let changed = self.fail_locked(&mut meta, d, why);
+            if changed {
+                let _ = self.write_superblocks(&mut meta);
+            }
+            changed
+        };
+        if changed {
+            let _ = self.use_spares();
+            self.recovery.kick();
+        }
+    }
+
+    /// Put spares into roles that have no member, to be rebuilt there.
+    pub(crate) fn use_spares(&self) -> Result<()> {
+        if self.read_only || !self.alive.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut meta = self.meta.lock().expect("meta lock");
+        let mut v = View::clone(&self.view.load());
+        let mut took = false;
+        for r in 0..v.roles.len() {
+            if v.roles[r].disk.is_some() || v.spares.is_empty() {
+                continue;
+            }
+            let spare = v.spares.remove(0);
+            self.enter_role(&mut meta, &mut v, r, spare, None)?;
+            took = true;
+        }
+        if took {
+            self.commit(&mut meta, v)?;
+            self.recovery.kick();
+        }
+        Ok(())
+    }
+
+    /// Record a new set of members: events raised, superblocks written.
+    fn commit(&self, meta: &mut Meta, v: View) -> Result<()> {
+        meta.sb.events += 1;
+        self.view.store(Arc::new(v));
+        self.write_superblocks(meta)
+    }
+
+    /// Put `disk` into role `r` to be rebuilt (fully, or only `dirty` regions).
+    fn enter_role(
+        &self,
+        meta: &mut Meta,
+        v: &mut View,
+        r: usize,
+        disk: Arc<Disk>,
+        dirty: Option<crate::bitmap::RegionSet>,
+    ) -> Result<()> {
+        {
+            let mut own = disk.sb.lock().expect("member sb");
+            own.role = Role::Active(r as u32);
+            own.recovery_offset = Some(0);
+            own.data_size = meta.sb.roles[r].data_size;
+        }
+        if let Some(b) = &self.bitmap {
+            b.write_to(disk.member.as_ref())?;
+        }
+        meta.sb.roles[r].member_uuid = disk.uuid;
+        meta.sb.roles[r].state = RoleState::Rebuilding;
+        v.failed
+            .retain(|f| !(f.1 == Some(r) && f.0.uuid == disk.uuid));
+        let rv = &mut v.roles[r];
+        rv.disk = Some(disk);
+        rv.sync = Some(SyncState::new(0, dirty));
+        rv.absence = None;
+        Ok(())
+    }
+
+    fn find(&self, v: &View, who: &str) -> Result<Place> {
+        if let Ok(r) = who.parse::<usize>() {
+            if r >= v.roles.len() {
+                return Err(Error::Invalid(format!(
+                    "there is no role {r}: the array has roles 0 to {}",
+                    v.roles.len() - 1
+                )));
+            }
+            if v.roles[r].disk.is_some() {
+                return Ok(Place::Role(r));
+            }
+            if let Some(i) = v.failed.iter().position(|f| f.1 == Some(r)) {
+                return Ok(Place::Failed(i));
+            }
+            return Err(Error::Invalid(format!("role {r} has no member")));
+        }
+        for (r, rv) in v.roles.iter().enumerate() {
+            if rv.disk.as_ref().is_some_and(|d| same_member(d.name(), who)) {
+                return Ok(Place::Role(r));
+            }
+            if rv
+                .replacement
+                .as_ref()
+                .is_some_and(|d| same_member(d.0.name(), who))
+            {
+                return Ok(Place::Replacement(r));
+            }
+        }
+        if let Some(i) = v.spares.iter().position(|d| same_member(d.name(), who)) {
+            return Ok(Place::Spare(i));
+        }
+        if let Some(i) = v.failed.iter().position(|f| same_member(f.0.name(), who)) {
+            return Ok(Place::Failed(i));
+        }
+        Err(Error::Invalid(format!(
+            "{who} is not a member of this array"
+        )))
+    }
+
+    /// Mark a member faulty, as if it had failed. Refused if that would
+    /// stop the array, unless `force`.
+    pub fn fail_member(&self, who: &str, force: bool) -> Result<String> {
+        self.check_writable()?;
+        let v = self.view.load_full();
+        let d = match self.find(&v, who)? {
+            Place::Role(r) => {
+                let mut gone = v.degraded_roles();
+                gone.push(r);
+                if !force && !self.geom.survives(&gone) {
+                    return Err(Error::Invalid(format!(
+                        "failing role {r} would leave {} unable to serve (too many members gone); use --force to fail it anyway",
+                        self.geom.level
+                    )));
+                }
+                v.roles[r].disk.clone().expect("disk")
+            }
+            Place::Replacement(r) => v.roles[r].replacement.clone().expect("replacement").0,
+            Place::Spare(i) => v.spares[i].clone(),
+            Place::Failed(i) => {
+                return Err(Error::Invalid(format!(
+                    "{} has already failed",
+                    v.failed[i].0.name()
+                )))
+            }
+        };
+        let name = d.name().to_string();
+        self.fail_disk_by_ptr(&d, "failed by the administrator");
+        Ok(name)
+    }
+
+    /// Let go of a failed member or a spare (it can then be taken away).
+    pub fn remove_member(&self, who: &str) -> Result<String> {
+        let _meta = self.meta.lock().expect("meta lock");
+        let mut v = View::clone(&self.view.load());
+        let d = match self.find(&v, who)? {
+            Place::Failed(i) => v.failed.remove(i).0,
+            Place::Spare(i) => v.spares.remove(i),
+            Place::Role(r) | Place::Replacement(r) => {
+                return Err(Error::Invalid(format!(
+                    "{who} is in service in role {r}; fail it first (raidkit fail)"
+                )))
+            }
+        };
+        self.view.store(Arc::new(v));
+        let _ = d.member.close();
+        Ok(d.name().to_string())
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::Invalid("the array is served read-only".into()));
+        }
+        if !self.geom.level.has_redundancy() {
+            return Err(Error::Invalid(format!(
+                "{} has no redundancy: members cannot be failed, added or replaced",
+                self.geom.level
+            )));
+        }
+        Ok(())
+    }
+
+    /// Open a member to be added: checked (not in service, big enough,
+    /// blank or ours unless `force`), with its superblock if it has ours.
+    fn prepare(
+        &self,
+        v: &View,
+        spec_text: &str,
+        force: bool,
+    ) -> Result<(Arc<dyn Member>, Option<Superblock>)> {
+        let s = Spec::parse(spec_text)?;
+        let in_service = v
+            .writable()
+            .iter()
+            .chain(&v.spares)
+            .chain(v.failed.iter().map(|f| &f.0))
+            .any(|d| {
+                same_member(d.name(), spec_text)
+                    || s.path().is_some_and(|p| same_member(d.name(), p))
+            });
+        if in_service {
+            return Err(Error::Invalid(format!(
+                "{spec_text} is already in the array (a failed member must be removed first: raidkit remove)"
+            )));
+        }
+        let m = spec::open(&s, false)?;
+        let sb = self.superblock();
+        let ours = match probe(m.as_ref())? {
+            Some(Ok(msb)) if msb.array_uuid == sb.array_uuid => Some(msb),
+            Some(Ok(msb)) if !force => {
+                return Err(Error::InUse {
+                    member: m.name().to_string(),
+                    uuid: msb.array_uuid.to_string(),
+                    name: msb.name,
+                })
+            }
+            Some(Err(e)) if !force => {
+                return Err(Error::Invalid(format!(
+                    "{e}; it looks like a raidkit member: use --force to overwrite it"
+                )))
+            }
+            None if !force => {
+                let n = m.len().min(1 << 20) as usize;
+                let mut head = vec![0u8; n];
+                m.read_at(&mut head, 0)?;
+                if head.iter().any(|&b| b != 0) {
+                    return Err(Error::HoldsData {
+                        member: m.name().to_string(),
+                    });
+                }
+                None
+            }
+            _ => None,
+        };
+        let need = sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
+        let off = data_offset_for(m.len());
+        if m.len() < off + need {
+            return Err(Error::Invalid(format!(
+                "{} is too small: {} bytes, but {off} bytes of metadata plus {need} bytes of data are needed",
+                m.name(),
+                m.len()
+            )));
+        }
+        Ok((m, ours))
+    }
+
+    /// A fresh superblock for a member joining as a spare.
+    fn new_member_sb(&self, meta: &Meta, m: &dyn Member) -> Superblock {
+        let mut sb = meta.sb.clone();
+        sb.seq = 0;
+        sb.member_uuid = Uuid::new_v4();
+        sb.role = Role::Spare;
+        sb.data_offset = data_offset_for(m.len());
+        sb.data_size = meta.sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
+        sb.recovery_offset = None;
+        sb
+    }
+
+    /// Blank a new member's metadata area and write its spare superblock.
+    fn init_member(&self, m: &dyn Member, sb: &mut Superblock) -> Result<()> {
+        let blank = vec![0u8; (sb.data_offset - 2 * SB_SIZE as u64).min(1 << 20) as usize];
+        m.write_at(&blank, 2 * SB_SIZE as u64)?;
+        write_superblock(m, sb)
+    }
+
+    /// Add a member: it takes the place of a missing one (and is rebuilt,
+    /// only where the bitmap says if it is that member coming back), or
+    /// becomes a spare.
+    pub fn add_member(&self, spec_text: &str, force: bool) -> Result<Added> {
+        self.check_writable()?;
+        if !self.alive.load(Ordering::Acquire) {
+            return Err(Error::Invalid(
+                "the array has failed; stop it and start it again with the members back (--force if needed)".into(),
+            ));
+        }
+        let mut meta = self.meta.lock().expect("meta lock");
+        let mut v = View::clone(&self.view.load());
+        let (m, ours) = self.prepare(&v, spec_text, force)?;
+        let open_role = (0..v.roles.len()).find(|&r| v.roles[r].disk.is_none());
+        // The same member coming back to its role.
+        if let Some(msb) = &ours {
+            if let Role::Active(r) = msb.role {
+                let r = r as usize;
+                if v.roles[r].disk.is_none() && meta.sb.roles[r].member_uuid == msb.member_uuid {
+                    let dirty = match &self.bitmap {
+                        Some(b)
+                            if msb.recovery_offset.is_none()
+                                && meta.sb.bitmap[2] > 0
+                                && msb.events >= meta.sb.bitmap[2] =>
+                        {
+                            Some(b.snapshot())
+                        }
+                        _ => None,
+                    };
+                    let resync = dirty.is_some();
+                    let disk = Arc::new(Disk::new(m, msb.clone()));
+                    self.enter_role(&mut meta, &mut v, r, disk, dirty)?;
+                    self.commit(&mut meta, v)?;
+                    drop(meta);
+                    self.recovery.kick();
+                    return Ok(Added::Role { role: r, resync });
+                }
+            }
+        }
+        let mut sb = self.new_member_sb(&meta, m.as_ref());
+        self.init_member(m.as_ref(), &mut sb)?;
+        let disk = Arc::new(Disk::new(m, sb));
+        let added = match open_role {
+            Some(r) => {
+                self.enter_role(&mut meta, &mut v, r, disk, None)?;
+                Added::Role {
+                    role: r,
+                    resync: false,
+                }
+            }
+            None => {
+                v.spares.push(disk);
+                Added::Spare
+            }
+        };
+        self.commit(&mut meta, v)?;
+        drop(meta);
+        self.recovery.kick();
+        Ok(added)
+    }
+
+    /// Rebuild `who`'s contents onto a new member while `who` stays in
+    /// service; when done the new member takes the role.
+    pub fn replace_member(&self, who: &str, with: &str, force: bool) -> Result<usize> {
+        self.check_writable()?;
+        let meta = self.meta.lock().expect("meta lock");
+        let mut v = View::clone(&self.view.load());
+        let r = match self.find(&v, who)? {
+            Place::Role(r) => r,
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "{who} is not in service in a role, so there is nothing to replace"
+                )))
+            }
+        };
+        if v.roles[r].sync.is_some() || v.roles[r].replacement.is_some() {
+            return Err(Error::Invalid(format!(
+                "role {r} is already being rebuilt; wait for it (raidkit wait)"
+            )));
+        }
+        let (m, _) = self.prepare(&v, with, force)?;
+        let mut sb = self.new_member_sb(&meta, m.as_ref());
+        self.init_member(m.as_ref(), &mut sb)?;
+        let disk = Arc::new(Disk::new(m, sb));
+        if let Some(b) = &self.bitmap {
+            b.write_to(disk.member.as_ref())?;
+        }
+        v.roles[r].replacement = Some((disk, SyncState::new(0, None)));
+        self.view.store(Arc::new(v));
+        drop(meta);
+        self.recovery.kick();
+        Ok(r)
+    }
+}
