@@ -7,7 +7,7 @@ use crate::spec::{self, Spec};
 use crate::superblock::{
     data_offset_for, probe, write_superblock, ArrayState, Role, RoleEntry, RoleState, Superblock,
 };
-use crate::{assemble, SB_SIZE};
+use crate::{assemble, bitmap, SB_SIZE};
 use raidkit_layout::{Geometry, Layout, Level};
 use raidkit_member::{FileMember, Member};
 use std::path::Path;
@@ -28,6 +28,10 @@ pub struct CreateOptions {
     /// Skip the initial sync of existing members (their redundancy is
     /// trusted to be consistent already, e.g. they are known to be zero).
     pub assume_clean: bool,
+    /// Write-intent bitmap region size in bytes (0: no bitmap).
+    pub bitmap_region: u64,
+    /// Hot spares.
+    pub spares: Vec<Spec>,
 }
 
 /// What create did.
@@ -60,9 +64,22 @@ pub fn create(
             opts.name.len()
         )));
     }
-    check_distinct(specs)?;
-    let mut prepared = Vec::with_capacity(specs.len());
-    for s in specs {
+    let all: Vec<Spec> = specs.iter().chain(&opts.spares).cloned().collect();
+    check_distinct(&all)?;
+    if opts.bitmap_region != 0 && !opts.bitmap_region.is_power_of_two() {
+        return Err(Error::Invalid(format!(
+            "bitmap region {} is not a power of two",
+            opts.bitmap_region
+        )));
+    }
+    if !opts.spares.is_empty() && !opts.level.has_redundancy() {
+        return Err(Error::Invalid(format!(
+            "{} has no redundancy: a spare could never be used",
+            opts.level
+        )));
+    }
+    let mut prepared = Vec::with_capacity(all.len());
+    for s in &all {
         let exists = match s {
             Spec::File(p) => Path::new(p).exists(),
             Spec::Array(_) | Spec::Fault(..) | Spec::Sim(..) => true,
@@ -110,10 +127,11 @@ pub fn create(
             )));
         }
     }
-    if opts.level != Level::Linear && sizes.iter().any(|&s| s != sizes[0]) {
+    let n = specs.len();
+    if opts.level != Level::Linear && sizes[..n].iter().any(|&s| s != sizes[0]) {
         let list = prepared
             .iter()
-            .zip(&sizes)
+            .zip(&sizes[..n])
             .map(|(p, s)| format!("{} ({s} bytes)", prepared_name(p)))
             .collect::<Vec<_>>()
             .join(", ");
@@ -121,12 +139,40 @@ pub fn create(
             "members differ in size: {list}; give --size to use the same amount of each"
         )));
     }
-    let data_sizes: Vec<u64> = sizes
+    let data_sizes: Vec<u64> = sizes[..n]
         .iter()
         .zip(&offsets)
         .map(|(s, o)| (s - o) / opts.chunk * opts.chunk)
         .collect();
     let geom = Geometry::new(opts.level, opts.layout, opts.chunk, data_sizes.clone())?;
+    let biggest = data_sizes.iter().copied().max().unwrap_or(0);
+    for i in n..prepared.len() {
+        if sizes[i] < offsets[i] + biggest {
+            return Err(Error::Invalid(format!(
+                "spare {} is too small: {} bytes, but {} are needed",
+                prepared_name(&prepared[i]),
+                sizes[i],
+                offsets[i] + biggest
+            )));
+        }
+    }
+    let bitmap_region = if opts.level.has_redundancy() {
+        opts.bitmap_region
+    } else {
+        0
+    };
+    let bitmap_bytes = if bitmap_region > 0 {
+        let b = bitmap::bytes_for(biggest.div_ceil(bitmap_region));
+        let room = offsets[..n].iter().min().copied().unwrap_or(0) - bitmap::BITMAP_OFFSET;
+        if b > room {
+            return Err(Error::Invalid(format!(
+                "a bitmap with {bitmap_region}-byte regions needs {b} bytes, but the metadata area holds {room}; give a larger --bitmap-region"
+            )));
+        }
+        b
+    } else {
+        0
+    };
 
     // Everything checked: now create files and write.
     let mut created = Vec::new();
@@ -142,7 +188,7 @@ pub fn create(
         });
     }
     let needs_sync = !opts.assume_clean
-        && created.len() < members.len()
+        && created.len() < n
         && !matches!(opts.level, Level::Linear | Level::Raid0);
     let uuid = Uuid::new_v4();
     let now = std::time::SystemTime::now()
@@ -150,7 +196,8 @@ pub fn create(
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let member_uuids: Vec<Uuid> = members.iter().map(|_| Uuid::new_v4()).collect();
-    let roles: Vec<RoleEntry> = member_uuids
+    let spare_members = members.split_off(n);
+    let roles: Vec<RoleEntry> = member_uuids[..n]
         .iter()
         .zip(&geom.member_sizes)
         .map(|(&u, &size)| RoleEntry {
@@ -159,10 +206,11 @@ pub fn create(
             data_size: size,
         })
         .collect();
-    for (i, m) in members.iter().enumerate() {
+    for (i, m) in members.iter().chain(&spare_members).enumerate() {
         // Blank the metadata area's reserved part so that nothing stale
         // from an earlier use is ever mistaken for a bitmap or journal.
-        let blank = vec![0u8; (offsets[i] - 2 * SB_SIZE as u64).min(1 << 20) as usize];
+        let blank =
+            vec![0u8; (offsets[i] - 2 * SB_SIZE as u64).min((1 << 20).max(bitmap_bytes)) as usize];
         m.write_at(&blank, 2 * SB_SIZE as u64)?;
         let mut sb = Superblock {
             seq: 0,
@@ -172,12 +220,16 @@ pub fn create(
             level: opts.level,
             layout: opts.layout,
             chunk: opts.chunk,
-            role: Role::Active(i as u32),
+            role: if i < n {
+                Role::Active(i as u32)
+            } else {
+                Role::Spare
+            },
             ctime: now,
             utime: now,
             events: 1,
             data_offset: offsets[i],
-            data_size: geom.member_sizes[i],
+            data_size: geom.member_sizes.get(i).copied().unwrap_or(biggest),
             array_size: geom.capacity(),
             state: if needs_sync {
                 ArrayState::Dirty
@@ -185,7 +237,11 @@ pub fn create(
                 ArrayState::Clean
             },
             recovery_offset: None,
-            bitmap: [0; 3],
+            bitmap: if bitmap_region > 0 {
+                [bitmap::BITMAP_OFFSET, bitmap_region, 1]
+            } else {
+                [0; 3]
+            },
             journal: [0; 2],
             roles: roles.clone(),
         };
@@ -199,6 +255,9 @@ pub fn create(
         for m in &members {
             m.flush()?;
         }
+    }
+    for m in &spare_members {
+        m.flush()?;
     }
     Ok(CreateReport {
         uuid,

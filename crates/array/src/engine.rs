@@ -323,7 +323,11 @@ impl Array {
             let mut set: Option<RegionSet> = None;
             for s in &asm.slots {
                 if let Some(m) = &s.member {
-                    let b = Bitmap::read(m.as_ref(), bitmap_region, dev_size)?;
+                    // A member that cannot give its copy is failed on its
+                    // first I/O; the other copies hold every bit.
+                    let Ok(b) = Bitmap::read(m.as_ref(), bitmap_region, dev_size) else {
+                        continue;
+                    };
                     set = Some(match set {
                         None => b,
                         Some(mut a) => {

@@ -23,6 +23,7 @@ mod recovery;
 pub mod spec;
 pub mod superblock;
 
+pub use assemble::Health;
 pub use engine::{Array, MemberStatus, OpenOptions, DEFAULT_MEMBER_TIMEOUT};
 pub use error::{Error, Result};
 pub use manage::Added;

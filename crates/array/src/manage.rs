@@ -316,6 +316,7 @@ impl Array {
     /// blank or ours unless `force`), with its superblock if it has ours.
     fn prepare(
         &self,
+        meta: &Meta,
         v: &View,
         spec_text: &str,
         force: bool,
@@ -336,7 +337,7 @@ impl Array {
             )));
         }
         let m = spec::open(&s, false)?;
-        let sb = self.superblock();
+        let sb = &meta.sb;
         let ours = match probe(m.as_ref())? {
             Some(Ok(msb)) if msb.array_uuid == sb.array_uuid => Some(msb),
             Some(Ok(msb)) if !force => {
@@ -407,7 +408,7 @@ impl Array {
         }
         let mut meta = self.meta.lock().expect("meta lock");
         let mut v = View::clone(&self.view.load());
-        let (m, ours) = self.prepare(&v, spec_text, force)?;
+        let (m, ours) = self.prepare(&meta, &v, spec_text, force)?;
         let open_role = (0..v.roles.len()).find(|&r| v.roles[r].disk.is_none());
         // The same member coming back to its role.
         if let Some(msb) = &ours {
@@ -475,7 +476,7 @@ impl Array {
                 "role {r} is already being rebuilt; wait for it (raidkit wait)"
             )));
         }
-        let (m, _) = self.prepare(&v, with, force)?;
+        let (m, _) = self.prepare(&meta, &v, with, force)?;
         let mut sb = self.new_member_sb(&meta, m.as_ref());
         self.init_member(m.as_ref(), &mut sb)?;
         let disk = Arc::new(Disk::new(m, sb));

@@ -76,6 +76,8 @@ fn make(level: Level, layout: Layout, paths: &[PathBuf]) {
         name: "t".into(),
         force: false,
         assume_clean: false,
+        bitmap_region: 0,
+        spares: Vec::new(),
     };
     create(&specs(paths), &opts, |_, _| {}).unwrap();
 }
@@ -246,6 +248,8 @@ fn raid50_nests_arrays_as_members() {
             name: "inner".into(),
             force: false,
             assume_clean: false,
+            bitmap_region: 0,
+            spares: Vec::new(),
         };
         create(&specs(ps), &opts, |_, _| {}).unwrap();
     }
@@ -258,6 +262,8 @@ fn raid50_nests_arrays_as_members() {
         name: "raid50".into(),
         force: false,
         assume_clean: false,
+        bitmap_region: 0,
+        spares: Vec::new(),
     };
     create(&outer, &opts, |_, _| {}).unwrap();
     let top = Spec::Array(outer.clone());
@@ -323,6 +329,8 @@ fn full_stripe_writes_with_large_chunks() {
             name: "big".into(),
             force: false,
             assume_clean: false,
+            bitmap_region: 0,
+            spares: Vec::new(),
         };
         create(&specs(&ps), &opts, |_, _| {}).unwrap();
         let a = open(&without(&ps, &[])).unwrap();

@@ -39,6 +39,8 @@ fn build(a: &BenchEngineArgs, level: Level, tag: &str) -> Result<(Bench, Vec<Str
         name: format!("bench-{tag}"),
         force: false,
         assume_clean: false,
+        bitmap_region: 0,
+        spares: Vec::new(),
     };
     create(&specs, &opts, |_, _| {}).with_context(|| format!("creating the {level} array"))?;
     let array = Array::open(assemble(spec::open_all(&specs, false)?)?, tag, false)?;

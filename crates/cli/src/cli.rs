@@ -127,6 +127,14 @@ pub struct CreateArgs {
     /// redundancy is already consistent (for example, they are all zero).
     #[arg(long)]
     pub assume_clean: bool,
+    /// Hot spare (repeatable): a member kept ready that takes over, and is
+    /// rebuilt, as soon as a member fails.
+    #[arg(long, value_name = "PATH")]
+    pub spare: Vec<String>,
+    /// Write-intent bitmap region size: a member that drops out and comes
+    /// back resyncs only the regions written meanwhile. 0 disables it.
+    #[arg(long, default_value = "64M", value_parser = size)]
+    pub bitmap_region: u64,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,

@@ -55,6 +55,12 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
         name: a.name.clone(),
         force: a.force,
         assume_clean: a.assume_clean,
+        bitmap_region: a.bitmap_region,
+        spares: a
+            .spare
+            .iter()
+            .map(|s| Spec::parse(s))
+            .collect::<raidkit_array::Result<_>>()?,
     };
     let mut last_pct = u64::MAX;
     let report = create(&specs, &opts, |done, total| {

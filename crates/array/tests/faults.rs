@@ -1,0 +1,383 @@
+//! Member faults through the library: failing, spares, rebuild, re-add by
+//! bitmap, read errors cured or failed, members that vanish, and starting a
+//! failed array by force. Data is checked against a model after each step,
+//! and redundancy against the slow reference code.
+
+use raidkit_array::assemble::assemble;
+use raidkit_array::create::{create, CreateOptions};
+use raidkit_array::spec::{self, Spec};
+use raidkit_array::{Added, Array, Health, OpenOptions};
+use raidkit_layout::Level;
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+
+const CHUNK: u64 = 16 << 10;
+const MEMBER: u64 = (2 << 20) + 64 * CHUNK;
+const REGION: u64 = 64 << 10;
+
+fn tmp() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
+}
+
+fn path(dir: &Path, name: &str) -> String {
+    dir.join(name).display().to_string()
+}
+
+fn make(dir: &Path, level: Level, n: usize, spares: usize) -> Vec<String> {
+    let members: Vec<String> = (0..n).map(|i| path(dir, &format!("m{i}.img"))).collect();
+    let opts = CreateOptions {
+        level,
+        layout: level.default_layout(),
+        chunk: CHUNK,
+        size: Some(MEMBER),
+        name: "f".into(),
+        force: false,
+        assume_clean: false,
+        bitmap_region: REGION,
+        spares: (0..spares)
+            .map(|i| Spec::File(path(dir, &format!("s{i}.img"))))
+            .collect(),
+    };
+    let specs: Vec<Spec> = members.iter().map(|m| Spec::File(m.clone())).collect();
+    create(&specs, &opts, |_, _| {}).unwrap();
+    members
+}
+
+fn open(specs: &[String]) -> Array {
+    try_open(specs, false).unwrap()
+}
+
+fn try_open(specs: &[String], force: bool) -> raidkit_array::Result<Array> {
+    let parsed: Vec<Spec> = specs.iter().map(|s| Spec::parse(s).unwrap()).collect();
+    let mut asm = assemble(spec::open_all(&parsed, false)?)?;
+    if force {
+        asm.force();
+    }
+    Array::open_with(
+        asm,
+        "f",
+        OpenOptions {
+            readd_stale: true,
+            ..OpenOptions::default()
+        },
+    )
+}
+
+fn fill(a: &Array, model: &mut Vec<u8>, seed: u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    model.resize(a.capacity() as usize, 0);
+    rng.fill(&mut model[..]);
+    a.write(model, 0).unwrap();
+}
+
+fn scribble(a: &Array, model: &mut [u8], seed: u64, count: usize, span: u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for _ in 0..count {
+        let len = rng.gen_range(1..=3 * CHUNK);
+        let off = rng.gen_range(0..=span.min(model.len() as u64) - len);
+        let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        a.write(&data, off).unwrap();
+        model[off as usize..(off + len) as usize].copy_from_slice(&data);
+    }
+}
+
+fn check(a: &Array, model: &[u8]) {
+    let mut buf = vec![0u8; model.len()];
+    a.read(&mut buf, 0).unwrap();
+    assert!(buf == model, "array data differs from the model");
+}
+
+/// Stop an array and let go of its members.
+fn done(a: Array) {
+    a.close().unwrap();
+}
+
+fn state(a: &Array, role: usize) -> &'static str {
+    a.members_status()
+        .into_iter()
+        .find(|m| m.role == Some(role) && m.state != "faulty")
+        .map(|m| m.state)
+        .unwrap_or("none")
+}
+
+#[test]
+fn raid6_fail_spare_rebuild_fail_again_add_rebuild() {
+    let d = tmp();
+    let members = make(d.path(), Level::Raid6, 5, 1);
+    let mut all = members.clone();
+    all.push(path(d.path(), "s0.img"));
+    let a = open(&all);
+    let mut model = Vec::new();
+    fill(&a, &mut model, 1);
+
+    a.fail_member(&members[1], false).unwrap();
+    // The spare took role 1 at once and is being rebuilt.
+    assert_eq!(state(&a, 1), "rebuilding");
+    assert!(a.members_status().iter().any(|m| m.state == "faulty"));
+    scribble(&a, &mut model, 2, 50, a.capacity());
+    check(&a, &model);
+    a.recover_all().unwrap();
+    let last = a.last_recovery().unwrap();
+    assert_eq!((last.kind, last.result.as_str()), ("rebuild", "done"));
+    assert_eq!(a.health(), Health::Optimal);
+    assert_eq!(a.count_mismatches().unwrap(), 0);
+    check(&a, &model);
+
+    // A second failure, then a brand-new member.
+    a.fail_member("3", false).unwrap();
+    assert_eq!(a.health(), Health::Degraded);
+    scribble(&a, &mut model, 3, 50, a.capacity());
+    a.remove_member("3").unwrap();
+    let fresh = path(d.path(), "new.img");
+    std::fs::File::create(&fresh)
+        .unwrap()
+        .set_len(MEMBER)
+        .unwrap();
+    assert_eq!(
+        a.add_member(&fresh, false).unwrap(),
+        Added::Role {
+            role: 3,
+            resync: false
+        }
+    );
+    a.recover_all().unwrap();
+    assert_eq!(a.health(), Health::Optimal);
+    assert_eq!(a.count_mismatches().unwrap(), 0);
+    check(&a, &model);
+    done(a);
+
+    // The array assembles from its new members, clean.
+    let now = vec![
+        members[0].clone(),
+        path(d.path(), "s0.img"),
+        members[2].clone(),
+        fresh,
+        members[4].clone(),
+    ];
+    let b = open(&now);
+    assert_eq!(b.health(), Health::Optimal);
+    check(&b, &model);
+    assert_eq!(b.count_mismatches().unwrap(), 0);
+    done(b);
+}
+
+#[test]
+fn refusals_are_clear() {
+    let d = tmp();
+    let members = make(d.path(), Level::Raid5, 4, 0);
+    let a = open(&members);
+    let e = a.remove_member(&members[0]).unwrap_err().to_string();
+    assert!(e.contains("fail it first"), "{e}");
+    a.fail_member(&members[0], false).unwrap();
+    let e = a.fail_member(&members[1], false).unwrap_err().to_string();
+    assert!(e.contains("--force"), "{e}");
+    let e = a.add_member(&members[0], false).unwrap_err().to_string();
+    assert!(e.contains("remove"), "{e}");
+    let e = a.fail_member("9", false).unwrap_err().to_string();
+    assert!(e.contains("no role 9"), "{e}");
+    let e = a
+        .add_member(&path(d.path(), "nope.img"), false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nope.img"), "{e}");
+    // A member too small, and one holding data.
+    let small = path(d.path(), "small.img");
+    std::fs::File::create(&small)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let e = a.add_member(&small, false).unwrap_err().to_string();
+    assert!(e.contains("too small"), "{e}");
+    let full = path(d.path(), "full.img");
+    std::fs::write(&full, vec![7u8; MEMBER as usize]).unwrap();
+    let e = a.add_member(&full, false).unwrap_err().to_string();
+    assert!(e.contains("holds data"), "{e}");
+    done(a);
+}
+
+#[test]
+fn readd_resyncs_only_regions_written_while_away() {
+    let d = tmp();
+    let members = make(d.path(), Level::Raid5, 4, 0);
+    let a = open(&members);
+    let mut model = Vec::new();
+    fill(&a, &mut model, 4);
+    // Let the bitmap settle: everything written so far is on every member.
+    a.housekeeping();
+    a.housekeeping();
+    a.fail_member(&members[2], false).unwrap();
+    a.remove_member(&members[2]).unwrap();
+    // A few writes in the first 256 KiB of the array only.
+    scribble(&a, &mut model, 5, 20, 256 << 10);
+    assert_eq!(
+        a.add_member(&members[2], false).unwrap(),
+        Added::Role {
+            role: 2,
+            resync: true
+        }
+    );
+    a.recover_all().unwrap();
+    let last = a.last_recovery().unwrap();
+    assert_eq!((last.kind, last.result.as_str()), ("resync", "done"));
+    let data_size = a.geometry().member_sizes[2];
+    // 256 KiB over 3 data members touches at most two 64 KiB regions per member.
+    assert!(
+        last.bytes > 0 && last.bytes <= 2 * REGION,
+        "resynced {} of {data_size} bytes",
+        last.bytes
+    );
+    assert_eq!(a.count_mismatches().unwrap(), 0);
+    check(&a, &model);
+    done(a);
+
+    // The same on assembly: a member left out while the array was written
+    // comes back stale and is resynced by bitmap.
+    let without: Vec<String> = members
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 1)
+        .map(|(_, m)| m.clone())
+        .collect();
+    let b = open(&without);
+    b.housekeeping(); // degraded: must not clear anything
+    scribble(&b, &mut model, 6, 10, 128 << 10);
+    done(b);
+    let c = open(&members);
+    assert_eq!(state(&c, 1), "rebuilding");
+    c.recover_all().unwrap();
+    let last = c.last_recovery().unwrap();
+    assert_eq!(last.kind, "resync");
+    assert!(last.bytes <= 2 * REGION, "{}", last.bytes);
+    assert_eq!(c.count_mismatches().unwrap(), 0);
+    check(&c, &model);
+    done(c);
+}
+
+#[test]
+fn read_errors_are_cured_or_fail_the_member() {
+    let d = tmp();
+    let members = make(d.path(), Level::Raid5, 4, 0);
+    let a = open(&members);
+    let mut model = Vec::new();
+    fill(&a, &mut model, 7);
+    done(a);
+    // Member 1 returns read errors at two offsets: whatever is rewritten
+    // there keeps failing, so it is failed; data stays correct.
+    let off = 1 << 20; // data offset of these members: 1 MiB
+    let mut specs = members.clone();
+    specs[1] = format!(
+        "fault:{}?read-error-at={},{}",
+        members[1],
+        off + 5 * CHUNK + 100,
+        off + 40 * CHUNK
+    );
+    let a = open(&specs);
+    check(&a, &model);
+    assert_eq!(a.health(), Health::Degraded);
+    let st = a.members_status();
+    let bad = st.iter().find(|m| m.state == "faulty").unwrap();
+    assert_eq!(bad.role, Some(1));
+    assert!(bad.reason.as_ref().unwrap().contains("read"), "{bad:?}");
+    scribble(&a, &mut model, 8, 30, a.capacity());
+    check(&a, &model);
+    done(a);
+}
+
+#[test]
+fn a_member_that_vanishes_mid_stream_is_failed() {
+    let d = tmp();
+    for level in [Level::Raid1, Level::Raid5, Level::Raid6, Level::Raid10] {
+        let n = if level == Level::Raid1 { 2 } else { 4 };
+        let members = make(d.path(), level, n, 0);
+        let mut specs = members.clone();
+        specs[0] = format!("fault:{}?vanish-after=40", members[0]);
+        let a = open(&specs);
+        let mut model = Vec::new();
+        fill(&a, &mut model, 9);
+        scribble(&a, &mut model, 10, 40, a.capacity());
+        check(&a, &model);
+        assert_eq!(a.health(), Health::Degraded, "{level}");
+        assert_eq!(state(&a, 0), "none", "{level}");
+        done(a);
+        // Reassembled from the real files: member 0 is stale, and taken
+        // back in for a resync of what it missed, after which everything agrees.
+        let b = open(&members);
+        b.recover_all().unwrap();
+        assert_eq!(b.health(), Health::Optimal, "{level}");
+        check(&b, &model);
+        assert_eq!(b.count_mismatches().unwrap(), 0, "{level}");
+        done(b);
+        for m in &members {
+            std::fs::remove_file(m).unwrap();
+        }
+    }
+}
+
+#[test]
+fn failed_array_fails_safe_and_force_brings_it_back() {
+    let d = tmp();
+    let members = make(d.path(), Level::Raid5, 4, 0);
+    let a = open(&members);
+    let mut model = Vec::new();
+    fill(&a, &mut model, 11);
+    a.fail_member(&members[0], false).unwrap();
+    a.fail_member(&members[3], true).unwrap();
+    assert_eq!(a.health(), Health::Failed);
+    let mut b = vec![0u8; 4096];
+    assert!(a.read(&mut b, 0).is_err());
+    assert!(a.write(&b, 0).is_err());
+    // Stopping a failed array says so (and does not mark it clean).
+    assert!(a.close().is_err());
+    drop(a);
+    let files: Vec<Vec<u8>> = members.iter().map(|m| std::fs::read(m).unwrap()).collect();
+    let e = try_open(&members, false).unwrap_err().to_string();
+    assert!(e.contains("cannot run") && e.contains("--force"), "{e}");
+    // Nothing was written by the refusal.
+    for (m, before) in members.iter().zip(&files) {
+        assert!(std::fs::read(m).unwrap() == *before, "{m} changed");
+    }
+    // Forced: the most recent stale member (3, failed last) is taken as in
+    // sync; member 0 is rebuilt from the others.
+    let f = try_open(&members, true).unwrap();
+    f.recover_all().unwrap();
+    assert_eq!(f.health(), Health::Optimal);
+    check(&f, &model);
+    assert_eq!(f.count_mismatches().unwrap(), 0);
+    done(f);
+}
+
+#[test]
+fn replace_copies_a_member_while_it_serves() {
+    let d = tmp();
+    let members = make(d.path(), Level::Raid6, 4, 0);
+    let a = open(&members);
+    let mut model = Vec::new();
+    fill(&a, &mut model, 12);
+    let new = path(d.path(), "r.img");
+    std::fs::File::create(&new)
+        .unwrap()
+        .set_len(MEMBER)
+        .unwrap();
+    assert_eq!(a.replace_member(&members[2], &new, false).unwrap(), 2);
+    assert_eq!(a.health(), Health::Optimal);
+    scribble(&a, &mut model, 13, 30, a.capacity());
+    a.recover_all().unwrap();
+    assert_eq!(a.last_recovery().unwrap().kind, "replace");
+    let st = a.members_status();
+    assert_eq!(st[2].path.as_deref(), Some(new.as_str()));
+    assert_eq!(st[2].state, "active");
+    check(&a, &model);
+    assert_eq!(a.count_mismatches().unwrap(), 0);
+    done(a);
+    let mut now = members.clone();
+    now[2] = new;
+    let b = open(&now);
+    assert_eq!(b.health(), Health::Optimal);
+    check(&b, &model);
+    done(b);
+}
