@@ -155,6 +155,18 @@ impl Array {
         }
     }
 
+    /// The bitmap's region size and how many regions are dirty now.
+    pub fn bitmap_status(&self) -> Option<(u64, u64)> {
+        self.bitmap
+            .as_ref()
+            .map(|b| (b.region(), b.snapshot().count()))
+    }
+
+    /// Stop the recovery loop (at its next batch, after a checkpoint).
+    pub fn stop_background(&self) {
+        self.recovery.stop();
+    }
+
     pub fn rebuild_speed(&self) -> (u64, u64) {
         (
             self.recovery.min_rate.load(Ordering::Relaxed),

@@ -30,6 +30,26 @@ pub enum Command {
     Serve(ServeArgs),
     /// Ask a running server for the array's state, members and I/O counters.
     Status(StatusArgs),
+    /// Check, offline, that redundancy agrees with the data: P and Q
+    /// recomputed from the data by plain reference code, mirrors compared.
+    /// Exits 1 if anything disagrees.
+    Check(CheckArgs),
+    /// Mark a member of a running array faulty, as if it had failed.
+    Fail(FailArgs),
+    /// Let go of a failed member or a spare of a running array.
+    Remove(MemberArgs),
+    /// Add a member to a running array: it takes the place of a missing
+    /// member and is rebuilt (only where it missed writes, if it is that
+    /// member coming back), or it becomes a hot spare.
+    Add(AddArgs),
+    /// Rebuild a member's contents onto a new member while the old one
+    /// stays in service; then the new one takes its place.
+    Replace(ReplaceArgs),
+    /// Wait until no recovery runs on a running array (with a progress bar
+    /// on a terminal).
+    Wait(WaitArgs),
+    /// Show or change a running array's rebuild speed limits.
+    Speed(SpeedArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -90,6 +110,11 @@ pub struct BenchParityArgs {
 
 fn size(s: &str) -> Result<u64, String> {
     parse_size(s)
+}
+
+/// A rate in bytes per second: "50M", "50M/s", "0".
+fn rate(s: &str) -> Result<u64, String> {
+    parse_size(s.trim().trim_end_matches("/s"))
 }
 
 /// Members: file paths, block devices, or `array[M1,M2,...]` for an array
@@ -161,6 +186,15 @@ pub struct DetailArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub members: Members,
+}
+
+#[derive(Debug, Args)]
 pub struct ReadArgs {
     /// Array offset to start at (K/M/G/T suffixes allowed).
     #[arg(short, long, value_parser = size)]
@@ -209,8 +243,100 @@ pub struct ServeArgs {
     /// Requests served at once per connection.
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
+    /// Rebuild speed while clients are busy, bytes/s (K/M/G; 0: no limit),
+    /// as md's speed_limit_min. Changeable at run time (raidkit speed).
+    #[arg(long, value_name = "RATE", default_value = "16M", value_parser = rate)]
+    pub rebuild_min: u64,
+    /// Rebuild speed when clients are idle, bytes/s (0: no limit), as md's
+    /// speed_limit_max.
+    #[arg(long, value_name = "RATE", default_value = "0", value_parser = rate)]
+    pub rebuild_max: u64,
+    /// A member that has an operation outstanding this long (seconds)
+    /// without completing anything is failed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    pub member_timeout: f64,
+    /// Start an array that has lost too many members from the most recent
+    /// stale ones, as md's --force (their last writes may be missing).
+    #[arg(long)]
+    pub force: bool,
     #[command(flatten)]
     pub members: Members,
+}
+
+/// Which running server to talk to.
+#[derive(Debug, Args)]
+pub struct Control {
+    /// The server's control socket (default: the only one running).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct FailArgs {
+    /// The member: its path, or its role number.
+    pub member: String,
+    /// Fail it even if the array cannot run without it.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub control: Control,
+}
+
+#[derive(Debug, Args)]
+pub struct MemberArgs {
+    /// The member: its path, or its role number.
+    pub member: String,
+    #[command(flatten)]
+    pub control: Control,
+}
+
+#[derive(Debug, Args)]
+pub struct AddArgs {
+    /// The member to add (a path, or any member spec).
+    pub member: String,
+    /// Use it even if it holds data or another array's superblock.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub control: Control,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplaceArgs {
+    /// The member to replace: its path, or its role number.
+    pub member: String,
+    /// The new member.
+    #[arg(long, value_name = "PATH")]
+    pub with: String,
+    /// Use the new member even if it holds data or another array's superblock.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub control: Control,
+}
+
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// Give up (exit 1) after this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<f64>,
+    #[command(flatten)]
+    pub control: Control,
+}
+
+#[derive(Debug, Args)]
+pub struct SpeedArgs {
+    /// New busy-time rebuild speed, bytes/s (0: no limit).
+    #[arg(long, value_name = "RATE", value_parser = rate)]
+    pub rebuild_min: Option<u64>,
+    /// New idle-time rebuild speed, bytes/s (0: no limit).
+    #[arg(long, value_name = "RATE", value_parser = rate)]
+    pub rebuild_max: Option<u64>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub control: Control,
 }
 
 #[derive(Debug, Args)]

@@ -21,6 +21,13 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Write(a) => cmd_write(a),
         Command::Serve(a) => crate::serve::serve(a),
         Command::Status(a) => crate::serve::status(a),
+        Command::Check(a) => cmd_check(a),
+        Command::Fail(a) => crate::admin::fail(a),
+        Command::Remove(a) => crate::admin::remove(a),
+        Command::Add(a) => crate::admin::add(a),
+        Command::Replace(a) => crate::admin::replace(a),
+        Command::Wait(a) => crate::admin::wait(a),
+        Command::Speed(a) => crate::admin::speed(a),
         Command::Bench(crate::cli::BenchCommand::Parity(a)) => cmd_bench_parity(a),
         Command::Bench(crate::cli::BenchCommand::Engine(a)) => crate::bench::engine(a),
     }
@@ -102,6 +109,38 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
     Ok(())
 }
 
+/// Recompute redundancy from the data, offline, and count disagreements.
+fn cmd_check(a: crate::cli::CheckArgs) -> Result<()> {
+    let array = open_array(&a.members.members, true)?;
+    let geom = array.geometry();
+    let unit = if geom.level.is_parity() {
+        "stripes"
+    } else {
+        "chunks"
+    };
+    let bad = array.count_mismatches()?;
+    let total = if geom.level.is_parity() || geom.level == raidkit_layout::Level::Raid1 {
+        geom.stripes()
+    } else {
+        array.capacity() / geom.chunk
+    };
+    if a.json {
+        println!(
+            "{}",
+            json!({"level": geom.level.to_string(), "checked": total, "unit": unit, "mismatches": bad})
+        );
+    } else {
+        println!(
+            "{} {unit} checked, {bad} with redundancy that disagrees with the data",
+            total
+        );
+    }
+    if bad > 0 {
+        bail!("{bad} {unit} have inconsistent redundancy");
+    }
+    Ok(())
+}
+
 fn role_str(r: Role) -> Value {
     match r {
         Role::Active(n) => json!(n),
@@ -145,6 +184,11 @@ fn cmd_examine(a: ExamineArgs) -> Result<()> {
                 "ctime": sb.ctime,
                 "utime": sb.utime,
                 "recovery_offset": sb.recovery_offset,
+                "bitmap": (sb.bitmap[1] > 0).then(|| json!({
+                    "offset": sb.bitmap[0],
+                    "region": sb.bitmap[1],
+                    "events_cleared": sb.bitmap[2],
+                })),
                 "superblock_copies_valid": r.copies_valid,
                 "roles": roles,
             }))?
@@ -280,15 +324,40 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
 }
 
 pub fn open_array(members: &[String], read_only: bool) -> Result<Array> {
+    open_array_with(
+        members,
+        raidkit_array::OpenOptions {
+            read_only,
+            ..Default::default()
+        },
+        false,
+    )
+}
+
+/// Assemble and start an array; `force` starts a failed one from its most
+/// recent stale members (md's --force).
+pub fn open_array_with(
+    members: &[String],
+    opts: raidkit_array::OpenOptions,
+    force: bool,
+) -> Result<Array> {
     let specs = parse_specs(members)?;
-    let ms = spec::open_all(&specs, read_only)?;
-    let asm = assemble(ms)?;
+    let ms = spec::open_all(&specs, opts.read_only)?;
+    let mut asm = assemble(ms)?;
     for w in &asm.warnings {
         eprintln!("raidkit: warning: {w}");
     }
+    if force {
+        for f in asm.force() {
+            eprintln!("raidkit: warning: {f}");
+        }
+    }
     let name = asm.sb.name.clone();
     let degraded = asm.describe_missing();
-    let array = Array::open(asm, &name, read_only)?;
+    let array = Array::open_with(asm, &name, opts)?;
+    for n in array.notes() {
+        eprintln!("raidkit: {n}");
+    }
     if !degraded.is_empty() {
         eprintln!("raidkit: warning: array '{name}' is degraded: {degraded}");
     }

@@ -1,6 +1,7 @@
 //! `raidkit`: software RAID in user space. This binary only parses the
 //! command line and wires the library crates together.
 
+mod admin;
 mod bench;
 mod cli;
 mod commands;

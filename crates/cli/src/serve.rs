@@ -2,7 +2,7 @@
 //! and the control socket together.
 
 use crate::cli::{ServeArgs, StatusArgs};
-use crate::commands::{layout_json, open_array};
+use crate::commands::{layout_json, open_array_with};
 use crate::units::human;
 use anyhow::{anyhow, bail, Context, Result};
 use raidkit_array::Array;
@@ -23,7 +23,16 @@ fn default_control(uuid: &str) -> PathBuf {
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
-    let array = Arc::new(open_array(&a.members.members, a.read_only)?);
+    if !(a.member_timeout > 0.0 && a.member_timeout.is_finite()) {
+        bail!("--member-timeout must be a positive number of seconds");
+    }
+    let opts = raidkit_array::OpenOptions {
+        read_only: a.read_only,
+        readd_stale: !a.read_only,
+        member_timeout: Duration::from_secs_f64(a.member_timeout),
+    };
+    let array = Arc::new(open_array_with(&a.members.members, opts, a.force)?);
+    array.set_rebuild_speed(Some(a.rebuild_min), Some(a.rebuild_max));
     let sb = array.superblock();
     let export_name = a.export.clone().unwrap_or_else(|| sb.name.clone());
     let listen = match (&a.listen, &a.socket) {
@@ -118,12 +127,31 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     use std::io::Write;
     let _ = std::io::stdout().flush();
 
+    let recovery = {
+        let array = array.clone();
+        std::thread::Builder::new()
+            .name("recovery".into())
+            .spawn(move || array.recovery_loop())
+            .context("starting the recovery thread")?
+    };
+    // Housekeeping: stalled members every 200 ms, bitmap bits of idle
+    // regions every 2 s.
+    let mut ticks = 0u64;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
+        ticks += 1;
+        if ticks.is_multiple_of(4) {
+            array.check_stalls();
+        }
+        if ticks.is_multiple_of(40) {
+            array.housekeeping();
+        }
     }
     eprintln!("raidkit: stopping: finishing requests in flight");
     server.shutdown();
     control.stop();
+    array.stop_background();
+    let _ = recovery.join();
     if let Some(p) = &a.socket {
         let _ = std::fs::remove_file(p);
     }
@@ -140,11 +168,64 @@ fn control_handler(
     endpoints: Vec<String>,
     started: Instant,
 ) -> Arc<Handler> {
-    Arc::new(move |cmd: &str, _args: &Map<String, Value>| match cmd {
-        "status" => Ok(status_fields(&array, &stats, &endpoints, started)),
-        other => Err(format!(
-            "unknown command '{other}' (this server knows: status)"
-        )),
+    Arc::new(move |cmd: &str, args: &Map<String, Value>| {
+        let text = |k: &str| -> Result<String, String> {
+            args.get(k)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| format!("'{cmd}' needs a \"{k}\" string"))
+        };
+        let flag = |k: &str| args.get(k).and_then(Value::as_bool).unwrap_or(false);
+        let one = |k: &str, v: Value| -> Map<String, Value> {
+            let mut m = Map::new();
+            m.insert(k.to_string(), v);
+            m
+        };
+        match cmd {
+            "status" => Ok(status_fields(&array, &stats, &endpoints, started)),
+            "fail" => array
+                .fail_member(&text("member")?, flag("force"))
+                .map(|m| one("member", json!(m)))
+                .map_err(|e| e.to_string()),
+            "remove" => array
+                .remove_member(&text("member")?)
+                .map(|m| one("member", json!(m)))
+                .map_err(|e| e.to_string()),
+            "add" => array
+                .add_member(&text("member")?, flag("force"))
+                .map(|added| match added {
+                    raidkit_array::Added::Role { role, resync } => {
+                        let mut m = one("role", json!(role));
+                        m.insert("as".into(), json!(if resync { "resync" } else { "rebuild" }));
+                        m
+                    }
+                    raidkit_array::Added::Spare => one("as", json!("spare")),
+                })
+                .map_err(|e| e.to_string()),
+            "replace" => array
+                .replace_member(&text("member")?, &text("with")?, flag("force"))
+                .map(|r| one("role", json!(r)))
+                .map_err(|e| e.to_string()),
+            "speed" => {
+                let rate = |k: &str| -> Result<Option<u64>, String> {
+                    match args.get(k) {
+                        None | Some(Value::Null) => Ok(None),
+                        Some(v) => v
+                            .as_u64()
+                            .map(Some)
+                            .ok_or_else(|| format!("\"{k}\" must be bytes per second")),
+                    }
+                };
+                array.set_rebuild_speed(rate("rebuild_min")?, rate("rebuild_max")?);
+                let (min, max) = array.rebuild_speed();
+                let mut m = one("rebuild_min", json!(min));
+                m.insert("rebuild_max".into(), json!(max));
+                Ok(m)
+            }
+            other => Err(format!(
+                "unknown command '{other}' (this server knows: status, fail, remove, add, replace, speed)"
+            )),
+        }
     })
 }
 
@@ -168,6 +249,12 @@ fn status_fields(
             "events": sb.events,
         },
         "members": array.members_status(),
+        "recovery": array.recovery_status(),
+        "recovery_pending": array.needs_recovery(),
+        "last_recovery": array.last_recovery(),
+        "rebuild_speed": {"min": array.rebuild_speed().0, "max": array.rebuild_speed().1},
+        "corrected_read_errors": array.corrected_read_errors(),
+        "bitmap": array.bitmap_status().map(|(region, dirty)| json!({"region": region, "dirty_regions": dirty})),
         "io": {
             "reads": c(&stats.reads),
             "writes": c(&stats.writes),
@@ -193,7 +280,7 @@ fn status_fields(
 }
 
 /// The control socket to use: the one given, or the only live one in the temp directory.
-fn find_control(given: Option<&Path>) -> Result<PathBuf> {
+pub fn find_control(given: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = given {
         return Ok(p.to_path_buf());
     }
@@ -229,8 +316,14 @@ pub fn status(a: StatusArgs) -> Result<()> {
     let path = find_control(a.control.as_deref())?;
     let v =
         call(&path, &json!({"cmd": "status"}), Duration::from_secs(10)).map_err(|e| anyhow!(e))?;
-    if a.json {
-        let mut v = v;
+    print_status(&v, a.json)
+}
+
+/// Print a status response, as JSON or for people.
+fn print_status(v: &Value, as_json: bool) -> Result<()> {
+    let a_json = as_json;
+    if a_json {
+        let mut v = v.clone();
         if let Some(o) = v.as_object_mut() {
             o.remove("ok");
         }
@@ -273,5 +366,27 @@ pub fn status(a: StatusArgs) -> Result<()> {
         v["connections"]["active"],
         v["connections"]["total"]
     );
+    if let Some(r) = v["recovery"].as_object() {
+        println!(
+            "recovery: {} of role {} onto {}: {:.1}% ({} of {})",
+            r["kind"].as_str().unwrap_or("?"),
+            r["role"],
+            r["member"].as_str().unwrap_or("?"),
+            r["progress"].as_f64().unwrap_or(0.0) * 100.0,
+            human(r["bytes_done"].as_u64().unwrap_or(0)),
+            human(r["bytes_total"].as_u64().unwrap_or(0))
+        );
+    }
+    if let Some(r) = v["last_recovery"].as_object() {
+        println!(
+            "last recovery: {} of role {} onto {}: {} in {:.1}s ({})",
+            r["kind"].as_str().unwrap_or("?"),
+            r["role"],
+            r["member"].as_str().unwrap_or("?"),
+            human(r["bytes"].as_u64().unwrap_or(0)),
+            r["seconds"].as_f64().unwrap_or(0.0),
+            r["result"].as_str().unwrap_or("?")
+        );
+    }
     Ok(())
 }

@@ -1,0 +1,168 @@
+//! Commands that change a running array through its control socket:
+//! fail, remove, add, replace, wait and speed.
+
+use crate::cli::{AddArgs, FailArgs, MemberArgs, ReplaceArgs, SpeedArgs, WaitArgs};
+use crate::serve::find_control;
+use crate::units::human;
+use anyhow::{anyhow, bail, Result};
+use raidkit_control::call;
+use serde_json::{json, Value};
+use std::io::IsTerminal;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The server resolves paths in its own working directory: send absolute
+/// paths for files that exist here. Role numbers and specs go as given.
+fn absolute(member: &str) -> String {
+    let p = Path::new(member);
+    if p.exists() {
+        if let Ok(c) = std::fs::canonicalize(p) {
+            return c.display().to_string();
+        }
+    }
+    member.to_string()
+}
+
+fn request(control: Option<&Path>, req: Value) -> Result<Value> {
+    let path = find_control(control)?;
+    call(&path, &req, Duration::from_secs(60)).map_err(|e| anyhow!(e))
+}
+
+pub fn fail(a: FailArgs) -> Result<()> {
+    let v = request(
+        a.control.control.as_deref(),
+        json!({"cmd": "fail", "member": absolute(&a.member), "force": a.force}),
+    )?;
+    println!(
+        "raidkit: {} marked faulty",
+        v["member"].as_str().unwrap_or("?")
+    );
+    Ok(())
+}
+
+pub fn remove(a: MemberArgs) -> Result<()> {
+    let v = request(
+        a.control.control.as_deref(),
+        json!({"cmd": "remove", "member": absolute(&a.member)}),
+    )?;
+    println!("raidkit: {} removed", v["member"].as_str().unwrap_or("?"));
+    Ok(())
+}
+
+pub fn add(a: AddArgs) -> Result<()> {
+    let v = request(
+        a.control.control.as_deref(),
+        json!({"cmd": "add", "member": absolute(&a.member), "force": a.force}),
+    )?;
+    match v["as"].as_str() {
+        Some("spare") => println!("raidkit: {} added as a spare", a.member),
+        Some(how) => println!(
+            "raidkit: {} added in role {}; {} started (raidkit wait to follow it)",
+            a.member, v["role"], how
+        ),
+        None => println!("raidkit: {} added", a.member),
+    }
+    Ok(())
+}
+
+pub fn replace(a: ReplaceArgs) -> Result<()> {
+    let v = request(
+        a.control.control.as_deref(),
+        json!({"cmd": "replace", "member": absolute(&a.member),
+               "with": absolute(&a.with), "force": a.force}),
+    )?;
+    println!(
+        "raidkit: rebuilding role {} onto {} while {} serves (raidkit wait to follow it)",
+        v["role"], a.with, a.member
+    );
+    Ok(())
+}
+
+pub fn speed(a: SpeedArgs) -> Result<()> {
+    let v = request(
+        a.control.control.as_deref(),
+        json!({"cmd": "speed", "rebuild_min": a.rebuild_min, "rebuild_max": a.rebuild_max}),
+    )?;
+    let show = |k: &str| match v[k].as_u64() {
+        Some(0) | None => "unlimited".to_string(),
+        Some(n) => format!("{}/s", human(n)),
+    };
+    if a.json {
+        println!(
+            "{}",
+            json!({"rebuild_min": v["rebuild_min"], "rebuild_max": v["rebuild_max"]})
+        );
+    } else {
+        println!(
+            "rebuild speed: {} while clients are busy, {} when idle",
+            show("rebuild_min"),
+            show("rebuild_max")
+        );
+    }
+    Ok(())
+}
+
+/// Poll the server until no recovery runs or is pending.
+pub fn wait(a: WaitArgs) -> Result<()> {
+    let path = find_control(a.control.control.as_deref())?;
+    let started = Instant::now();
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = indicatif::ProgressBar::new(1);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg} [{bar:40}] {percent:>3}% {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            )
+            .expect("progress template")
+            .progress_chars("=> "),
+        );
+        b
+    });
+    loop {
+        let v = call(&path, &json!({"cmd": "status"}), Duration::from_secs(10))
+            .map_err(|e| anyhow!(e))?;
+        let running = v["recovery"].as_object();
+        if let (Some(b), Some(r)) = (&bar, running) {
+            b.set_length(r["bytes_total"].as_u64().unwrap_or(0));
+            b.set_position(r["bytes_done"].as_u64().unwrap_or(0));
+            b.set_message(format!(
+                "{} role {}",
+                r["kind"].as_str().unwrap_or("?"),
+                r["role"]
+            ));
+        }
+        if running.is_none() && !v["recovery_pending"].as_bool().unwrap_or(false) {
+            if let Some(b) = &bar {
+                b.finish_and_clear();
+            }
+            let state = v["state"].as_str().unwrap_or("?");
+            if let Some(r) = v["last_recovery"].as_object() {
+                println!(
+                    "raidkit: last recovery: {} of role {}: {} in {:.1}s ({}); array {state}",
+                    r["kind"].as_str().unwrap_or("?"),
+                    r["role"],
+                    human(r["bytes"].as_u64().unwrap_or(0)),
+                    r["seconds"].as_f64().unwrap_or(0.0),
+                    r["result"].as_str().unwrap_or("?")
+                );
+            } else {
+                println!("raidkit: no recovery running; array {state}");
+            }
+            if state == "failed" {
+                bail!("the array has failed");
+            }
+            return Ok(());
+        }
+        if v["state"] == "failed" {
+            bail!("the array has failed; recovery cannot finish");
+        }
+        if a.timeout
+            .is_some_and(|t| started.elapsed().as_secs_f64() > t)
+        {
+            bail!(
+                "recovery still running after {:.0}s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -1,0 +1,431 @@
+//! Member faults against the real server, with real clients: fio verifying
+//! while members fail, spares rebuild and new members are added; kill -9 in
+//! the middle of a rebuild; re-add by bitmap; members that return read
+//! errors, vanish or stall; an array that fails safe and comes back by force.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn status(s: &Served) -> Value {
+    let ctl = s.control.display().to_string();
+    serde_json::from_slice(&ok(&["status", "--control", &ctl, "--json"]).stdout).unwrap()
+}
+
+fn ctl(s: &Served, cmd: &[&str]) -> std::process::Output {
+    let c = s.control.display().to_string();
+    let mut a: Vec<&str> = cmd.to_vec();
+    a.extend(["--control", &c]);
+    ok(&a)
+}
+
+fn member_state(st: &Value, role: u64) -> String {
+    st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == role && m["state"] != "faulty")
+        .map(|m| m["state"].as_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+fn blank(dir: &Path, name: &str, size: u64) -> String {
+    let p = dir.join(name);
+    std::fs::File::create(&p).unwrap().set_len(size).unwrap();
+    p.display().to_string()
+}
+
+fn check_offline(ms: &[String]) {
+    let o = ok(&args(&["check", "--json"], ms));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mismatches"], 0, "{v}");
+    assert!(v["checked"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn fio_verifies_on_raid6_through_fail_spare_fail_add() {
+    let dir = tmp();
+    let ms = members(dir.path(), 5);
+    let spare = dir.path().join("spare.img").display().to_string();
+    ok(&args(
+        &[
+            "create",
+            "--level",
+            "6",
+            "--size",
+            "40M",
+            "--chunk",
+            "64K",
+            "--spare",
+            &spare,
+            "--bitmap-region",
+            "1M",
+        ],
+        &ms,
+    ));
+    let mut all = ms.clone();
+    all.push(spare.clone());
+    let mut s = Served::start(dir.path(), &all, &["--rebuild-min", "0"]);
+    assert_eq!(member_state(&status(&s), 0), "active");
+    let out = dir.path().join("fio.json");
+    // Four connections writing at a bounded rate, so that the faults below
+    // land while they run; every block is verified (as it goes and at the end).
+    let mut fio = Command::new("fio")
+        .args([
+            "--name=faults",
+            "--ioengine=nbd",
+            &format!("--uri={}", s.uri),
+            "--rw=randwrite",
+            "--bsrange=4k-64k",
+            "--iodepth=8",
+            "--numjobs=4",
+            "--size=16M",
+            "--offset_increment=16M",
+            "--rate=3m",
+            "--verify=crc32c",
+            "--verify_backlog=256",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--group_reporting",
+            "--output-format=json",
+            &format!("--output={}", out.display()),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fio (installed by .ci/run)");
+    std::thread::sleep(Duration::from_secs(1));
+
+    // First failure: the hot spare takes over and is rebuilt.
+    ctl(&s, &["fail", &ms[1]]);
+    let st = status(&s);
+    assert_eq!(member_state(&st, 1), "rebuilding", "{st}");
+    ctl(&s, &["wait", "--timeout", "120"]);
+    let st = status(&s);
+    assert_eq!(st["state"], "optimal", "{st}");
+    assert_eq!(st["last_recovery"]["kind"], "rebuild");
+    assert_eq!(st["last_recovery"]["result"], "done");
+    assert_eq!(st["members"][1]["path"], spare.as_str());
+
+    // Second failure: no spare left; a new member is added and rebuilt.
+    ctl(&s, &["fail", "3"]);
+    assert_eq!(status(&s)["state"], "degraded");
+    ctl(&s, &["remove", &ms[3]]);
+    let fresh = blank(dir.path(), "new.img", 40 << 20);
+    ctl(&s, &["add", &fresh]);
+    assert!(
+        fio.try_wait().unwrap().is_none(),
+        "fio finished before the faults: the test did not overlap them"
+    );
+    ctl(&s, &["wait", "--timeout", "120"]);
+    let st = status(&s);
+    assert_eq!(st["state"], "optimal", "{st}");
+    assert_eq!(st["members"][3]["path"], fresh.as_str());
+    assert_eq!(st["last_recovery"]["result"], "done");
+
+    let fio_out = fio.wait_with_output().unwrap();
+    assert!(
+        fio_out.status.success(),
+        "fio failed: {}",
+        String::from_utf8_lossy(&fio_out.stderr)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let job = &v["jobs"][0];
+    assert_eq!(job["error"], 0, "fio reported an error");
+    assert!(job["write"]["io_bytes"].as_u64().unwrap() >= 64 << 20);
+    assert!(job["read"]["io_bytes"].as_u64().unwrap() >= 64 << 20);
+    assert_eq!(status(&s)["io"]["errors"], 0);
+    assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+
+    // Every member agrees with the data (P and Q recomputed independently).
+    let now = vec![ms[0].clone(), spare, ms[2].clone(), fresh, ms[4].clone()];
+    check_offline(&now);
+}
+
+#[test]
+fn kill9_mid_rebuild_resumes_from_the_checkpoint() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "64M");
+    let data: Vec<u8> = (0..40u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let input = dir.path().join("in.bin");
+    std::fs::write(&input, &data).unwrap();
+    ok(&args(
+        &["write", "--offset", "0", "--in", input.to_str().unwrap()],
+        &ms,
+    ));
+    // A slow rebuild (8 MiB/s) so that it is surely in the middle when killed.
+    let mut s = Served::start(
+        dir.path(),
+        &ms,
+        &["--rebuild-min", "8M", "--rebuild-max", "8M"],
+    );
+    ctl(&s, &["fail", &ms[2]]);
+    ctl(&s, &["remove", &ms[2]]);
+    let fresh = blank(dir.path(), "new.img", 64 << 20);
+    ctl(&s, &["add", &fresh]);
+    wait_for("the rebuild to pass 20 MiB", 60, || {
+        status(&s)["recovery"]["bytes_done"].as_u64().unwrap_or(0) >= 20 << 20
+    });
+    s.kill9();
+    let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &fresh]).stdout).unwrap();
+    let checkpoint = e["recovery_offset"]
+        .as_u64()
+        .expect("a checkpoint on the member");
+    assert!(checkpoint >= 8 << 20, "checkpoint {checkpoint}");
+
+    let mut now = ms.clone();
+    now[2] = fresh.clone();
+    let mut s = Served::start(dir.path(), &now, &["--rebuild-min", "0"]);
+    ctl(&s, &["wait", "--timeout", "120"]);
+    let st = status(&s);
+    assert_eq!(st["state"], "optimal", "{st}");
+    let last = &st["last_recovery"];
+    assert_eq!(last["result"], "done", "{st}");
+    let from = last["resumed_from"].as_u64().unwrap();
+    assert!(
+        from >= checkpoint,
+        "resumed from {from}, checkpoint {checkpoint}"
+    );
+    let data_size = e["data_size"].as_u64().unwrap();
+    assert_eq!(last["bytes"].as_u64().unwrap(), data_size - from, "{st}");
+    assert_eq!(s.stop().code(), Some(0));
+    check_offline(&now);
+    let back = ok(&args(
+        &["read", "--offset", "0", "--length", &data.len().to_string()],
+        &now,
+    ))
+    .stdout;
+    assert!(back == data, "data differs after the resumed rebuild");
+}
+
+#[test]
+fn readd_after_a_short_absence_resyncs_only_dirty_regions() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    ok(&args(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--size",
+            "64M",
+            "--chunk",
+            "64K",
+            "--bitmap-region",
+            "1M",
+        ],
+        &ms,
+    ));
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x11 0 96M", &s.uri],
+    );
+    // The bitmap forgets regions once every member has them.
+    wait_for("the bitmap to clear", 30, || {
+        status(&s)["bitmap"]["dirty_regions"] == 0
+    });
+    ctl(&s, &["fail", &ms[2]]);
+    ctl(&s, &["remove", &ms[2]]);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x22 5M 64k",
+            "-c",
+            "write -P 0x33 70M 8k",
+            &s.uri,
+        ],
+    );
+    let st = status(&s);
+    assert_eq!(st["state"], "degraded");
+    let dirty = st["bitmap"]["dirty_regions"].as_u64().unwrap();
+    assert!((1..=4).contains(&dirty), "{st}");
+    let o = ctl(&s, &["add", &ms[2]]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("resync"));
+    ctl(&s, &["wait", "--timeout", "60"]);
+    let st = status(&s);
+    assert_eq!(st["state"], "optimal", "{st}");
+    let last = &st["last_recovery"];
+    assert_eq!(last["kind"], "resync");
+    let bytes = last["bytes"].as_u64().unwrap();
+    let member_data = 63u64 << 20;
+    assert!(
+        bytes > 0 && bytes <= dirty << 20,
+        "resynced {bytes} bytes of a {member_data}-byte member"
+    );
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x11 0 5M",
+            "-c",
+            "read -P 0x22 5M 64k",
+            "-c",
+            "read -P 0x33 70M 8k",
+            "-c",
+            "read -P 0x11 80M 16M",
+            &s.uri,
+        ],
+    );
+    assert_eq!(s.stop().code(), Some(0));
+    check_offline(&ms);
+}
+
+#[test]
+fn read_errors_vanishing_and_stalling_members_are_failed_and_data_stays_right() {
+    let dir = tmp();
+    let ms = members(dir.path(), 6);
+    create("6", &ms, "32M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x5a 0 100M", &s.uri],
+    );
+    assert_eq!(s.stop().code(), Some(0));
+    // Member 1 fails reads at two places; member 3 vanishes after some
+    // operations (mid-request); member 4 stalls beyond the member timeout.
+    let faulty = vec![
+        ms[0].clone(),
+        format!("fault:{}?read-error-at=3M,9M", ms[1]),
+        ms[2].clone(),
+        format!("fault:{}?vanish-after=60", ms[3]),
+        ms[4].clone(),
+        ms[5].clone(),
+    ];
+    let mut s = Served::start(dir.path(), &faulty, &[]);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x5a 0 100M",
+            "-c",
+            "write -P 0x6b 10M 30M",
+            "-c",
+            "read -P 0x6b 10M 30M",
+            "-c",
+            "read -P 0x5a 40M 60M",
+            &s.uri,
+        ],
+    );
+    let st = status(&s);
+    assert_eq!(st["state"], "degraded", "{st}");
+    let faulty_roles: Vec<u64> = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["state"] == "faulty")
+        .map(|m| m["role"].as_u64().unwrap())
+        .collect();
+    assert_eq!(faulty_roles, vec![1, 3], "{st}");
+    assert_eq!(st["io"]["errors"], 0, "{st}");
+    assert_eq!(s.stop().code(), Some(0));
+
+    // With the plain files back, the two stale members are resynced.
+    let mut s = Served::start(dir.path(), &ms, &["--rebuild-min", "0"]);
+    ctl(&s, &["wait", "--timeout", "60"]);
+    assert_eq!(status(&s)["state"], "optimal");
+    assert_eq!(s.stop().code(), Some(0));
+    check_offline(&ms);
+
+    // A member that answers too slowly is failed too (timeout 0.3 s, 1 s delay).
+    let slow = vec![
+        ms[0].clone(),
+        ms[1].clone(),
+        ms[2].clone(),
+        ms[3].clone(),
+        format!("fault:{}?delay=1s", ms[4]),
+        ms[5].clone(),
+    ];
+    let mut s = Served::start(dir.path(), &slow, &["--member-timeout", "0.3"]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x6b 10M 1M", &s.uri],
+    );
+    wait_for("the slow member to be failed", 30, || {
+        member_state(&status(&s), 4).is_empty()
+    });
+    let st = status(&s);
+    let m4 = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == 4)
+        .unwrap()
+        .clone();
+    assert_eq!(m4["state"], "faulty");
+    assert!(m4["reason"].as_str().unwrap().contains("timeout"), "{m4}");
+    tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x5a 40M 60M", &s.uri],
+    );
+    assert_eq!(s.stop().code(), Some(0));
+}
+
+#[test]
+fn a_failed_array_fails_safe_and_force_brings_it_back() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "32M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x42 0 60M", &s.uri],
+    );
+    ctl(&s, &["fail", &ms[0]]);
+    // A second failure would stop the array: refused without --force.
+    let c = s.control.display().to_string();
+    let o = raidkit(&["fail", &ms[3], "--control", &c]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--force"));
+    ctl(&s, &["fail", &ms[3], "--force"]);
+    assert_eq!(status(&s)["state"], "failed");
+    // Requests get errors, never wrong data.
+    let o = Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "read -P 0x42 0 64k", &s.uri])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() || text.contains("error") || text.contains("failed"),
+        "a read of a failed array succeeded: {text}"
+    );
+    // Stopping says the array failed.
+    assert_ne!(s.stop().code(), Some(0));
+    let before: Vec<Vec<u8>> = ms.iter().map(|m| std::fs::read(m).unwrap()).collect();
+    let o = raidkit(&args(&["serve", "--listen", "127.0.0.1:0"], &ms));
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("cannot run") && err.contains("--force"),
+        "{err}"
+    );
+    for (m, b) in ms.iter().zip(&before) {
+        assert!(std::fs::read(m).unwrap() == *b, "{m} was written");
+    }
+    // --force: the member failed last comes back as in sync; the other is rebuilt.
+    let mut s = Served::start(dir.path(), &ms, &["--force", "--rebuild-min", "0"]);
+    ctl(&s, &["wait", "--timeout", "60"]);
+    let st = status(&s);
+    assert_eq!(st["state"], "optimal", "{st}");
+    tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x42 0 60M", &s.uri],
+    );
+    assert_eq!(s.stop().code(), Some(0));
+    check_offline(&ms);
+}
