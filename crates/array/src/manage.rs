@@ -52,22 +52,40 @@ impl Array {
         meta.sb.utime = crate::engine::unix_now();
         loop {
             let v = self.view.load_full();
-            let mut failed = Vec::new();
-            for (role, rv) in v.roles.iter().enumerate() {
-                let Some(d) = &rv.disk else { continue };
-                let mut own = d.sb.lock().expect("member sb");
-                let mut sb = meta.sb.clone();
-                sb.member_uuid = own.member_uuid;
-                sb.role = Role::Active(role as u32);
-                sb.data_offset = own.data_offset;
-                sb.data_size = own.data_size;
-                sb.recovery_offset = rv.sync.as_ref().map(|_| own.recovery_offset.unwrap_or(0));
-                sb.seq = own.seq;
-                match write_superblock(d.member.as_ref(), &mut sb) {
-                    Ok(()) => *own = sb,
-                    Err(e) => failed.push((d.clone(), e)),
-                }
-            }
+            // Every member's copy at once: on disks, each costs seeks.
+            let failed: Vec<(Arc<Disk>, crate::Error)> = std::thread::scope(|sc| {
+                let handles: Vec<_> = v
+                    .roles
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(role, rv)| {
+                        let d = rv.disk.as_ref()?;
+                        let mut sb = meta.sb.clone();
+                        let rebuilding = rv.sync.is_some();
+                        Some(sc.spawn(move || {
+                            let mut own = d.sb.lock().expect("member sb");
+                            sb.member_uuid = own.member_uuid;
+                            sb.role = Role::Active(role as u32);
+                            sb.data_offset = own.data_offset;
+                            sb.data_size = own.data_size;
+                            sb.recovery_offset =
+                                rebuilding.then(|| own.recovery_offset.unwrap_or(0));
+                            sb.seq = own.seq;
+                            match write_superblock(d.member.as_ref(), &mut sb) {
+                                Ok(()) => {
+                                    *own = sb;
+                                    None
+                                }
+                                Err(e) => Some((d.clone(), e)),
+                            }
+                        }))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .filter_map(|h| h.join().expect("superblock writer"))
+                    .collect()
+            });
             if failed.is_empty() {
                 return Ok(());
             }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 /// Default speed while clients are busy (bytes/s): md's idea of a floor.
 pub const DEFAULT_MIN_RATE: u64 = 16 << 20;
 /// How often a running rebuild records its checkpoint.
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 
 /// A recovery in progress.
 #[derive(Debug, Clone, Serialize)]
@@ -134,6 +134,57 @@ impl Job {
                 .as_ref()
                 .is_some_and(|d| Arc::ptr_eq(d, &self.target))
                 && rv.sync.is_some()
+        }
+    }
+}
+
+/// How a pipeline run ended.
+enum Run {
+    Finished,
+    /// The members changed under it: run again from the cursor.
+    Again,
+    Stopped(String),
+}
+
+/// The rebuild throttle: the busy rate (md's speed_limit_min) while
+/// clients issue requests, the idle rate (speed_limit_max) otherwise; 0
+/// means no limit.
+struct Pacer<'a> {
+    array: &'a Array,
+    since: Instant,
+    bytes: u64,
+    last_fg: u64,
+    last_rate: u64,
+}
+
+impl<'a> Pacer<'a> {
+    fn new(array: &'a Array) -> Pacer<'a> {
+        Pacer {
+            array,
+            since: Instant::now(),
+            bytes: 0,
+            last_fg: array.fg_ops.load(Ordering::Relaxed),
+            last_rate: u64::MAX,
+        }
+    }
+
+    fn pace(&mut self, bytes: u64) {
+        let fg = self.array.fg_ops.load(Ordering::Relaxed);
+        let (min, max) = self.array.rebuild_speed();
+        let rate = if fg != self.last_fg { min } else { max };
+        self.last_fg = fg;
+        if rate != self.last_rate || self.since.elapsed() > Duration::from_secs(2) {
+            self.since = Instant::now();
+            self.bytes = 0;
+            self.last_rate = rate;
+        }
+        self.bytes += bytes;
+        if rate == 0 {
+            return;
+        }
+        let want = Duration::from_secs_f64(self.bytes as f64 / rate as f64);
+        while self.since.elapsed() < want && !self.array.recovery.stopped() {
+            std::thread::sleep((want - self.since.elapsed()).min(Duration::from_millis(100)));
         }
     }
 }
@@ -355,13 +406,13 @@ impl Array {
     }
 
     fn copy_loop(&self, job: &Job, total: u64) -> Result<Outcome> {
+        if self.geom.level.is_parity() {
+            return self.parity_pipeline(job, total);
+        }
         let chunk = self.geom.chunk;
-        let n = self.geom.members() as u64;
-        // Up to 4 MiB per member per batch, and at most 64 MiB in all.
-        let per_member = (4u64 << 20).min((64u64 << 20) / n).max(chunk);
-        let batch = (per_member / chunk).max(1);
+        let batch = ((1u64 << 20) / chunk).max(1);
         let mut last_checkpoint = Instant::now();
-        let mut last_fg = self.fg_ops.load(Ordering::Relaxed);
+        let mut pacer = Pacer::new(self);
         loop {
             if self.recovery.stopped() {
                 self.checkpoint(job)?;
@@ -394,31 +445,284 @@ impl Array {
                 }
                 s1 = e;
             }
-            let t = Instant::now();
-            let bytes = if self.geom.level.is_parity() {
-                self.rebuild_parity_batch(job, s0, s1)?
-            } else {
-                self.rebuild_mirror_batch(job, s0, s1)?
+            let Some(bytes) = self.rebuild_mirror_batch(job, s0, s1)? else {
+                continue;
             };
-            let Some(bytes) = bytes else { continue };
             self.recovery.done.fetch_add(bytes, Ordering::Relaxed);
             if last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
                 self.checkpoint(job)?;
                 last_checkpoint = Instant::now();
             }
-            // Throttle: the busy rate while clients issued requests during
-            // the batch, the idle rate otherwise (0: unlimited).
-            let fg = self.fg_ops.load(Ordering::Relaxed);
-            let (min, max) = self.rebuild_speed();
-            let rate = if fg != last_fg { min } else { max };
-            last_fg = fg;
-            if rate > 0 {
-                let want = Duration::from_secs_f64(bytes as f64 / rate as f64);
-                while t.elapsed() < want && !self.recovery.stopped() {
-                    std::thread::sleep((want - t.elapsed()).min(Duration::from_millis(100)));
+            pacer.pace(bytes);
+        }
+    }
+
+    /// The other members a job reads from: every in-sync member but the
+    /// one being built; when replacing, the member being replaced too.
+    fn sources_for(&self, job: &Job, v: &View) -> Vec<Option<Arc<Disk>>> {
+        (0..v.roles.len())
+            .map(|r| {
+                if r == job.role && !job.replace {
+                    return None;
+                }
+                let rv = &v.roles[r];
+                match (&rv.disk, &rv.sync) {
+                    (Some(d), None) => Some(d.clone()),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// Parity levels: rebuild through a pipeline until done. Restarted
+    /// (from the cursor) whenever the set of source members changes.
+    fn parity_pipeline(&self, job: &Job, total: u64) -> Result<Outcome> {
+        let chunk = self.geom.chunk;
+        let stripes = total / chunk;
+        // Steps of about 1 MiB per member.
+        let step = ((1u64 << 20) / chunk).max(1);
+        let mut pacer = Pacer::new(self);
+        let mut last_checkpoint = Instant::now();
+        loop {
+            if self.recovery.stopped() {
+                self.checkpoint(job)?;
+                return Ok(Outcome::Stopped("the array was stopped".into()));
+            }
+            if !job.current(&self.view.load()) {
+                return Ok(Outcome::Stopped(format!(
+                    "{} left the array",
+                    job.target.name()
+                )));
+            }
+            let from = job.sync.cursor.load(Ordering::Acquire) / chunk;
+            let mut steps = Vec::new();
+            let mut s = from;
+            while s < stripes {
+                let dirty = |x: u64| {
+                    job.sync
+                        .dirty
+                        .as_ref()
+                        .is_none_or(|d| d.overlaps(x * chunk, (x + 1) * chunk))
+                };
+                if !dirty(s) {
+                    s += 1;
+                    continue;
+                }
+                let mut e = s + 1;
+                while e < stripes && e - s < step && dirty(e) {
+                    e += 1;
+                }
+                steps.push((s, e));
+                s = e;
+            }
+            let sources = self.sources_for(job, &self.view.load());
+            match self.run_pipeline(job, &sources, &steps, &mut pacer, &mut last_checkpoint)? {
+                Run::Finished => {
+                    job.sync.cursor.store(total, Ordering::Release);
+                    return Ok(Outcome::Done);
+                }
+                Run::Again => continue,
+                Run::Stopped(why) => {
+                    self.checkpoint(job)?;
+                    return Ok(Outcome::Stopped(why));
                 }
             }
         }
+    }
+
+    /// One pipeline run over `steps` (stripe ranges): a reader thread per
+    /// source member reading ahead, the contents solved on this thread, a
+    /// writer thread for the member being built; every disk kept busy.
+    /// Each step's stripes are locked from before its reads until its
+    /// write is done, at most `DEPTH` steps at a time, so clients keep
+    /// reading and writing everywhere else.
+    fn run_pipeline(
+        &self,
+        job: &Job,
+        sources: &[Option<Arc<Disk>>],
+        steps: &[(u64, u64)],
+        pacer: &mut Pacer,
+        last_checkpoint: &mut Instant,
+    ) -> Result<Run> {
+        const DEPTH: usize = 8;
+        let chunk = self.geom.chunk;
+        let t = &job.target;
+        let same_sources = |v: &View| {
+            self.sources_for(job, v)
+                .iter()
+                .zip(sources)
+                .all(|(a, b)| match (a, b) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                })
+        };
+        let mut read_failed: Vec<(usize, String)> = Vec::new();
+        let mut write_failed = None;
+        let mut solve_failed = None;
+        let mut run = Run::Finished;
+        std::thread::scope(|sc| {
+            let mut cmds = Vec::new();
+            let mut results = Vec::new();
+            for src in sources {
+                let Some(d) = src else {
+                    cmds.push(None);
+                    results.push(None);
+                    continue;
+                };
+                let (ctx, crx) = std::sync::mpsc::sync_channel::<(u64, u64)>(DEPTH);
+                let (rtx, rrx) = std::sync::mpsc::sync_channel(DEPTH);
+                sc.spawn(move || {
+                    for (a, b) in crx {
+                        let mut buf = vec![0u8; ((b - a) * chunk) as usize];
+                        let r = self
+                            .timed(d, || d.member.read_at(&mut buf, d.data_offset + a * chunk))
+                            .map(|()| buf)
+                            .map_err(|e| e.to_string());
+                        let failed = r.is_err();
+                        if rtx.send(r).is_err() || failed {
+                            return;
+                        }
+                    }
+                });
+                cmds.push(Some(ctx));
+                results.push(Some(rrx));
+            }
+            let (wtx, wrx) = std::sync::mpsc::sync_channel::<(usize, u64, Vec<u8>)>(2);
+            let (ack_tx, ack_rx) = std::sync::mpsc::channel();
+            sc.spawn(move || {
+                for (i, a, out) in wrx {
+                    let r = self.timed(t, || t.member.write_at(&out, t.data_offset + a * chunk));
+                    let failed = r.is_err();
+                    if ack_tx.send((i, r)).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+            let mut guards = std::collections::VecDeque::new();
+            let (mut issued, mut solved, mut sent, mut acked) = (0, 0, 0, 0);
+            let mut halt = false;
+            loop {
+                while !halt && issued < steps.len() && issued - acked < DEPTH {
+                    let (a, b) = steps[issued];
+                    let g = self.lock_range(a, b);
+                    let v = self.view.load();
+                    if !job.current(&v) || !same_sources(&v) {
+                        halt = true;
+                        run = Run::Again;
+                        break;
+                    }
+                    guards.push_back(g);
+                    for c in cmds.iter().flatten() {
+                        let _ = c.send((a, b));
+                    }
+                    issued += 1;
+                }
+                if !halt && solved < issued {
+                    let (a, b) = steps[solved];
+                    let mut bufs = Vec::with_capacity(results.len());
+                    for (r, rx) in results.iter().enumerate() {
+                        match rx.as_ref().map(|rx| rx.recv()) {
+                            None => bufs.push(None),
+                            Some(Ok(Ok(buf))) => bufs.push(Some(buf)),
+                            Some(Ok(Err(e))) => read_failed.push((r, e)),
+                            Some(Err(_)) => read_failed.push((r, "reader stopped".into())),
+                        }
+                    }
+                    if !read_failed.is_empty() {
+                        halt = true;
+                        run = Run::Again;
+                    } else {
+                        match self.solve_step(job, &bufs, a, b) {
+                            Ok(out) => {
+                                if wtx.send((solved, a, out)).is_ok() {
+                                    sent += 1;
+                                } else {
+                                    halt = true;
+                                }
+                            }
+                            Err(e) => {
+                                solve_failed = Some(e);
+                                halt = true;
+                            }
+                        }
+                        solved += 1;
+                    }
+                }
+                let all_solved = solved == issued && (halt || issued == steps.len());
+                if acked == sent && all_solved {
+                    break;
+                }
+                // Take every finished write (waiting for one when there is
+                // nothing else to do), so that reads are issued far ahead.
+                let mut wait = solved == issued;
+                loop {
+                    let ack = if wait {
+                        match ack_rx.recv() {
+                            Ok(x) => x,
+                            Err(_) => {
+                                halt = true;
+                                break;
+                            }
+                        }
+                    } else {
+                        match ack_rx.try_recv() {
+                            Ok(x) => x,
+                            Err(_) => break,
+                        }
+                    };
+                    wait = false;
+                    let (i, r) = ack;
+                    acked += 1;
+                    guards.pop_front();
+                    if let Err(e) = r {
+                        write_failed = Some(e);
+                        halt = true;
+                        continue;
+                    }
+                    let (a, b) = steps[i];
+                    job.sync.cursor.store(b * chunk, Ordering::Release);
+                    let bytes = (b - a) * chunk;
+                    self.recovery.done.fetch_add(bytes, Ordering::Relaxed);
+                    if last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
+                        if let Err(e) = self.checkpoint(job) {
+                            solve_failed = Some(e);
+                            halt = true;
+                        }
+                        *last_checkpoint = Instant::now();
+                    }
+                    pacer.pace(bytes);
+                    if !halt && self.recovery.stopped() {
+                        halt = true;
+                        run = Run::Stopped("the array was stopped".into());
+                    }
+                }
+                if halt && acked == sent && solved == issued {
+                    break;
+                }
+            }
+            drop(cmds);
+            drop(results);
+            drop(wtx);
+            drop(guards);
+        });
+        if let Some(e) = solve_failed {
+            return Err(e);
+        }
+        if let Some(e) = write_failed {
+            self.fail_disk_by_ptr(t, &e.to_string());
+            return Ok(Run::Again);
+        }
+        if !read_failed.is_empty() {
+            for (r, e) in read_failed {
+                if let Some(d) = &sources[r] {
+                    self.fail_disk_by_ptr(d, &e);
+                }
+            }
+            self.ensure_alive(0)?;
+            return Ok(Run::Again);
+        }
+        Ok(run)
     }
 
     /// Record how far the rebuild got, once the member holds it durably.
@@ -438,74 +742,10 @@ impl Array {
         self.write_superblocks(&mut meta)
     }
 
-    /// Rebuild stripes `[s0, s1)` onto the job's member. None: a source
-    /// member failed on the way (it has been failed; try again).
-    fn rebuild_parity_batch(&self, job: &Job, s0: u64, s1: u64) -> Result<Option<u64>> {
+    /// The job member's contents for stripes `[s0, s1)` from the sources' data.
+    fn solve_step(&self, job: &Job, bufs: &[Option<Vec<u8>>], s0: u64, s1: u64) -> Result<Vec<u8>> {
         let chunk = self.geom.chunk;
-        let n = self.geom.members();
-        let d0 = s0 * chunk;
         let len = ((s1 - s0) * chunk) as usize;
-        let _locks = self.lock_range(s0, s1);
-        let v = self.view.load_full();
-        if !job.current(&v) {
-            return Ok(Some(0));
-        }
-        // Sources: every other member that can serve the range; when
-        // replacing, the member being replaced too.
-        let sources: Vec<Option<Arc<Disk>>> = (0..n)
-            .map(|r| {
-                if r == job.role && !job.replace {
-                    return None;
-                }
-                let rv = &v.roles[r];
-                match (&rv.disk, &rv.sync) {
-                    (Some(d), None) => Some(d.clone()),
-                    _ => None,
-                }
-            })
-            .collect();
-        let results: Vec<Option<std::result::Result<Vec<u8>, String>>> =
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = sources
-                    .iter()
-                    .map(|src| {
-                        src.as_ref().map(|d| {
-                            scope.spawn(move || {
-                                let mut b = vec![0u8; len];
-                                self.timed(d, || d.member.read_at(&mut b, d.data_offset + d0))
-                                    .map(|()| b)
-                                    .map_err(|e| e.to_string())
-                            })
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.map(|h| h.join().expect("reader thread")))
-                    .collect()
-            });
-        let mut bufs: Vec<Option<Vec<u8>>> = Vec::with_capacity(n);
-        let mut failed = Vec::new();
-        for (r, res) in results.into_iter().enumerate() {
-            match res {
-                Some(Ok(b)) => bufs.push(Some(b)),
-                Some(Err(e)) => {
-                    failed.push((r, e));
-                    bufs.push(None);
-                }
-                None => bufs.push(None),
-            }
-        }
-        if !failed.is_empty() {
-            drop(_locks);
-            for (r, e) in failed {
-                if let Some(d) = &sources[r] {
-                    self.fail_disk_by_ptr(d, &e);
-                }
-            }
-            self.ensure_alive(d0)?;
-            return Ok(None);
-        }
         let mut out = vec![0u8; len];
         for s in s0..s1 {
             let at = ((s - s0) * chunk) as usize;
@@ -538,14 +778,7 @@ impl Array {
                 dst.copy_from_slice(if job.role == sm.p { &p } else { &q });
             }
         }
-        let t = &job.target;
-        if let Err(e) = self.timed(t, || t.member.write_at(&out, t.data_offset + d0)) {
-            drop(_locks);
-            self.fail_disk_by_ptr(t, &e.to_string());
-            return Ok(Some(0));
-        }
-        job.sync.cursor.store(d0 + len as u64, Ordering::Release);
-        Ok(Some(len as u64))
+        Ok(out)
     }
 
     /// Rebuild chunk rows `[s0, s1)` of a mirror member from another copy.

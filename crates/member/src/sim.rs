@@ -76,6 +76,9 @@ struct Head {
     free_at: Instant,
     /// Where the previous operation ended.
     pos: u64,
+    /// How late the sleeper of the previous operation woke up: the host's
+    /// timer, not the disk, so the next operation is not charged for it.
+    late: Duration,
 }
 
 /// A member with a simulated disk's timing.
@@ -94,6 +97,7 @@ impl SimDisk {
             head: Mutex::new(Head {
                 free_at: Instant::now(),
                 pos: u64::MAX,
+                late: Duration::ZERO,
             }),
         }
     }
@@ -116,6 +120,13 @@ impl SimDisk {
         let now = Instant::now();
         if done > now {
             std::thread::sleep(done - now);
+            let late = Instant::now().saturating_duration_since(done);
+            let mut h = self.head.lock().expect("disk head");
+            if h.free_at == done {
+                h.late = late.min(Duration::from_millis(2));
+            }
+        } else {
+            self.head.lock().expect("disk head").late = Duration::ZERO;
         }
     }
 }
