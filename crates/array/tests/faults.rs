@@ -92,6 +92,13 @@ fn check(a: &Array, model: &[u8]) {
     assert!(buf == model, "array data differs from the model");
 }
 
+fn a_geometry(members: &[String]) -> raidkit_layout::Geometry {
+    let a = open(members);
+    let g = a.geometry().clone();
+    done(a);
+    g
+}
+
 /// Stop an array and let go of its members.
 fn done(a: Array) {
     a.close().unwrap();
@@ -286,6 +293,54 @@ fn read_errors_are_cured_or_fail_the_member() {
     scribble(&a, &mut model, 8, 30, a.capacity());
     check(&a, &model);
     done(a);
+}
+
+#[test]
+fn a_bad_sector_is_rewritten_from_redundancy_and_the_member_kept() {
+    let d = tmp();
+    for level in [Level::Raid5, Level::Raid6, Level::Raid1, Level::Raid10] {
+        let n = if level == Level::Raid1 { 2 } else { 4 };
+        let members = make(d.path(), level, n, 0);
+        let a = open(&members);
+        let mut model = Vec::new();
+        fill(&a, &mut model, 14);
+        done(a);
+        // Two bad sectors on member 0, in rows where it holds data that
+        // reads go to (parity is only read when something is missing).
+        let g = a_geometry(&members);
+        let rows: Vec<u64> = [3u64, 50]
+            .iter()
+            .map(|&from| {
+                (from..)
+                    .find(|&s| !g.level.is_parity() || g.stripe_map(s).data.contains(&0))
+                    .unwrap()
+            })
+            .collect();
+        let off = 1 << 20; // the data offset of these members
+        let mut specs = members.clone();
+        specs[0] = format!(
+            "fault:{}?bad-sector-at={},{}",
+            members[0],
+            off + rows[0] * CHUNK + 512,
+            off + rows[1] * CHUNK
+        );
+        let a = open(&specs);
+        check(&a, &model);
+        assert_eq!(a.health(), Health::Optimal, "{level}: the member was kept");
+        assert!(
+            a.corrected_read_errors() >= 2,
+            "{level}: {} corrected",
+            a.corrected_read_errors()
+        );
+        let before = a.corrected_read_errors();
+        check(&a, &model);
+        assert_eq!(a.corrected_read_errors(), before, "{level}: cured for good");
+        assert_eq!(a.count_mismatches().unwrap(), 0, "{level}");
+        done(a);
+        for m in &members {
+            std::fs::remove_file(m).unwrap();
+        }
+    }
 }
 
 #[test]

@@ -9,6 +9,7 @@
 //! | key | meaning |
 //! |-----|---------|
 //! | `read-error-at=OFF[,OFF...]` | a read that covers any of these member offsets fails (EIO) |
+//! | `bad-sector-at=OFF[,OFF...]` | as above until a write covers the offset (a pending sector the disk remaps on write) |
 //! | `fail-writes-after=N` | the first N writes succeed, every later one fails (EIO) |
 //! | `delay=DUR` | every read and write first sleeps DUR (`5ms`, `1s`, `200us`) |
 //! | `vanish-after=N` | after N operations every operation fails (ENODEV), as a pulled cable |
@@ -25,6 +26,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FaultConfig {
     pub read_error_at: Vec<u64>,
+    pub bad_sector_at: Vec<u64>,
     pub fail_writes_after: Option<u64>,
     pub delay: Option<Duration>,
     pub vanish_after: Option<u64>,
@@ -76,12 +78,17 @@ impl FaultConfig {
                         c.read_error_at.push(parse_u64_size(o)?);
                     }
                 }
+                "bad-sector-at" => {
+                    for o in v.split(',') {
+                        c.bad_sector_at.push(parse_u64_size(o)?);
+                    }
+                }
                 "fail-writes-after" => c.fail_writes_after = Some(parse_u64_size(v)?),
                 "delay" => c.delay = Some(parse_duration(v)?),
                 "vanish-after" => c.vanish_after = Some(parse_u64_size(v)?),
                 other => {
                     return Err(format!(
-                        "unknown fault '{other}' (read-error-at, fail-writes-after, delay, vanish-after)"
+                        "unknown fault '{other}' (read-error-at, bad-sector-at, fail-writes-after, delay, vanish-after)"
                     ))
                 }
             }
@@ -98,6 +105,8 @@ pub struct FaultMember {
     name: String,
     ops: AtomicU64,
     writes: AtomicU64,
+    /// Bad sectors not yet rewritten.
+    pending: std::sync::Mutex<Vec<u64>>,
 }
 
 impl FaultMember {
@@ -105,6 +114,7 @@ impl FaultMember {
         let name = inner.name().to_string();
         FaultMember {
             inner,
+            pending: std::sync::Mutex::new(config.bad_sector_at.clone()),
             config,
             name,
             ops: AtomicU64::new(0),
@@ -152,6 +162,12 @@ impl Member for FaultMember {
             .read_error_at
             .iter()
             .any(|&o| o >= offset && o < offset + len)
+            || self
+                .pending
+                .lock()
+                .expect("bad sectors")
+                .iter()
+                .any(|&o| o >= offset && o < offset + len)
         {
             return Err(self.err(Op::Read, offset, len, 5)); // EIO
         }
@@ -165,7 +181,12 @@ impl Member for FaultMember {
         if self.config.fail_writes_after.is_some_and(|f| n >= f) {
             return Err(self.err(Op::Write, offset, len, 5));
         }
-        self.inner.write_at(buf, offset)
+        self.inner.write_at(buf, offset)?;
+        self.pending
+            .lock()
+            .expect("bad sectors")
+            .retain(|&o| !(o >= offset && o < offset + len));
+        Ok(())
     }
 
     fn flush(&self) -> Result<()> {
@@ -213,5 +234,17 @@ mod tests {
         let e = f.read_at(&mut b, 0).unwrap_err(); // op 9: vanished
         assert_eq!(e.source.raw_os_error(), Some(19));
         assert!(f.flush().is_err());
+    }
+
+    #[test]
+    fn bad_sectors_heal_when_rewritten() {
+        let inner: Arc<dyn Member> = Arc::new(MemMember::new("m", 1 << 20));
+        let f = FaultMember::new(inner, FaultConfig::parse("bad-sector-at=5000").unwrap());
+        let mut b = [0u8; 4096];
+        assert!(f.read_at(&mut b, 4096).is_err());
+        assert!(f.read_at(&mut b, 4096).is_err());
+        f.read_at(&mut b, 0).unwrap();
+        f.write_at(&b, 4096).unwrap();
+        f.read_at(&mut b, 4096).unwrap();
     }
 }
