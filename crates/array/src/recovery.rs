@@ -247,6 +247,16 @@ impl Array {
         self.recovery.state.lock().expect("recovery").notes.clone()
     }
 
+    /// The array's state for reports: failed, rebuilding (a member is being
+    /// rebuilt or waits to be), degraded or optimal.
+    pub fn state_name(&self) -> &'static str {
+        match self.health() {
+            crate::Health::Failed => "failed",
+            _ if self.recovery_status().is_some() || self.needs_recovery() => "rebuilding",
+            h => h.name(),
+        }
+    }
+
     /// Whether some member still needs rebuilding.
     pub fn needs_recovery(&self) -> bool {
         self.next_job().is_some()

@@ -238,7 +238,7 @@ fn status_fields(
     let sb = array.superblock();
     let c = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
     let v = json!({
-        "state": array.health().name(),
+        "state": array.state_name(),
         "array": {
             "uuid": sb.array_uuid.to_string(),
             "name": sb.name,

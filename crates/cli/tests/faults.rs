@@ -105,6 +105,10 @@ fn fio_verifies_on_raid6_through_fail_spare_fail_add() {
     ctl(&s, &["fail", &ms[1]]);
     let st = status(&s);
     assert_eq!(member_state(&st, 1), "rebuilding", "{st}");
+    assert!(
+        st["state"] == "rebuilding" || st["state"] == "optimal",
+        "{st}"
+    );
     ctl(&s, &["wait", "--timeout", "120"]);
     let st = status(&s);
     assert_eq!(st["state"], "optimal", "{st}");
