@@ -7,7 +7,7 @@ use crate::spec::{self, Spec};
 use crate::superblock::{
     data_offset_for, probe, write_superblock, ArrayState, Role, RoleEntry, RoleState, Superblock,
 };
-use crate::{assemble, bitmap, SB_SIZE};
+use crate::{assemble, bitmap, journal, SB_SIZE};
 use raidkit_layout::{Geometry, Layout, Level};
 use raidkit_member::{FileMember, Member};
 use std::path::Path;
@@ -30,8 +30,59 @@ pub struct CreateOptions {
     pub assume_clean: bool,
     /// Write-intent bitmap region size in bytes (0: no bitmap).
     pub bitmap_region: u64,
+    /// What keeps redundancy consistent across crashes (see [`Policy`]).
+    pub policy: Policy,
     /// Hot spares.
     pub spares: Vec<Spec>,
+}
+
+/// How redundancy is kept consistent across crashes, as md's
+/// consistency_policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Nothing recorded: after an unclean shutdown every stripe is resynced.
+    None,
+    /// The write-intent bitmap: after an unclean shutdown only the regions
+    /// being written are resynced. A member lost before that resync can
+    /// come back wrong where writes were torn (the RAID-5/6 write hole).
+    Bitmap,
+    /// Bitmap, plus a journal of every parity stripe update, replayed after
+    /// an unclean shutdown: no write hole. The default for parity levels.
+    Journal,
+}
+
+impl Policy {
+    pub fn parse(s: &str) -> Result<Policy> {
+        Ok(match s {
+            "none" => Policy::None,
+            "bitmap" => Policy::Bitmap,
+            "journal" => Policy::Journal,
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "consistency policy '{s}': use none, bitmap or journal"
+                )))
+            }
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::None => "none",
+            Policy::Bitmap => "bitmap",
+            Policy::Journal => "journal",
+        }
+    }
+
+    /// The policy a superblock describes.
+    pub fn of(sb: &Superblock) -> Policy {
+        if sb.journal[1] > 0 {
+            Policy::Journal
+        } else if sb.bitmap[1] > 0 {
+            Policy::Bitmap
+        } else {
+            Policy::None
+        }
+    }
 }
 
 /// What create did.
@@ -156,7 +207,13 @@ pub fn create(
             )));
         }
     }
-    let bitmap_region = if opts.level.has_redundancy() {
+    let bitmap_region = if opts.level.has_redundancy() && opts.policy != Policy::None {
+        if opts.bitmap_region == 0 {
+            return Err(Error::Invalid(format!(
+                "the {} policy needs a write-intent bitmap: give a --bitmap-region",
+                opts.policy.name()
+            )));
+        }
         opts.bitmap_region
     } else {
         0
@@ -172,6 +229,22 @@ pub fn create(
         b
     } else {
         0
+    };
+
+    // The journal: from the end of the bitmap (64 KiB aligned) to the data.
+    let journal = if opts.level.is_parity() && opts.policy == Policy::Journal {
+        let start = (bitmap::BITMAP_OFFSET + bitmap_bytes).div_ceil(64 << 10) * (64 << 10);
+        let end = offsets[..n].iter().min().copied().unwrap_or(0);
+        let size = end.saturating_sub(start);
+        if journal::window_for(size, n) < 4096 {
+            return Err(Error::Invalid(format!(
+                "the metadata area of these members ({} bytes) is too small for a journal over {n} members; use larger members or --consistency-policy bitmap",
+                end
+            )));
+        }
+        [start, size, 0]
+    } else {
+        [0; 3]
     };
 
     // Everything checked: now create files and write.
@@ -242,7 +315,7 @@ pub fn create(
             } else {
                 [0; 3]
             },
-            journal: [0; 2],
+            journal,
             roles: roles.clone(),
         };
         write_superblock(m.as_ref(), &mut sb)?;

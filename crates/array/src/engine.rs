@@ -13,6 +13,7 @@
 use crate::assemble::{Absence, Assembly, Health};
 use crate::bitmap::{Bitmap, RegionSet};
 use crate::error::{Error, Result};
+use crate::journal::Journal;
 use crate::recovery::Recovery;
 use crate::superblock::{ArrayState, RoleState, Superblock};
 use arc_swap::ArcSwap;
@@ -157,6 +158,10 @@ pub struct OpenOptions {
     /// bitmap where possible); otherwise they are left out.
     pub readd_stale: bool,
     pub member_timeout: Duration,
+    /// Start an array that was not shut down cleanly even though it is
+    /// degraded and has no journal (its parity may be wrong where writes
+    /// were torn: md's start_dirty_degraded).
+    pub force: bool,
 }
 
 impl Default for OpenOptions {
@@ -165,6 +170,7 @@ impl Default for OpenOptions {
             read_only: false,
             readd_stale: false,
             member_timeout: DEFAULT_MEMBER_TIMEOUT,
+            force: false,
         }
     }
 }
@@ -185,6 +191,7 @@ pub struct Array {
     pub(crate) read_only: bool,
     locks: Box<[Mutex<()>]>,
     pub(crate) bitmap: Option<Bitmap>,
+    pub(crate) journal: Option<Journal>,
     pub(crate) recovery: Recovery,
     /// Foreground requests started (the rebuild throttle watches it).
     pub(crate) fg_ops: AtomicU64,
@@ -418,7 +425,11 @@ impl Array {
                 detail,
             });
         }
+        let journal = (sb.journal[1] > 0 && geom.level.is_parity())
+            .then(|| Journal::new(sb.journal[0], sb.journal[1], geom.members(), sb.journal[2]));
+        let unclean = sb.state == ArrayState::Dirty;
         let a = Array {
+            journal,
             name: name.to_string(),
             geom,
             view: ArcSwap::from_pointee(view),
@@ -436,6 +447,9 @@ impl Array {
         };
         a.recovery.note(notes);
         if !opts.read_only {
+            if unclean {
+                a.recover_unclean(opts.force)?;
+            }
             a.use_spares()?;
         }
         Ok(a)
@@ -656,7 +670,7 @@ impl Array {
     /// Write to every member of `role` (its disk and any replacement). A
     /// member that fails the write is failed; the write as a whole fails
     /// only if that leaves the array unable to serve.
-    fn member_write(&self, v: &View, role: usize, buf: &[u8], dev: u64) -> Result<()> {
+    pub(crate) fn member_write(&self, v: &View, role: usize, buf: &[u8], dev: u64) -> Result<()> {
         let rv = &v.roles[role];
         for d in rv.disk.iter().chain(rv.replacement.iter().map(|x| &x.0)) {
             if let Err(e) = self.timed(d, || d.member.write_at(buf, d.data_offset + dev)) {
@@ -813,7 +827,7 @@ impl Array {
     /// `[col, col + len)`, reconstructing any that are unavailable or fail
     /// to read; members that failed are cured from the result or failed.
     /// Rows not needed may come back empty. Call with the stripe locked.
-    fn read_rows(
+    pub(crate) fn read_rows(
         &self,
         v: &View,
         stripe: u64,
@@ -945,9 +959,35 @@ impl Array {
                 while j < pieces.len() && pieces[j].stripe == stripe {
                     j += 1;
                 }
-                let group: Small<(&Piece, &[u8])> =
-                    pieces[i..j].iter().map(|p| (p, src(p))).collect();
-                self.write_stripe(&v, stripe, &group)?;
+                match self.journal.as_ref().map(|jl| jl.window) {
+                    None => {
+                        let group: Small<(&Piece, &[u8])> =
+                            pieces[i..j].iter().map(|p| (p, src(p))).collect();
+                        self.write_stripe(&v, stripe, &group)?;
+                    }
+                    Some(w) => {
+                        // Journaled: one record per column window.
+                        let c0 = pieces[i..j].iter().map(|p| p.col).min().expect("piece");
+                        let c1 = pieces[i..j]
+                            .iter()
+                            .map(|p| p.col + p.len)
+                            .max()
+                            .expect("piece");
+                        let mut ws = c0 / w * w;
+                        while ws < c1 {
+                            let clipped: Small<Piece> = pieces[i..j]
+                                .iter()
+                                .filter_map(|p| clip(p, ws, ws + w))
+                                .collect();
+                            if !clipped.is_empty() {
+                                let group: Small<(&Piece, &[u8])> =
+                                    clipped.iter().map(|p| (p, src(p))).collect();
+                                self.write_stripe(&v, stripe, &group)?;
+                            }
+                            ws += w;
+                        }
+                    }
+                }
                 i = j;
             }
             return Ok(());
@@ -1049,7 +1089,11 @@ impl Array {
                 }
                 true
             })();
-            let done = read_ok.then(|| self.write_out(v, pieces, &sm, dev, &pbuf, qbuf.as_deref()));
+            let done = read_ok.then(|| {
+                let _slot =
+                    self.journal_update(v, stripe, &sm, pieces, dev, &pbuf, qbuf.as_deref())?;
+                self.write_out(v, pieces, &sm, dev, &pbuf, qbuf.as_deref())
+            });
             scratch::give(pbuf);
             if let Some(q) = qbuf {
                 scratch::give(q);
@@ -1062,7 +1106,7 @@ impl Array {
             }
         }
 
-        if rcw_reads == 0 && len >= 2 * COLUMN {
+        if rcw_reads == 0 && len >= 2 * COLUMN && self.journal.is_none() {
             return self.write_full_stripe(v, pieces, &sm, dev, len);
         }
 
@@ -1100,7 +1144,9 @@ impl Array {
             None => parity::gen_p(&refs, &mut pbuf),
         }
         drop(refs);
-        let written = self.write_out(v, pieces, &sm, dev, &pbuf, qbuf.as_deref());
+        let written = self
+            .journal_update(v, stripe, &sm, pieces, dev, &pbuf, qbuf.as_deref())
+            .and_then(|_slot| self.write_out(v, pieces, &sm, dev, &pbuf, qbuf.as_deref()));
         scratch::give(pbuf);
         if let Some(q) = qbuf {
             scratch::give(q);
@@ -1329,6 +1375,7 @@ impl Array {
     /// written, mark it clean.
     pub fn close(&self) -> Result<()> {
         self.recovery.stop();
+        self.journal_settle();
         let flushed = self.flush();
         let mut meta = self.meta.lock().expect("meta lock");
         if self.write_ready.swap(false, Ordering::AcqRel) && flushed.is_ok() {
@@ -1347,6 +1394,24 @@ impl Array {
         }
         flushed
     }
+}
+
+/// The part of a piece within columns `[lo, hi)` of its chunk.
+fn clip(p: &Piece, lo: u64, hi: u64) -> Option<Piece> {
+    let a = p.col.max(lo);
+    let b = (p.col + p.len).min(hi);
+    if a >= b {
+        return None;
+    }
+    let d = a - p.col;
+    Some(Piece {
+        logical: p.logical + d,
+        len: b - a,
+        stripe: p.stripe,
+        col: a,
+        dd: p.dd,
+        copies: p.copies.iter().map(|&(r, dev)| (r, dev + d)).collect(),
+    })
 }
 
 pub(crate) fn roles_list(roles: impl Iterator<Item = usize>) -> String {

@@ -15,9 +15,11 @@
 
 pub mod assemble;
 pub mod bitmap;
+mod consistency;
 pub mod create;
 mod engine;
 pub mod error;
+pub mod journal;
 mod manage;
 mod recovery;
 pub mod spec;

@@ -35,7 +35,7 @@
 //! 200 state u32 (0 clean, 1 dirty)                    204 reserved
 //! 208 recovery_offset u64 (u64::MAX: in sync)
 //! 216 bitmap: offset u64, region size u64 (0: no bitmap), events_cleared u64
-//! 240 journal offset, size u64 x2
+//! 240 journal: offset u64, size u64 (0: no journal), applied_seq u64
 //! 1024 role table: raid_disks entries of 32 bytes:
 //!      member uuid [16], state u32, reserved u32, data_size u64
 //! ```
@@ -145,7 +145,9 @@ pub struct Superblock {
     pub state: ArrayState,
     pub recovery_offset: Option<u64>,
     pub bitmap: [u64; 3],
-    pub journal: [u64; 2],
+    /// Journal: offset, size (0: no journal), sequence number of the last
+    /// record known applied in place (replay starts after it).
+    pub journal: [u64; 3],
     pub roles: Vec<RoleEntry>,
 }
 
@@ -304,7 +306,7 @@ impl Superblock {
             },
             recovery_offset: (rec != u64::MAX).then_some(rec),
             bitmap: [get_u64(b, 216), get_u64(b, 224), get_u64(b, 232)],
-            journal: [get_u64(b, 240), get_u64(b, 248)],
+            journal: [get_u64(b, 240), get_u64(b, 248), get_u64(b, 256)],
             roles,
         }))
     }
@@ -426,7 +428,7 @@ mod tests {
             state: ArrayState::Dirty,
             recovery_offset: Some(4096),
             bitmap: [16384, 4096, 64 << 20],
-            journal: [0, 0],
+            journal: [0, 0, 0],
             roles: (0..4)
                 .map(|i| RoleEntry {
                     member_uuid: Uuid::from_u128(i),

@@ -77,6 +77,7 @@ fn make(level: Level, layout: Layout, paths: &[PathBuf]) {
         force: false,
         assume_clean: false,
         bitmap_region: 0,
+        policy: raidkit_array::create::Policy::None,
         spares: Vec::new(),
     };
     create(&specs(paths), &opts, |_, _| {}).unwrap();
@@ -249,6 +250,7 @@ fn raid50_nests_arrays_as_members() {
             force: false,
             assume_clean: false,
             bitmap_region: 0,
+            policy: raidkit_array::create::Policy::None,
             spares: Vec::new(),
         };
         create(&specs(ps), &opts, |_, _| {}).unwrap();
@@ -263,6 +265,7 @@ fn raid50_nests_arrays_as_members() {
         force: false,
         assume_clean: false,
         bitmap_region: 0,
+        policy: raidkit_array::create::Policy::None,
         spares: Vec::new(),
     };
     create(&outer, &opts, |_, _| {}).unwrap();
@@ -330,6 +333,7 @@ fn full_stripe_writes_with_large_chunks() {
             force: false,
             assume_clean: false,
             bitmap_region: 0,
+            policy: raidkit_array::create::Policy::None,
             spares: Vec::new(),
         };
         create(&specs(&ps), &opts, |_, _| {}).unwrap();

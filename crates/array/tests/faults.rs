@@ -39,6 +39,7 @@ fn make(dir: &Path, level: Level, n: usize, spares: usize) -> Vec<String> {
         force: false,
         assume_clean: false,
         bitmap_region: REGION,
+        policy: raidkit_array::create::Policy::Bitmap,
         spares: (0..spares)
             .map(|i| Spec::File(path(dir, &format!("s{i}.img"))))
             .collect(),
@@ -63,6 +64,7 @@ fn try_open(specs: &[String], force: bool) -> raidkit_array::Result<Array> {
         "f",
         OpenOptions {
             readd_stale: true,
+            force,
             ..OpenOptions::default()
         },
     )

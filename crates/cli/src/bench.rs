@@ -39,7 +39,8 @@ fn build(a: &BenchEngineArgs, level: Level, tag: &str) -> Result<(Bench, Vec<Str
         name: format!("bench-{tag}"),
         force: false,
         assume_clean: false,
-        bitmap_region: 0,
+        bitmap_region: 64 << 20,
+        policy: raidkit_array::create::Policy::parse(&a.policy)?,
         spares: Vec::new(),
     };
     create(&specs, &opts, |_, _| {}).with_context(|| format!("creating the {level} array"))?;

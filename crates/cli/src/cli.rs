@@ -89,6 +89,9 @@ pub struct BenchEngineArgs {
     /// Rounds (levels alternate within each round); medians are reported.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Consistency policy of the arrays: none, bitmap or journal.
+    #[arg(long, default_value = "none")]
+    pub policy: String,
 }
 
 #[derive(Debug, Args)]
@@ -160,6 +163,12 @@ pub struct CreateArgs {
     /// back resyncs only the regions written meanwhile. 0 disables it.
     #[arg(long, default_value = "64M", value_parser = size)]
     pub bitmap_region: u64,
+    /// What keeps redundancy consistent across crashes: none (full resync
+    /// after an unclean shutdown), bitmap (resync of the regions being
+    /// written) or journal (default: every parity update logged first and
+    /// replayed after a crash; closes the RAID-5/6 write hole).
+    #[arg(long, value_name = "POLICY")]
+    pub consistency_policy: Option<String>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,

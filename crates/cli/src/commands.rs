@@ -63,6 +63,10 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
         force: a.force,
         assume_clean: a.assume_clean,
         bitmap_region: a.bitmap_region,
+        policy: match &a.consistency_policy {
+            Some(p) => raidkit_array::create::Policy::parse(p)?,
+            None => raidkit_array::create::Policy::Journal,
+        },
         spares: a
             .spare
             .iter()

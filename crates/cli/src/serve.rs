@@ -30,6 +30,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         read_only: a.read_only,
         readd_stale: !a.read_only,
         member_timeout: Duration::from_secs_f64(a.member_timeout),
+        force: a.force,
     };
     let array = Arc::new(open_array_with(&a.members.members, opts, a.force)?);
     array.set_rebuild_speed(Some(a.rebuild_min), Some(a.rebuild_max));

@@ -15,9 +15,11 @@
 //! ```
 
 pub mod fault;
+pub mod powercut;
 pub mod sim;
 
 pub use fault::{FaultConfig, FaultMember};
+pub use powercut::{CutRng, PowerCutMember};
 pub use sim::{SimConfig, SimDisk};
 
 use std::fmt;

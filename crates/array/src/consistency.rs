@@ -1,0 +1,220 @@
+//! Consistency across crashes: journaling parity updates, replaying the
+//! journal after an unclean shutdown, or resyncing the regions the bitmap
+//! marks (the whole array without one). See `journal.rs` for the log.
+
+use crate::engine::{parity_of, Array, View};
+use crate::error::{Error, Result};
+use crate::journal::{self, Record, Slot};
+use raidkit_layout::{Level, Piece, StripeMap};
+use std::collections::BTreeMap;
+
+impl Array {
+    /// Before the in-place writes of a stripe update: put the update in the
+    /// journal (on `redundancy + 1` members) and make it durable there. The
+    /// returned slot is held until the in-place writes are done.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn journal_update(
+        &self,
+        v: &View,
+        stripe: u64,
+        sm: &StripeMap,
+        pieces: &[(&Piece, &[u8])],
+        dev: u64,
+        p: &[u8],
+        q: Option<&[u8]>,
+    ) -> Result<Option<Slot<'_>>> {
+        let Some(j) = &self.journal else {
+            return Ok(None);
+        };
+        let mut parts: Vec<(usize, u64, &[u8])> = pieces
+            .iter()
+            .map(|(pc, d)| (pc.copies[0].0, pc.copies[0].1, *d))
+            .collect();
+        parts.push((sm.p, dev, p));
+        if let (Some(qr), Some(q)) = (sm.q, q) {
+            parts.push((qr, dev, q));
+        }
+        let size = journal::record_size(parts.iter().map(|x| x.2.len()));
+        let slot = j.reserve(size, |seq| self.journal_checkpoint(seq))?;
+        let uuid = self.meta.lock().expect("meta lock").sb.array_uuid;
+        let rec = journal::encode(uuid, slot.seq, stripe, &parts);
+        // Copies on redundancy + 1 members, spread by stripe.
+        let n = v.roles.len();
+        let want = self.geom.redundancy() + 1;
+        let mut written = 0;
+        for r in (0..n).map(|i| (stripe as usize + i) % n) {
+            if written == want {
+                break;
+            }
+            let Some(d) = &v.roles[r].disk else { continue };
+            let at = j.offset + slot.at;
+            match self
+                .timed(d, || d.member.write_at(&rec, at))
+                .and_then(|()| self.timed(d, || d.member.flush()))
+            {
+                Ok(()) => written += 1,
+                Err(e) => self.fail_disk_by_ptr(d, &format!("writing the journal: {e}")),
+            }
+        }
+        self.ensure_alive(dev)?;
+        if written == 0 {
+            return Err(Error::Unavailable {
+                offset: dev,
+                detail: "no member could take the journal record".into(),
+            });
+        }
+        Ok(Some(slot))
+    }
+
+    /// The log is full and nothing is in flight: make every record up to
+    /// `seq` durable in place (flush) and record that in the superblocks.
+    fn journal_checkpoint(&self, seq: u64) -> Result<()> {
+        self.flush()?;
+        let mut meta = self.meta.lock().expect("meta lock");
+        meta.sb.journal[2] = seq;
+        self.write_superblocks(&mut meta)
+    }
+
+    /// Before close: no record in flight, and the superblocks say every
+    /// record is applied.
+    pub(crate) fn journal_settle(&self) {
+        if let Some(j) = &self.journal {
+            let seq = j.quiesce();
+            self.meta.lock().expect("meta lock").sb.journal[2] = seq;
+        }
+    }
+
+    /// After an unclean shutdown, before serving: replay the journal, or
+    /// resync what the bitmap marks (everything without a bitmap).
+    pub(crate) fn recover_unclean(&self, force: bool) -> Result<()> {
+        if !self.geom.level.has_redundancy() {
+            return Ok(());
+        }
+        if self.journal.is_some() {
+            return self.replay_journal();
+        }
+        let v = self.view.load_full();
+        if !v.degraded_roles().is_empty() {
+            if force {
+                self.recovery.note(vec![
+                    "not shut down cleanly and degraded: started by force; stripes being written at the crash may rebuild wrong".into(),
+                ]);
+                return Ok(());
+            }
+            return Err(Error::NotEnoughMembers {
+                name: self.name.clone(),
+                detail: "it was not shut down cleanly and is degraded, without a journal: the parity of stripes being written at the crash may be wrong, so rebuilding could return garbage (the write hole). Bring the missing members back, or start it with --force to accept that".into(),
+            });
+        }
+        let dirty = self.bitmap.as_ref().map(|b| b.snapshot());
+        let chunk = self.geom.chunk;
+        let in_dirty = |lo: u64, hi: u64| dirty.as_ref().is_none_or(|d| d.overlaps(lo, hi));
+        self.begin_write()?;
+        let mut fixed = 0u64;
+        match self.geom.level {
+            Level::Raid1 | Level::Raid10 => {
+                let mut buf = vec![0u8; chunk as usize];
+                for c in 0..self.capacity() / chunk {
+                    let p = &self.geom.pieces(c * chunk, chunk)[0];
+                    if !p.copies.iter().any(|&(_, d)| in_dirty(d, d + chunk)) {
+                        continue;
+                    }
+                    let _g = self.lock(c);
+                    let (r0, d0) = p.copies[0];
+                    let src = v.roles[r0].disk.as_ref().expect("not degraded");
+                    self.timed(src, || src.member.read_at(&mut buf, src.data_offset + d0))?;
+                    for &(r, d) in &p.copies[1..] {
+                        let dst = v.roles[r].disk.as_ref().expect("not degraded");
+                        self.timed(dst, || dst.member.write_at(&buf, dst.data_offset + d))?;
+                    }
+                    fixed += 1;
+                }
+            }
+            _ => {
+                let k = self.geom.data_members();
+                let need = vec![true; k];
+                for s in 0..self.geom.stripes() {
+                    if !in_dirty(s * chunk, (s + 1) * chunk) {
+                        continue;
+                    }
+                    let _g = self.lock(s);
+                    let sm = self.geom.stripe_map(s);
+                    let rows = self.read_rows(&v, s, 0, chunk, &need)?;
+                    let (p, q) = parity_of(&sm, &rows, chunk as usize);
+                    self.member_write(&v, sm.p, &p, s * chunk)?;
+                    if let Some(qr) = sm.q {
+                        self.member_write(&v, qr, &q, s * chunk)?;
+                    }
+                    fixed += 1;
+                }
+            }
+        }
+        self.flush()?;
+        self.recovery.note(vec![format!(
+            "not shut down cleanly: resynced {fixed} {} {}",
+            if self.geom.level.is_parity() {
+                "stripes"
+            } else {
+                "chunks"
+            },
+            if dirty.is_some() {
+                "in the regions the bitmap marks"
+            } else {
+                "(no bitmap: all of them)"
+            }
+        )]);
+        Ok(())
+    }
+
+    /// Write every record of the journal not yet applied in place, in
+    /// order, to the members present; then record them applied.
+    fn replay_journal(&self) -> Result<()> {
+        let j = self.journal.as_ref().expect("journal");
+        let (uuid, after) = {
+            let meta = self.meta.lock().expect("meta lock");
+            (meta.sb.array_uuid, meta.sb.journal[2])
+        };
+        let v = self.view.load_full();
+        let mut records: BTreeMap<u64, Record> = BTreeMap::new();
+        let mut scanned = 0;
+        for d in v.roles.iter().filter_map(|r| r.disk.as_ref()) {
+            // A member that cannot be read is failed on its first I/O; the
+            // other copies of its records are on other members.
+            if let Ok(found) = journal::scan(d.member.as_ref(), j.offset, j.size, uuid, after) {
+                scanned += 1;
+                for r in found {
+                    records.entry(r.seq).or_insert(r);
+                }
+            }
+        }
+        if scanned == 0 {
+            return Err(Error::Invalid(
+                "no member's journal could be read: refusing to serve data that may be inconsistent".into(),
+            ));
+        }
+        self.begin_write()?;
+        let count = records.len();
+        let mut last = after;
+        for (seq, r) in records {
+            let _g = self.lock(r.stripe);
+            for part in &r.parts {
+                if part.role < v.roles.len() {
+                    self.member_write(&v, part.role, &part.data, part.dev)?;
+                }
+            }
+            last = seq;
+        }
+        self.flush()?;
+        j.advance_to(last);
+        let mut meta = self.meta.lock().expect("meta lock");
+        meta.sb.journal[2] = last;
+        self.write_superblocks(&mut meta)?;
+        drop(meta);
+        if count > 0 {
+            self.recovery.note(vec![format!(
+                "not shut down cleanly: replayed {count} journal record(s)"
+            )]);
+        }
+        Ok(())
+    }
+}
