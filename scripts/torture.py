@@ -1,0 +1,212 @@
+#!/usr/bin/python3
+"""kill -9 torture: a client writes and flushes through NBD and records what
+was acknowledged; the server is killed (SIGKILL) at a random moment,
+restarted (every other cycle with a member missing) and checked: every block
+whose write was acknowledged and then flushed must read back, and no block
+may hold anything but its last flushed contents or one of the writes issued
+after that flush.
+
+usage: scripts/torture.py [--cycles N] [--level 5|6] [--seed S] [--raidkit PATH]
+Prints one line per cycle and a summary; exits 1 on any loss.
+"""
+
+import argparse
+import hashlib
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import nbd
+
+BLOCK = 4096
+SPAN_BLOCKS = 8192  # the first 32 MiB of the array take the writes
+
+
+def content(seed, block):
+    """The 4 KiB a write with this seed puts in this block."""
+    h = hashlib.blake2b(f"{seed}:{block}".encode(), digest_size=32).digest()
+    return h * (BLOCK // len(h))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Server:
+    def __init__(self, raidkit, members, workdir, log):
+        self.port = free_port()
+        self.uri = f"nbd://127.0.0.1:{self.port}/torture"
+        self.control = os.path.join(workdir, "ctl")
+        self.proc = subprocess.Popen(
+            [raidkit, "serve", "--listen", f"127.0.0.1:{self.port}",
+             "--control", os.path.join(workdir, "ctl"), "--rebuild-min", "0"] + members,
+            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        for line in self.proc.stdout:
+            if b"listening on" in line:
+                break
+            if time.time() > deadline:
+                break
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"server did not start (exit {self.proc.returncode})")
+
+    def in_sync(self, raidkit):
+        """Whether every member is in sync (asked just before a kill)."""
+        r = subprocess.run([raidkit, "status", "--json", "--control", self.control],
+                           capture_output=True, text=True)
+        return r.returncode == 0 and '"state": "optimal"' in r.stdout
+
+    def kill9(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.proc.stdout.close()
+
+
+def connect(uri):
+    h = nbd.NBD()
+    h.connect_uri(uri)
+    return h
+
+
+def check(h, expected, maybe):
+    """Blocks whose contents are not allowed. Afterwards `expected` holds
+    what is there (every block now has a definite value)."""
+    bad = []
+    for start in range(0, SPAN_BLOCKS, 256):
+        data = h.pread(256 * BLOCK, start * BLOCK)
+        for i in range(256):
+            b = start + i
+            got = data[i * BLOCK:(i + 1) * BLOCK]
+            # None: a block never written, still zero.
+            allowed = [expected.get(b)] + sorted(maybe.get(b, ()))
+            match = [s for s in allowed
+                     if got == (bytes(BLOCK) if s is None else content(s, b))]
+            if not match:
+                bad.append(b)
+            elif match[0] is None:
+                expected.pop(b, None)
+            else:
+                expected[b] = match[0]
+    maybe.clear()
+    return bad
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cycles", type=int, default=20)
+    ap.add_argument("--level", default="5")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sabotage", action="store_true",
+                    help="scribble over the first 64 KiB of every member's data after the first kill: the check must see it")
+    ap.add_argument("--raidkit", default=os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "raidkit"))
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    work = tempfile.mkdtemp(prefix="raidkit-torture.", dir=base)
+    server = None
+    try:
+        n = 4 if args.level == "5" else 5
+        members = [os.path.join(work, f"d{i}.img") for i in range(n)]
+        subprocess.run([args.raidkit, "create", "--level", args.level, "--size", "48M",
+                        "--chunk", "64K", "--bitmap-region", "1M", "--name", "torture"]
+                       + members, check=True, stdout=subprocess.DEVNULL)
+        log = open(os.path.join(work, "serve.log"), "ab")
+        expected, maybe = {}, {}
+        seed_counter = 0
+        acked_total = losses = 0
+        unsynced = None  # a member that may not be in sync yet
+        for cycle in range(args.cycles):
+            present = list(members)
+            missing = None
+            if cycle % 2 == 1:
+                # Leave a member out; while one is still being resynced,
+                # only that one can be (the array needs all the others).
+                missing = unsynced if unsynced is not None else rng.randrange(n)
+                present = [m for i, m in enumerate(members) if i != missing]
+            server = Server(args.raidkit, present, work, log)
+            h = connect(server.uri)
+            bad = check(h, expected, maybe)
+            losses += len(bad)
+            # Write and flush until killed.
+            kill_after = rng.uniform(0.2, 1.5)
+            synced = []
+
+            def kill(srv=server):
+                synced.append(srv.in_sync(args.raidkit))
+                srv.kill9()
+            killer = threading.Timer(kill_after, kill)
+            killer.start()
+            acked = 0
+            try:
+                while True:
+                    pending = {}
+                    for _ in range(rng.randrange(1, 12)):
+                        nb = rng.randrange(1, 17)
+                        start = rng.randrange(0, SPAN_BLOCKS - nb)
+                        seed_counter += 1
+                        buf = b"".join(content(seed_counter, start + i) for i in range(nb))
+                        for i in range(nb):
+                            maybe.setdefault(start + i, set()).add(seed_counter)
+                        h.pwrite(buf, start * BLOCK)
+                        for i in range(nb):
+                            pending[start + i] = seed_counter
+                    h.flush()
+                    # Acknowledged and flushed: these are now the contents.
+                    for b, s in pending.items():
+                        expected[b] = s
+                        maybe.pop(b, None)
+                    acked += len(pending)
+            except nbd.Error:
+                pass  # the server is gone
+            killer.join()
+            del h
+            if args.sabotage and cycle == 0:
+                for m in members:
+                    with open(m, "r+b") as f:
+                        f.seek(1 << 20)
+                        f.write(b"\xa5" * (64 << 10))
+            if missing is not None:
+                unsynced = missing
+            elif synced and synced[0]:
+                unsynced = None
+            acked_total += acked
+            print(f"cycle {cycle + 1}: killed after {kill_after:.2f}s, {acked} blocks acknowledged "
+                  f"and flushed{'' if missing is None else f', member {missing} left out'}; "
+                  f"check at start: {len(bad)} bad blocks", flush=True)
+        # A last restart with every member: everything must be there.
+        server = Server(args.raidkit, members, work, log)
+        h = connect(server.uri)
+        bad = check(h, expected, maybe)
+        losses += len(bad)
+        del h
+        server.kill9()
+        server = None
+        print(f"summary: {args.cycles} cycles, {acked_total} blocks acknowledged and flushed, "
+              f"losses: {losses}")
+        return 1 if losses else 0
+    except Exception:
+        logf = os.path.join(work, "serve.log")
+        if os.path.exists(logf):
+            sys.stderr.write("--- server log (tail) ---\n")
+            sys.stderr.write(open(logf, errors="replace").read()[-3000:])
+        raise
+    finally:
+        if server is not None and server.proc.poll() is None:
+            server.kill9()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
