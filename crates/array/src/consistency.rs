@@ -5,7 +5,8 @@
 use crate::engine::{parity_of, Array, View};
 use crate::error::{Error, Result};
 use crate::journal::{self, Record, Slot};
-use raidkit_layout::{Level, Piece, StripeMap};
+use crate::recovery::{LastRecovery, ParityResync, RecoveryStatus};
+use raidkit_layout::{Piece, StripeMap};
 use std::collections::BTreeMap;
 
 impl Array {
@@ -107,63 +108,116 @@ impl Array {
             });
         }
         let dirty = self.bitmap.as_ref().map(|b| b.snapshot());
+        self.recovery.note(vec![format!(
+            "not shut down cleanly: resyncing parity {} while serving",
+            if dirty.is_some() {
+                "in the regions the bitmap marks"
+            } else {
+                "everywhere (no bitmap)"
+            }
+        )]);
+        *self.recovery.pending_parity.lock().expect("recovery") = Some(dirty);
+        self.recovery
+            .parity_unfinished
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.recovery.kick();
+        Ok(())
+    }
+
+    /// Make redundancy agree with the data where writes may have been torn
+    /// by a crash (`dirty` regions, or everywhere), stripe by stripe under
+    /// the stripe locks, while clients read and write.
+    pub(crate) fn run_parity_resync(&self, dirty: ParityResync) -> Result<()> {
         let chunk = self.geom.chunk;
         let in_dirty = |lo: u64, hi: u64| dirty.as_ref().is_none_or(|d| d.overlaps(lo, hi));
-        self.begin_write()?;
-        let mut fixed = 0u64;
-        match self.geom.level {
-            Level::Raid1 | Level::Raid10 => {
-                let mut buf = vec![0u8; chunk as usize];
-                for c in 0..self.capacity() / chunk {
-                    let p = &self.geom.pieces(c * chunk, chunk)[0];
-                    if !p.copies.iter().any(|&(_, d)| in_dirty(d, d + chunk)) {
-                        continue;
-                    }
-                    let _g = self.lock(c);
+        let mirrored = !self.geom.level.is_parity();
+        let units: Vec<u64> = if mirrored {
+            (0..self.capacity() / chunk)
+                .filter(|&c| {
+                    self.geom.pieces(c * chunk, chunk)[0]
+                        .copies
+                        .iter()
+                        .any(|&(_, d)| in_dirty(d, d + chunk))
+                })
+                .collect()
+        } else {
+            (0..self.geom.stripes())
+                .filter(|&s| in_dirty(s * chunk, (s + 1) * chunk))
+                .collect()
+        };
+        let began = std::time::Instant::now();
+        let total = units.len() as u64 * chunk;
+        self.recovery_started(RecoveryStatus {
+            kind: "parity-resync",
+            role: None,
+            member: String::new(),
+            progress: 0.0,
+            bytes_done: 0,
+            bytes_total: total,
+            resumed_from: 0,
+            seconds: 0.0,
+        });
+        let mut done = 0;
+        let result = (|| -> Result<String> {
+            self.begin_write()?;
+            let mut pacer = self.new_pacer();
+            let k = self.geom.data_members();
+            let need = vec![true; k];
+            let mut buf = vec![0u8; chunk as usize];
+            for &u in &units {
+                if self.recovery_stopped() {
+                    return Ok(
+                        "the array was stopped (it stays dirty: resynced again at the next start)"
+                            .into(),
+                    );
+                }
+                let v = self.view.load_full();
+                if !v.degraded_roles().is_empty() {
+                    return Ok("a member was lost: parity cannot be recomputed".into());
+                }
+                if mirrored {
+                    let _g = self.lock(u);
+                    let p = &self.geom.pieces(u * chunk, chunk)[0];
                     let (r0, d0) = p.copies[0];
                     let src = v.roles[r0].disk.as_ref().expect("not degraded");
                     self.timed(src, || src.member.read_at(&mut buf, src.data_offset + d0))?;
                     for &(r, d) in &p.copies[1..] {
-                        let dst = v.roles[r].disk.as_ref().expect("not degraded");
-                        self.timed(dst, || dst.member.write_at(&buf, dst.data_offset + d))?;
+                        self.member_write(&v, r, &buf, d)?;
                     }
-                    fixed += 1;
-                }
-            }
-            _ => {
-                let k = self.geom.data_members();
-                let need = vec![true; k];
-                for s in 0..self.geom.stripes() {
-                    if !in_dirty(s * chunk, (s + 1) * chunk) {
-                        continue;
-                    }
-                    let _g = self.lock(s);
-                    let sm = self.geom.stripe_map(s);
-                    let rows = self.read_rows(&v, s, 0, chunk, &need)?;
+                } else {
+                    let _g = self.lock(u);
+                    let sm = self.geom.stripe_map(u);
+                    let rows = self.read_rows(&v, u, 0, chunk, &need)?;
                     let (p, q) = parity_of(&sm, &rows, chunk as usize);
-                    self.member_write(&v, sm.p, &p, s * chunk)?;
+                    self.member_write(&v, sm.p, &p, u * chunk)?;
                     if let Some(qr) = sm.q {
-                        self.member_write(&v, qr, &q, s * chunk)?;
+                        self.member_write(&v, qr, &q, u * chunk)?;
                     }
-                    fixed += 1;
                 }
+                done += chunk;
+                self.recovery_progress(chunk);
+                self.pace_recovery(&mut pacer, chunk);
             }
-        }
-        self.flush()?;
-        self.recovery.note(vec![format!(
-            "not shut down cleanly: resynced {fixed} {} {}",
-            if self.geom.level.is_parity() {
-                "stripes"
-            } else {
-                "chunks"
-            },
-            if dirty.is_some() {
-                "in the regions the bitmap marks"
-            } else {
-                "(no bitmap: all of them)"
-            }
-        )]);
-        Ok(())
+            self.flush()?;
+            self.recovery
+                .parity_unfinished
+                .store(false, std::sync::atomic::Ordering::Release);
+            Ok("done".into())
+        })();
+        let result_text = match &result {
+            Ok(t) => t.clone(),
+            Err(e) => e.to_string(),
+        };
+        self.recovery_ended(LastRecovery {
+            kind: "parity-resync",
+            role: None,
+            member: String::new(),
+            bytes: done,
+            seconds: began.elapsed().as_secs_f64(),
+            resumed_from: 0,
+            result: result_text,
+        });
+        result.map(|_| ())
     }
 
     /// Write every record of the journal not yet applied in place, in

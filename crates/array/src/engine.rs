@@ -1378,7 +1378,8 @@ impl Array {
         self.journal_settle();
         let flushed = self.flush();
         let mut meta = self.meta.lock().expect("meta lock");
-        if self.write_ready.swap(false, Ordering::AcqRel) && flushed.is_ok() {
+        let unfinished = self.recovery.parity_unfinished.load(Ordering::Acquire);
+        if self.write_ready.swap(false, Ordering::AcqRel) && flushed.is_ok() && !unfinished {
             meta.sb.state = ArrayState::Clean;
             self.write_superblocks(&mut meta)?;
         }

@@ -22,9 +22,11 @@ const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 /// A recovery in progress.
 #[derive(Debug, Clone, Serialize)]
 pub struct RecoveryStatus {
-    /// rebuild, resync or replace.
+    /// rebuild, resync, replace, or parity-resync (after an unclean
+    /// shutdown: parity recomputed where writes may have been torn).
     pub kind: &'static str,
-    pub role: usize,
+    /// The member's role (none for a parity resync).
+    pub role: Option<usize>,
     pub member: String,
     /// From 0 to 1.
     pub progress: f64,
@@ -39,7 +41,7 @@ pub struct RecoveryStatus {
 #[derive(Debug, Clone, Serialize)]
 pub struct LastRecovery {
     pub kind: &'static str,
-    pub role: usize,
+    pub role: Option<usize>,
     pub member: String,
     /// Bytes rebuilt onto the member in this run.
     pub bytes: u64,
@@ -58,6 +60,9 @@ struct State {
     notes: Vec<String>,
 }
 
+/// Regions to resync after an unclean shutdown (None: everything).
+pub(crate) type ParityResync = Option<crate::bitmap::RegionSet>;
+
 /// The recovery state shared with the status reporter.
 #[derive(Debug)]
 pub(crate) struct Recovery {
@@ -68,6 +73,10 @@ pub(crate) struct Recovery {
     /// Bytes/s when idle; 0: no limit.
     max_rate: AtomicU64,
     done: AtomicU64,
+    /// A parity resync waiting to run (after an unclean shutdown).
+    pub(crate) pending_parity: Mutex<Option<ParityResync>>,
+    /// A parity resync has not finished: the array must stay marked dirty.
+    pub(crate) parity_unfinished: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Recovery {
@@ -78,6 +87,8 @@ impl Default for Recovery {
             min_rate: AtomicU64::new(DEFAULT_MIN_RATE),
             max_rate: AtomicU64::new(0),
             done: AtomicU64::new(0),
+            pending_parity: Mutex::new(None),
+            parity_unfinished: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -149,7 +160,7 @@ enum Run {
 /// The rebuild throttle: the busy rate (md's speed_limit_min) while
 /// clients issue requests, the idle rate (speed_limit_max) otherwise; 0
 /// means no limit.
-struct Pacer<'a> {
+pub(crate) struct Pacer<'a> {
     array: &'a Array,
     since: Instant,
     bytes: u64,
@@ -260,6 +271,12 @@ impl Array {
     /// Whether some member still needs rebuilding.
     pub fn needs_recovery(&self) -> bool {
         self.next_job().is_some()
+            || self
+                .recovery
+                .pending_parity
+                .lock()
+                .expect("recovery")
+                .is_some()
     }
 
     fn next_job(&self) -> Option<Job> {
@@ -290,6 +307,15 @@ impl Array {
 
     /// Run recoveries until none is needed (or the array is closed).
     pub fn recover_all(&self) -> Result<()> {
+        let parity = self
+            .recovery
+            .pending_parity
+            .lock()
+            .expect("recovery")
+            .take();
+        if let Some(dirty) = parity {
+            self.run_parity_resync(dirty)?;
+        }
         while let Some(job) = self.next_job() {
             if self.recovery.stopped() {
                 break;
@@ -335,6 +361,36 @@ impl Array {
         }
     }
 
+    /// Record that a recovery started (for status).
+    pub(crate) fn recovery_started(&self, status: RecoveryStatus) {
+        self.recovery.done.store(0, Ordering::Relaxed);
+        self.recovery.state.lock().expect("recovery").running = Some(status);
+    }
+
+    /// Count bytes done by the running recovery.
+    pub(crate) fn recovery_progress(&self, bytes: u64) {
+        self.recovery.done.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Record that the running recovery ended.
+    pub(crate) fn recovery_ended(&self, last: LastRecovery) {
+        let mut st = self.recovery.state.lock().expect("recovery");
+        st.running = None;
+        st.last = Some(last);
+    }
+
+    pub(crate) fn pace_recovery(&self, pacer: &mut Pacer, bytes: u64) {
+        pacer.pace(bytes);
+    }
+
+    pub(crate) fn new_pacer(&self) -> Pacer<'_> {
+        Pacer::new(self)
+    }
+
+    pub(crate) fn recovery_stopped(&self) -> bool {
+        self.recovery.stopped()
+    }
+
     /// Bring one member in sync.
     fn run_job(&self, job: Job) -> Result<Outcome> {
         let chunk = self.geom.chunk;
@@ -357,7 +413,7 @@ impl Array {
             let mut st = self.recovery.state.lock().expect("recovery");
             st.running = Some(RecoveryStatus {
                 kind: job.kind(),
-                role: job.role,
+                role: Some(job.role),
                 member: job.target.name().to_string(),
                 progress: 0.0,
                 bytes_done: 0,
@@ -405,7 +461,7 @@ impl Array {
         st.running = None;
         st.last = Some(LastRecovery {
             kind: job.kind(),
-            role: job.role,
+            role: Some(job.role),
             member: job.target.name().to_string(),
             bytes,
             seconds,
