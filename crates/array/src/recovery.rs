@@ -715,13 +715,15 @@ impl Array {
                         solved += 1;
                     }
                 }
-                let all_solved = solved == issued && (halt || issued == steps.len());
+                // Halted: steps issued but not solved are abandoned; only
+                // the writes already sent are waited for.
+                let all_solved = halt || (solved == issued && issued == steps.len());
                 if acked == sent && all_solved {
                     break;
                 }
                 // Take every finished write (waiting for one when there is
                 // nothing else to do), so that reads are issued far ahead.
-                let mut wait = solved == issued;
+                let mut wait = all_solved || solved == issued;
                 loop {
                     let ack = if wait {
                         match ack_rx.recv() {

@@ -64,6 +64,7 @@ fn open(
         "crash",
         OpenOptions {
             force,
+            readd_stale: true,
             ..OpenOptions::default()
         },
     )?;
@@ -100,8 +101,23 @@ fn read_all(a: &Array) -> Vec<u8> {
 /// A random workload, then a power cut. Returns the model and the images
 /// that survived.
 fn workload(tpl: &[Vec<u8>], rng: &mut CutRng) -> (Model, Vec<Vec<u8>>) {
+    workload_with(tpl, rng, false)
+}
+
+/// The workload, optionally while a member is rebuilt in the background
+/// (slowly, so that the cut lands in the middle of it).
+fn workload_with(tpl: &[Vec<u8>], rng: &mut CutRng, rebuild: bool) -> (Model, Vec<Vec<u8>>) {
     let imgs: Vec<Option<Vec<u8>>> = tpl.iter().cloned().map(Some).collect();
     let (a, pcs) = open(&imgs, false).unwrap();
+    let a = Arc::new(a);
+    let rebuilder = rebuild.then(|| {
+        assert!(a.needs_recovery(), "nothing to rebuild");
+        a.set_rebuild_speed(Some(4 << 20), Some(4 << 20));
+        let a = a.clone();
+        std::thread::spawn(move || {
+            let _ = a.recover_all();
+        })
+    });
     let cap = a.capacity() as usize;
     let mut m = Model {
         durable: read_all(&a),
@@ -132,6 +148,10 @@ fn workload(tpl: &[Vec<u8>], rng: &mut CutRng) -> (Model, Vec<Vec<u8>>) {
     }
     for p in &pcs {
         p.cut(rng);
+    }
+    if let Some(t) = rebuilder {
+        a.stop_background();
+        t.join().unwrap();
     }
     let imgs = pcs.iter().map(|p| p.durable()).collect();
     drop(a);
@@ -215,6 +235,54 @@ fn raid5_journal_survives_power_cuts() {
 #[test]
 fn raid6_journal_survives_power_cuts() {
     journal_survives_cuts(Level::Raid6, 5, 400, 2);
+}
+
+#[test]
+fn raid5_journal_survives_power_cuts_during_a_rebuild() {
+    // Member 3 misses writes (the array runs without it), so it comes back
+    // stale and is rebuilt while the workload runs and the power is cut.
+    let mut tpl = template(Level::Raid5, 4, Policy::Journal);
+    {
+        let (a, pcs) = open(&without(&tpl, &[3]), false).unwrap();
+        let fill: Vec<u8> = (0..a.capacity()).map(|i| (i * 7 % 251) as u8).collect();
+        a.write(&fill, 0).unwrap();
+        a.close().unwrap();
+        for (i, p) in (0..3).zip(&pcs) {
+            tpl[i] = p.durable();
+        }
+    }
+    let mut mid_rebuild = 0;
+    for c in 0..150u64 {
+        let mut rng = CutRng::new(5_000 + c);
+        let (m, imgs) = workload_with(&tpl, &mut rng, true);
+        let all: Vec<Option<Vec<u8>>> = imgs.iter().cloned().map(Some).collect();
+        let (a, pcs) = open(&all, false).unwrap();
+        if a.needs_recovery() {
+            mid_rebuild += 1;
+        }
+        assert_eq!(
+            m.violations(&read_all(&a)),
+            0,
+            "cut {c}: before the rebuild resumes"
+        );
+        a.recover_all().unwrap();
+        let got = read_all(&a);
+        assert_eq!(m.violations(&got), 0, "cut {c}: after the rebuild");
+        assert_eq!(a.count_mismatches().unwrap(), 0, "cut {c}: parity");
+        a.close().unwrap();
+        let recovered: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();
+        drop(a);
+        let gone = [(c % 4) as usize];
+        let (b, _) = open(&without(&recovered, &gone), false).unwrap();
+        assert!(
+            read_all(&b) == got,
+            "cut {c}: role {gone:?} removed after recovery"
+        );
+    }
+    assert!(
+        mid_rebuild > 10,
+        "only {mid_rebuild} cuts landed mid-rebuild"
+    );
 }
 
 #[test]
