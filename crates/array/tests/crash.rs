@@ -229,12 +229,12 @@ fn journal_survives_cuts(level: Level, n: usize, cuts: u64, seed: u64) {
 
 #[test]
 fn raid5_journal_survives_power_cuts() {
-    journal_survives_cuts(Level::Raid5, 4, 600, 1);
+    journal_survives_cuts(Level::Raid5, 4, 1000, 1);
 }
 
 #[test]
 fn raid6_journal_survives_power_cuts() {
-    journal_survives_cuts(Level::Raid6, 5, 400, 2);
+    journal_survives_cuts(Level::Raid6, 5, 550, 2);
 }
 
 #[test]
