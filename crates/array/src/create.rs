@@ -376,7 +376,7 @@ fn check_distinct(specs: &[Spec]) -> Result<()> {
 }
 
 /// Refuse, unless forced, a member that belongs to an array or holds data.
-fn check_blank(m: &dyn Member, force: bool) -> Result<()> {
+pub(crate) fn check_blank(m: &dyn Member, force: bool) -> Result<()> {
     if force {
         return Ok(());
     }

@@ -32,6 +32,7 @@
 //! 4096 payload: the parts' bytes in order, padded to 4 KiB
 //! ```
 
+use crate::superblock::{get_u32, get_u64, put_u32, put_u64};
 use raidkit_member::{Member, MemberError};
 use std::sync::{Condvar, Mutex};
 use uuid::Uuid;
@@ -57,19 +58,6 @@ pub struct Record {
     pub seq: u64,
     pub stripe: u64,
     pub parts: Vec<Part>,
-}
-
-fn put_u32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-fn put_u64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
-}
-fn get_u32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-fn get_u64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 /// Bytes a record of parts of these lengths takes in the log.

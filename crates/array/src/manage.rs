@@ -358,30 +358,10 @@ impl Array {
         let sb = &meta.sb;
         let ours = match probe(m.as_ref())? {
             Some(Ok(msb)) if msb.array_uuid == sb.array_uuid => Some(msb),
-            Some(Ok(msb)) if !force => {
-                return Err(Error::InUse {
-                    member: m.name().to_string(),
-                    uuid: msb.array_uuid.to_string(),
-                    name: msb.name,
-                })
-            }
-            Some(Err(e)) if !force => {
-                return Err(Error::Invalid(format!(
-                    "{e}; it looks like a raidkit member: use --force to overwrite it"
-                )))
-            }
-            None if !force => {
-                let n = m.len().min(1 << 20) as usize;
-                let mut head = vec![0u8; n];
-                m.read_at(&mut head, 0)?;
-                if head.iter().any(|&b| b != 0) {
-                    return Err(Error::HoldsData {
-                        member: m.name().to_string(),
-                    });
-                }
+            _ => {
+                crate::create::check_blank(m.as_ref(), force)?;
                 None
             }
-            _ => None,
         };
         let need = sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
         let off = data_offset_for(m.len());

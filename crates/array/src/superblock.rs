@@ -151,16 +151,16 @@ pub struct Superblock {
     pub roles: Vec<RoleEntry>,
 }
 
-fn put_u32(b: &mut [u8], at: usize, v: u32) {
+pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
-fn put_u64(b: &mut [u8], at: usize, v: u64) {
+pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
-fn get_u32(b: &[u8], at: usize) -> u32 {
+pub(crate) fn get_u32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
-fn get_u64(b: &[u8], at: usize) -> u64 {
+pub(crate) fn get_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 fn get_uuid(b: &[u8], at: usize) -> Uuid {
