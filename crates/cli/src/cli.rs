@@ -50,9 +50,57 @@ pub enum Command {
     Wait(WaitArgs),
     /// Show or change a running array's rebuild speed limits.
     Speed(SpeedArgs),
-    /// Benchmarks.
+    /// Benchmarks: `raidkit bench TARGET` measures any storage (a file, a
+    /// block device, a directory, or array[...]); subcommands measure
+    /// raidkit's own parts.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
     #[command(subcommand)]
-    Bench(BenchCommand),
+    pub command: Option<BenchCommand>,
+    #[command(flatten)]
+    pub storage: StorageBenchArgs,
+}
+
+/// Storage benchmarks of a target.
+#[derive(Debug, Args)]
+pub struct StorageBenchArgs {
+    /// What to measure: a file (created, and removed after, if it does not
+    /// exist), a block device, a directory (a scratch file inside), or a
+    /// raidkit array as array[MEMBER,...].
+    pub target: Option<String>,
+    /// Tests to run, comma separated: seq_write, seq_read (1 MiB blocks,
+    /// MB/s), randwrite_4k, randread_4k (IOPS at queue depths 1 and 32).
+    #[arg(long, default_value = crate::storage::DEFAULT_TESTS)]
+    pub tests: String,
+    /// Working set (default: the whole target; 1G for a new file or a directory).
+    #[arg(long, value_parser = size)]
+    pub size: Option<u64>,
+    /// Runs of each test; the median is reported with min and max.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Seconds per random-I/O measurement.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Print JSON: {"config": {...}, "results": [{test, value, unit, runs, min, max, zone, qd}]}.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the results as CSV to this file.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Write this sample of real data instead of random data (refused if it
+    /// looks compressible, unless --allow-compressible).
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// Accept compressible --data.
+    #[arg(long)]
+    pub allow_compressible: bool,
+    /// Allow the write tests to overwrite an existing file or device.
+    #[arg(long)]
+    pub destroy_data: bool,
 }
 
 #[derive(Debug, Subcommand)]

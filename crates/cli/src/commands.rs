@@ -28,8 +28,11 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Replace(a) => crate::admin::replace(a),
         Command::Wait(a) => crate::admin::wait(a),
         Command::Speed(a) => crate::admin::speed(a),
-        Command::Bench(crate::cli::BenchCommand::Parity(a)) => cmd_bench_parity(a),
-        Command::Bench(crate::cli::BenchCommand::Engine(a)) => crate::bench::engine(a),
+        Command::Bench(b) => match b.command {
+            Some(crate::cli::BenchCommand::Parity(a)) => cmd_bench_parity(a),
+            Some(crate::cli::BenchCommand::Engine(a)) => crate::bench::engine(a),
+            None => crate::storage::run(b.storage),
+        },
     }
 }
 

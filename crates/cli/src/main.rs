@@ -6,6 +6,7 @@ mod bench;
 mod cli;
 mod commands;
 mod serve;
+mod storage;
 mod units;
 
 use clap::Parser;

@@ -2,22 +2,10 @@
 
 mod common;
 
-use common::{args, members, ok, raidkit, tmp};
+use common::{args, fails, members, ok, raidkit, tmp};
 use rand::{seq::SliceRandom, Rng, SeedableRng};
 use serde_json::Value;
 use std::path::Path;
-
-/// Runs, expects failure (exit 1) with `needle` in the message.
-fn fails(args: &[&str], needle: &str) -> String {
-    let o = raidkit(args);
-    let err = String::from_utf8_lossy(&o.stderr).to_string();
-    assert_eq!(o.status.code(), Some(1), "raidkit {args:?}: {err}");
-    assert!(
-        err.contains(needle),
-        "raidkit {args:?}: expected '{needle}' in: {err}"
-    );
-    err
-}
 
 fn digest(paths: &[String]) -> Vec<Vec<u8>> {
     paths.iter().map(|p| std::fs::read(p).unwrap()).collect()

@@ -186,3 +186,15 @@ pub fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Runs, expects failure (exit 1) with `needle` in the message.
+pub fn fails(args: &[&str], needle: &str) -> String {
+    let o = raidkit(args);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(1), "raidkit {args:?}: {err}");
+    assert!(
+        err.contains(needle),
+        "raidkit {args:?}: expected '{needle}' in: {err}"
+    );
+    err
+}
