@@ -36,6 +36,23 @@ const COLUMN: usize = 128 << 10;
 /// stripes concurrent while serialising updates of the same stripe.
 pub(crate) const LOCKS: usize = 1024;
 
+/// Reads at least this large are spread over the members in parallel.
+const PARALLEL_IO: usize = 1 << 20;
+
+/// Threads for member I/O done in parallel. Member calls block (on disks,
+/// for milliseconds), so they get a pool of their own rather than rayon's
+/// global one, which is sized for computation.
+fn io_pool() -> &'static rayon::ThreadPool {
+    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(32)
+            .thread_name(|i| format!("member-io-{i}"))
+            .build()
+            .expect("member I/O threads")
+    })
+}
+
 /// Default time after which a member that has not completed an operation is failed.
 pub const DEFAULT_MEMBER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -738,7 +755,11 @@ impl Array {
         self.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
         let v = self.view.load();
-        for p in self.geom.pieces(offset, buf.len() as u64) {
+        let pieces = self.geom.pieces(offset, buf.len() as u64);
+        if buf.len() >= PARALLEL_IO && pieces.len() > 1 {
+            return self.read_parallel(&v, &pieces, buf, offset);
+        }
+        for p in pieces {
             let at = (p.logical - offset) as usize;
             let dst = &mut buf[at..at + p.len as usize];
             if self.geom.level.is_parity() {
@@ -750,11 +771,58 @@ impl Array {
         Ok(())
     }
 
+    /// A large read: the pieces of each member read by its own thread, so
+    /// that members work at once (disks in parallel).
+    fn read_parallel(&self, v: &View, pieces: &[Piece], buf: &mut [u8], offset: u64) -> Result<()> {
+        let n = self.geom.members();
+        let mut groups: Vec<Vec<(&Piece, &mut [u8])>> = (0..n).map(|_| Vec::new()).collect();
+        let mut rest = buf;
+        let mut at = offset;
+        for p in pieces {
+            debug_assert_eq!(p.logical, at);
+            let (dst, tail) = rest.split_at_mut(p.len as usize);
+            rest = tail;
+            at += p.len;
+            groups[self.first_copy(p)].push((p, dst));
+        }
+        let failed: Mutex<Option<Error>> = Mutex::new(None);
+        io_pool().scope(|s| {
+            for g in groups.into_iter().filter(|g| !g.is_empty()) {
+                let failed = &failed;
+                s.spawn(move |_| {
+                    for (p, dst) in g {
+                        let r = if self.geom.level.is_parity() {
+                            self.read_parity_piece(v, p, dst)
+                        } else {
+                            self.read_copies(v, p, dst)
+                        };
+                        if let Err(e) = r {
+                            failed.lock().expect("read errors").get_or_insert(e);
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        match failed.into_inner().expect("read errors") {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The copy a read of a piece tries first: mirrors take turns by chunk
+    /// (md's read balancing, simplified), so sequential reads use every member.
+    fn first_copy(&self, p: &Piece) -> usize {
+        let i = (p.logical / self.geom.chunk) as usize % p.copies.len();
+        p.copies[i].0
+    }
+
     fn read_copies(&self, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()> {
         let mut bad: Small<usize> = Small::new();
         let mut last_err = None;
         let mut done = false;
-        for &(role, dev) in &p.copies {
+        let start = (p.logical / self.geom.chunk) as usize % p.copies.len();
+        for &(role, dev) in p.copies[start..].iter().chain(&p.copies[..start]) {
             match self.member_read(v, role, dst, dev) {
                 Some(Ok(())) => {
                     done = true;
@@ -993,25 +1061,77 @@ impl Array {
             return Ok(());
         }
         let mirrored = matches!(self.geom.level, Level::Raid1 | Level::Raid10);
-        for p in &pieces {
-            // Mirrors must not diverge under concurrent writes to one chunk.
-            let _g = mirrored.then(|| self.lock(p.logical / self.geom.chunk));
-            let mut wrote = false;
-            for &(role, dev) in &p.copies {
-                if Self::writable(&v, role) {
-                    self.member_write(&v, role, src(p), dev)?;
-                    wrote = true;
+        if buf.len() >= PARALLEL_IO && pieces.len() > 1 {
+            // Large writes: each member's pieces by its own thread.
+            let n = self.geom.members();
+            let mut groups: Vec<Vec<&Piece>> = (0..n).map(|_| Vec::new()).collect();
+            for p in &pieces {
+                groups[p.copies[0].0].push(p);
+            }
+            let failed: Mutex<Option<Error>> = Mutex::new(None);
+            io_pool().scope(|s| {
+                for g in groups.into_iter().filter(|g| !g.is_empty()) {
+                    let (failed, v, src) = (&failed, &v, &src);
+                    s.spawn(move |_| {
+                        for p in g {
+                            if let Err(e) = self.write_copies(v, p, src(p), mirrored) {
+                                failed.lock().expect("write errors").get_or_insert(e);
+                                return;
+                            }
+                        }
+                    });
                 }
-            }
-            if !wrote {
-                return Err(Error::Unavailable {
-                    offset: p.logical,
-                    detail: format!(
-                        "no member to write to (role(s) {} missing)",
-                        roles_list(p.copies.iter().map(|c| c.0))
-                    ),
-                });
-            }
+            });
+            return match failed.into_inner().expect("write errors") {
+                Some(e) => Err(e),
+                None => Ok(()),
+            };
+        }
+        for p in &pieces {
+            self.write_copies(&v, p, src(p), mirrored)?;
+        }
+        Ok(())
+    }
+
+    /// Write one piece of a non-parity level to every copy.
+    fn write_copies(&self, v: &View, p: &Piece, data: &[u8], mirrored: bool) -> Result<()> {
+        // Mirrors must not diverge under concurrent writes to one chunk.
+        let _g = mirrored.then(|| self.lock(p.logical / self.geom.chunk));
+        let targets: Small<(usize, u64)> = p
+            .copies
+            .iter()
+            .copied()
+            .filter(|&(role, _)| Self::writable(v, role))
+            .collect();
+        if targets.is_empty() {
+            return Err(Error::Unavailable {
+                offset: p.logical,
+                detail: format!(
+                    "no member to write to (role(s) {} missing)",
+                    roles_list(p.copies.iter().map(|c| c.0))
+                ),
+            });
+        }
+        if targets.len() > 1 && data.len() >= 64 << 10 {
+            // Large mirror writes: every copy at once.
+            let failed: Mutex<Option<Error>> = Mutex::new(None);
+            io_pool().scope(|s| {
+                for &(role, dev) in &targets {
+                    let failed = &failed;
+                    s.spawn(move |_| {
+                        if let Err(e) = self.member_write(v, role, data, dev) {
+                            failed.lock().expect("write errors").get_or_insert(e);
+                        }
+                    });
+                }
+            });
+            return match failed.into_inner().expect("write errors") {
+                Some(e) => Err(e),
+                None => Ok(()),
+            };
+        }
+        for &(role, dev) in &targets {
+            self.member_write(v, role, data, dev)?;
         }
         Ok(())
     }
@@ -1177,10 +1297,22 @@ impl Array {
         // and writes them: parity overlaps member I/O.
         let (data_done, parity_done) = rayon::join(
             || -> Result<()> {
-                for (dd, d) in by_dd.iter().enumerate() {
-                    self.member_write(v, sm.data[dd], d, dev)?;
+                // Every data member at once (disks in parallel).
+                let failed: Mutex<Option<Error>> = Mutex::new(None);
+                io_pool().scope(|s| {
+                    for (dd, d) in by_dd.iter().enumerate() {
+                        let failed = &failed;
+                        s.spawn(move |_| {
+                            if let Err(e) = self.member_write(v, sm.data[dd], d, dev) {
+                                failed.lock().expect("write errors").get_or_insert(e);
+                            }
+                        });
+                    }
+                });
+                match failed.into_inner().expect("write errors") {
+                    Some(e) => Err(e),
+                    None => Ok(()),
                 }
-                Ok(())
             },
             || -> Result<()> {
                 let mut refs: Small<&[u8]> = smallvec![&[][..]; k];
@@ -1196,11 +1328,17 @@ impl Array {
                     }
                     at = end;
                 }
-                self.member_write(v, sm.p, &pbuf, dev)?;
-                if let (Some(role), Some(q)) = (sm.q, &qbuf) {
-                    self.member_write(v, role, q, dev)?;
+                match (sm.q, &qbuf) {
+                    // P and Q to their members at once.
+                    (Some(role), Some(q)) => {
+                        let (p_done, q_done) = io_pool().join(
+                            || self.member_write(v, sm.p, &pbuf, dev),
+                            || self.member_write(v, role, q, dev),
+                        );
+                        p_done.and(q_done)
+                    }
+                    _ => self.member_write(v, sm.p, &pbuf, dev),
                 }
-                Ok(())
             },
         );
         scratch::give(pbuf);

@@ -314,7 +314,18 @@ fn a_bad_sector_is_rewritten_from_redundancy_and_the_member_kept() {
             .iter()
             .map(|&from| {
                 (from..)
-                    .find(|&s| !g.level.is_parity() || g.stripe_map(s).data.contains(&0))
+                    .find(|&s| {
+                        if g.level.is_parity() {
+                            return g.stripe_map(s).data.contains(&0);
+                        }
+                        // Mirrors take turns by chunk: member 0 must be the
+                        // copy tried first for the chunk it holds in row s.
+                        let Some(c) = g.mirror_chunk_at(0, s) else {
+                            return false;
+                        };
+                        let copies = &g.pieces(c * CHUNK, CHUNK)[0].copies;
+                        copies[c as usize % copies.len()] == (0, s * CHUNK)
+                    })
                     .unwrap()
             })
             .collect();

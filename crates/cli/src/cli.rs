@@ -105,6 +105,10 @@ pub struct StorageBenchArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// Block read and write throughput against the number of members for
+    /// several levels, on simulated disks, with the ideal lines: a table,
+    /// CSV and SVG plots.
+    Sweep(SweepArgs),
     /// Parity kernel throughput, one line per kernel as "name k chunk GB/s"
     /// (the format of the ISA-L anchor, to run side by side).
     Parity(BenchParityArgs),
@@ -112,6 +116,44 @@ pub enum BenchCommand {
     /// sequential writes and 4 KiB random writes on RAID-0, RAID-5 and
     /// RAID-6 built over the same member files.
     Engine(BenchEngineArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    /// Levels, comma separated.
+    #[arg(long, default_value = "0,5,6,10")]
+    pub levels: String,
+    /// Member counts, FROM..TO.
+    #[arg(long, default_value = "2..8")]
+    pub members: String,
+    /// The simulated disk: bw=RATE,seek=DUR (decimal rates, as disk makers quote them).
+    #[arg(long, default_value = "bw=150M,seek=8ms")]
+    pub disk: String,
+    /// Directory for the member files (their contents do not matter; the
+    /// simulated disk sets the pace).
+    #[arg(long, default_value = "/dev/shm")]
+    pub dir: PathBuf,
+    /// Size of each member.
+    #[arg(long, default_value = "128M", value_parser = size)]
+    pub size: u64,
+    /// Chunk size.
+    #[arg(long, default_value = "512K", value_parser = size)]
+    pub chunk: u64,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 1.0)]
+    pub seconds: f64,
+    /// Runs per point (median reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Write the results as CSV to this file.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Write sweep-write.svg and sweep-read.svg into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -31,6 +31,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(b) => match b.command {
             Some(crate::cli::BenchCommand::Parity(a)) => cmd_bench_parity(a),
             Some(crate::cli::BenchCommand::Engine(a)) => crate::bench::engine(a),
+            Some(crate::cli::BenchCommand::Sweep(a)) => crate::sweep::sweep(a),
             None => crate::storage::run(b.storage),
         },
     }

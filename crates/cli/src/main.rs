@@ -7,6 +7,7 @@ mod cli;
 mod commands;
 mod serve;
 mod storage;
+mod sweep;
 mod units;
 
 use clap::Parser;

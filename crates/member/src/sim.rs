@@ -9,7 +9,8 @@
 //! | `seek=DUR` | time to move the head to a non-sequential offset, default 8ms |
 //!
 //! Each operation costs `len / bw`, plus `seek` unless it starts where the
-//! previous one ended. Operations queue on the disk as on a real one: the
+//! previous one ended (a short skip forward costs the time to pass over the
+//! skipped bytes, if that is less than a seek). Operations queue on the disk as on a real one: the
 //! disk keeps a virtual clock of when it will next be free, and an
 //! operation completes (its caller sleeps until) its own slot on that
 //! clock ends. Flushes cost nothing beyond the queue.
@@ -108,8 +109,13 @@ impl SimDisk {
         let done = {
             let mut h = self.head.lock().expect("disk head");
             let start = h.free_at.max(Instant::now());
+            // A short skip forward costs the time the head takes to pass
+            // over it, never more than a seek.
             let seek = if h.pos == offset {
                 Duration::ZERO
+            } else if offset > h.pos {
+                Duration::from_secs_f64((offset - h.pos) as f64 / self.config.bandwidth as f64)
+                    .min(self.config.seek)
             } else {
                 self.config.seek
             };
