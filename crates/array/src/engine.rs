@@ -1061,6 +1061,9 @@ impl Array {
             return Ok(());
         }
         let mirrored = matches!(self.geom.level, Level::Raid1 | Level::Raid10);
+        if mirrored && buf.len() >= PARALLEL_IO && pieces.len() > 1 {
+            return self.write_mirrored_parallel(&v, &pieces, &src);
+        }
         if buf.len() >= PARALLEL_IO && pieces.len() > 1 {
             // Large writes: each member's pieces by its own thread.
             let n = self.geom.members();
@@ -1091,6 +1094,66 @@ impl Array {
             self.write_copies(&v, p, src(p), mirrored)?;
         }
         Ok(())
+    }
+
+    /// A large mirrored write: every chunk of it locked (in lock order),
+    /// then each member writes all the copies it holds, in device order, by
+    /// its own thread: one stream per disk, no seeking between copies.
+    fn write_mirrored_parallel<'a>(
+        &self,
+        v: &View,
+        pieces: &'a [Piece],
+        src: &dyn Fn(&'a Piece) -> &'a [u8],
+    ) -> Result<()> {
+        let chunk = self.geom.chunk;
+        let first = pieces.first().expect("pieces");
+        let last = pieces.last().expect("pieces");
+        let _locks = self.lock_range(
+            first.logical / chunk,
+            (last.logical + last.len - 1) / chunk + 1,
+        );
+        let mut per_role: Vec<Vec<(u64, &[u8])>> =
+            (0..self.geom.members()).map(|_| Vec::new()).collect();
+        for p in pieces {
+            let mut any = false;
+            for &(role, dev) in &p.copies {
+                if Self::writable(v, role) {
+                    per_role[role].push((dev, src(p)));
+                    any = true;
+                }
+            }
+            if !any {
+                return Err(Error::Unavailable {
+                    offset: p.logical,
+                    detail: format!(
+                        "no member to write to (role(s) {} missing)",
+                        roles_list(p.copies.iter().map(|c| c.0))
+                    ),
+                });
+            }
+        }
+        let failed: Mutex<Option<Error>> = Mutex::new(None);
+        io_pool().scope(|s| {
+            for (role, mut list) in per_role.into_iter().enumerate() {
+                if list.is_empty() {
+                    continue;
+                }
+                list.sort_by_key(|&(dev, _)| dev);
+                let failed = &failed;
+                s.spawn(move |_| {
+                    for (dev, data) in list {
+                        if let Err(e) = self.member_write(v, role, data, dev) {
+                            failed.lock().expect("write errors").get_or_insert(e);
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        match failed.into_inner().expect("write errors") {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Write one piece of a non-parity level to every copy.
