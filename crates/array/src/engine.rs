@@ -53,6 +53,29 @@ fn io_pool() -> &'static rayon::ThreadPool {
     })
 }
 
+/// Run `f` on every item at once on the I/O pool; the first error wins.
+fn in_parallel<T: Send>(
+    items: impl IntoIterator<Item = T>,
+    f: impl Fn(T) -> Result<()> + Sync,
+) -> Result<()> {
+    let items: Vec<T> = items.into_iter().collect();
+    let failed: Mutex<Option<Error>> = Mutex::new(None);
+    io_pool().scope(|s| {
+        for item in items {
+            let (failed, f) = (&failed, &f);
+            s.spawn(move |_| {
+                if let Err(e) = f(item) {
+                    failed.lock().expect("I/O errors").get_or_insert(e);
+                }
+            });
+        }
+    });
+    match failed.into_inner().expect("I/O errors") {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 /// Default time after which a member that has not completed an operation is failed.
 pub const DEFAULT_MEMBER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -785,29 +808,16 @@ impl Array {
             at += p.len;
             groups[self.first_copy(p)].push((p, dst));
         }
-        let failed: Mutex<Option<Error>> = Mutex::new(None);
-        io_pool().scope(|s| {
-            for g in groups.into_iter().filter(|g| !g.is_empty()) {
-                let failed = &failed;
-                s.spawn(move |_| {
-                    for (p, dst) in g {
-                        let r = if self.geom.level.is_parity() {
-                            self.read_parity_piece(v, p, dst)
-                        } else {
-                            self.read_copies(v, p, dst)
-                        };
-                        if let Err(e) = r {
-                            failed.lock().expect("read errors").get_or_insert(e);
-                            return;
-                        }
-                    }
-                });
+        in_parallel(groups.into_iter().filter(|g| !g.is_empty()), |g| {
+            for (p, dst) in g {
+                if self.geom.level.is_parity() {
+                    self.read_parity_piece(v, p, dst)?;
+                } else {
+                    self.read_copies(v, p, dst)?;
+                }
             }
-        });
-        match failed.into_inner().expect("read errors") {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+            Ok(())
+        })
     }
 
     /// The copy a read of a piece tries first: mirrors take turns by chunk
@@ -1071,24 +1081,10 @@ impl Array {
             for p in &pieces {
                 groups[p.copies[0].0].push(p);
             }
-            let failed: Mutex<Option<Error>> = Mutex::new(None);
-            io_pool().scope(|s| {
-                for g in groups.into_iter().filter(|g| !g.is_empty()) {
-                    let (failed, v, src) = (&failed, &v, &src);
-                    s.spawn(move |_| {
-                        for p in g {
-                            if let Err(e) = self.write_copies(v, p, src(p), mirrored) {
-                                failed.lock().expect("write errors").get_or_insert(e);
-                                return;
-                            }
-                        }
-                    });
-                }
+            return in_parallel(groups.into_iter().filter(|g| !g.is_empty()), |g| {
+                g.into_iter()
+                    .try_for_each(|p| self.write_copies(&v, p, src(p), mirrored))
             });
-            return match failed.into_inner().expect("write errors") {
-                Some(e) => Err(e),
-                None => Ok(()),
-            };
         }
         for p in &pieces {
             self.write_copies(&v, p, src(p), mirrored)?;
@@ -1132,28 +1128,15 @@ impl Array {
                 });
             }
         }
-        let failed: Mutex<Option<Error>> = Mutex::new(None);
-        io_pool().scope(|s| {
-            for (role, mut list) in per_role.into_iter().enumerate() {
-                if list.is_empty() {
-                    continue;
-                }
-                list.sort_by_key(|&(dev, _)| dev);
-                let failed = &failed;
-                s.spawn(move |_| {
-                    for (dev, data) in list {
-                        if let Err(e) = self.member_write(v, role, data, dev) {
-                            failed.lock().expect("write errors").get_or_insert(e);
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        match failed.into_inner().expect("write errors") {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        let streams = per_role
+            .into_iter()
+            .enumerate()
+            .filter(|(_, list)| !list.is_empty());
+        in_parallel(streams, |(role, mut list)| {
+            list.sort_by_key(|&(dev, _)| dev);
+            list.into_iter()
+                .try_for_each(|(dev, data)| self.member_write(v, role, data, dev))
+        })
     }
 
     /// Write one piece of a non-parity level to every copy.
@@ -1177,21 +1160,7 @@ impl Array {
         }
         if targets.len() > 1 && data.len() >= 64 << 10 {
             // Large mirror writes: every copy at once.
-            let failed: Mutex<Option<Error>> = Mutex::new(None);
-            io_pool().scope(|s| {
-                for &(role, dev) in &targets {
-                    let failed = &failed;
-                    s.spawn(move |_| {
-                        if let Err(e) = self.member_write(v, role, data, dev) {
-                            failed.lock().expect("write errors").get_or_insert(e);
-                        }
-                    });
-                }
-            });
-            return match failed.into_inner().expect("write errors") {
-                Some(e) => Err(e),
-                None => Ok(()),
-            };
+            return in_parallel(targets, |(role, dev)| self.member_write(v, role, data, dev));
         }
         for &(role, dev) in &targets {
             self.member_write(v, role, data, dev)?;
@@ -1361,21 +1330,9 @@ impl Array {
         let (data_done, parity_done) = rayon::join(
             || -> Result<()> {
                 // Every data member at once (disks in parallel).
-                let failed: Mutex<Option<Error>> = Mutex::new(None);
-                io_pool().scope(|s| {
-                    for (dd, d) in by_dd.iter().enumerate() {
-                        let failed = &failed;
-                        s.spawn(move |_| {
-                            if let Err(e) = self.member_write(v, sm.data[dd], d, dev) {
-                                failed.lock().expect("write errors").get_or_insert(e);
-                            }
-                        });
-                    }
-                });
-                match failed.into_inner().expect("write errors") {
-                    Some(e) => Err(e),
-                    None => Ok(()),
-                }
+                in_parallel(by_dd.iter().enumerate(), |(dd, d)| {
+                    self.member_write(v, sm.data[dd], d, dev)
+                })
             },
             || -> Result<()> {
                 let mut refs: Small<&[u8]> = smallvec![&[][..]; k];
