@@ -69,11 +69,20 @@ pub struct BenchArgs {
 #[derive(Debug, Args)]
 pub struct StorageBenchArgs {
     /// What to measure: a file (created, and removed after, if it does not
-    /// exist), a block device, a directory (a scratch file inside), or a
-    /// raidkit array as array[MEMBER,...].
+    /// exist), a block device, a directory (a scratch file inside), an NBD
+    /// export (nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH),
+    /// or a raidkit array as array[MEMBER,...].
     pub target: Option<String>,
-    /// Tests to run, comma separated: seq_write, seq_read (1 MiB blocks,
-    /// MB/s), randwrite_4k, randread_4k (IOPS at queue depths 1 and 32).
+    /// Tests to run, comma separated. dd/fio style: seq_write, seq_read
+    /// (1 MiB blocks, MB/s, per zone), randwrite_4k, randread_4k (IOPS at
+    /// queue depths 1 and 32, per zone). bonnie++'s set: char_write,
+    /// block_write, rewrite, char_read, block_read, random_seeks, and
+    /// file_create (directories: create/stat/delete rates, sequential and
+    /// random). The lab's data path: mem_to_target, target_to_mem,
+    /// streams_write, streams_read (K streams against one), mixed_rw
+    /// (a reader and a writer at once). Groups: dd, bonnie, datapath, all.
+    /// Tests a target cannot do (char I/O without a file system, file
+    /// creation outside a directory) are skipped with a note.
     #[arg(long, default_value = crate::storage::DEFAULT_TESTS)]
     pub tests: String,
     /// Working set (default: the whole target; 1G for a new file or a directory).
@@ -85,12 +94,32 @@ pub struct StorageBenchArgs {
     /// Seconds per random-I/O measurement.
     #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
+    /// Measure seq_* and rand* over the whole working set (zone "all")
+    /// instead of per outer/middle/inner third.
+    #[arg(long)]
+    pub whole: bool,
+    /// Simultaneous streams for streams_write and streams_read.
+    #[arg(long, default_value_t = 3)]
+    pub streams: usize,
+    /// Bytes moved one at a time by char_write and char_read (bonnie++'s -f).
+    #[arg(long, value_parser = size, default_value = "20M")]
+    pub char_size: u64,
+    /// Block size of bonnie++'s block, rewrite and seek tests.
+    #[arg(long, value_parser = size, default_value = "8K")]
+    pub chunk: u64,
+    /// Files for file_create (bonnie++'s -n, here a plain count).
+    #[arg(long, default_value_t = 16384)]
+    pub files: usize,
     /// Print JSON: {"config": {...}, "results": [{test, value, unit, runs, min, max, zone, qd}]}.
     #[arg(long)]
     pub json: bool,
     /// Also write the results as CSV to this file.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
+    /// Also draw the results as SVG bar charts in this directory
+    /// (throughput.svg, iops.svg, files.svg).
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
     /// Write this sample of real data instead of random data (refused if it
     /// looks compressible, unless --allow-compressible).
     #[arg(long, value_name = "FILE")]
@@ -98,7 +127,7 @@ pub struct StorageBenchArgs {
     /// Accept compressible --data.
     #[arg(long)]
     pub allow_compressible: bool,
-    /// Allow the write tests to overwrite an existing file or device.
+    /// Allow the write tests to overwrite an existing file, device or export.
     #[arg(long)]
     pub destroy_data: bool,
 }

@@ -7,7 +7,10 @@
 //! crate does structured replies, multi-conn and concurrent requests within
 //! a connection together.
 
+pub mod client;
 pub mod proto;
 pub mod server;
+mod stream;
 
+pub use client::NbdClient;
 pub use server::{Config, Export, Server, Stats};

@@ -3,10 +3,11 @@
 //! of order), for any [`Member`] — in raidkit, an array.
 
 use crate::proto::*;
+use crate::stream::Stream;
 use raidkit_member::Member;
 use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::net::{Shutdown, TcpListener};
+use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -69,82 +70,6 @@ pub struct Stats {
 
 fn inc(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
-}
-
-/// A client connection over TCP or a Unix socket.
-#[derive(Debug)]
-pub enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
-impl Stream {
-    fn try_clone(&self) -> io::Result<Stream> {
-        Ok(match self {
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-        })
-    }
-    fn shutdown(&self, how: Shutdown) {
-        let _ = match self {
-            Stream::Tcp(s) => s.shutdown(how),
-            Stream::Unix(s) => s.shutdown(how),
-        };
-    }
-    /// Whether at least `n` bytes have arrived and can be read without waiting.
-    fn has_bytes(&self, n: usize) -> bool {
-        use nix::sys::socket::{recv, MsgFlags};
-        use std::os::fd::AsRawFd;
-        let fd = match self {
-            Stream::Tcp(s) => s.as_raw_fd(),
-            Stream::Unix(s) => s.as_raw_fd(),
-        };
-        let mut probe = [0u8; REQUEST_LEN];
-        let n = n.min(REQUEST_LEN);
-        // A peek that neither consumes nor waits (the socket itself stays
-        // blocking for the other threads that use it).
-        matches!(
-            recv(fd, &mut probe[..n], MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
-            Ok(got) if got >= n
-        )
-    }
-
-    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.set_read_timeout(t),
-            Stream::Unix(s) => s.set_read_timeout(t),
-        }
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
-        }
-    }
-    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write_vectored(bufs),
-            Stream::Unix(s) => s.write_vectored(bufs),
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.flush(),
-            Stream::Unix(s) => s.flush(),
-        }
-    }
 }
 
 /// The server: accept loops plus one thread per connection.

@@ -1,0 +1,294 @@
+//! bonnie++'s tests, as bonnie++ 2.00 does them:
+//! - char_write / char_read: one byte per write(2) / read(2) system call
+//!   over --char-size bytes (bonnie++'s -f, 20 MiB), through the file
+//!   system's cache: a measure of per-call cost more than of storage;
+//! - block_write / block_read: the working set in --chunk pieces (8 KiB);
+//! - rewrite: each chunk read, changed and written back in place;
+//! - random_seeks: 8192 chunk reads at random places by 5 processes (here
+//!   threads), one in ten changed and written back; seeks per second;
+//! - file_create (a directory only): --files empty files created, stat'ed
+//!   and deleted in name order, then in random order; files per second.
+//!
+//! Unlike bonnie++, which needs a file of twice RAM to get past the page
+//! cache, every read test starts with the file's cached pages written back
+//! and dropped, and every write test's time includes its flush.
+
+use super::{Ctx, Series};
+use anyhow::{bail, Context, Result};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Seeks per random_seeks run, and the processes that share them (bonnie++'s).
+const SEEKS: usize = 8192;
+const SEEKERS: usize = 5;
+
+pub(super) fn run(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
+    match test {
+        "file_create" => file_create(ctx),
+        "random_seeks" => Ok(vec![ctx.series(
+            Series::new(test, "seeks/s"),
+            test,
+            || random_seeks(ctx),
+        )?]),
+        "char_write" | "char_read" => {
+            let f = ctx
+                .t
+                .buffered
+                .as_ref()
+                .expect("char tests only run on file targets");
+            let n = ctx.a.char_size.min(ctx.size);
+            Ok(vec![ctx.series(Series::new(test, "MB/s"), test, || {
+                if test == "char_write" {
+                    char_write(f, n, ctx.pattern.as_slice())
+                } else {
+                    ctx.t.drop_cache()?;
+                    char_read(f, n)
+                }
+            })?])
+        }
+        _ => {
+            Ok(vec![ctx.series(Series::new(test, "MB/s"), test, || {
+                block(ctx, test)
+            })?])
+        }
+    }
+}
+
+fn char_write(mut f: &File, n: u64, pattern: &[u8]) -> Result<f64> {
+    f.seek(SeekFrom::Start(0))?;
+    let t0 = Instant::now();
+    for i in 0..n as usize {
+        // One system call per byte, as bonnie++'s per-character test.
+        if f.write(&pattern[i % pattern.len()..][..1])? != 1 {
+            bail!("short write in char_write");
+        }
+    }
+    f.sync_data()?;
+    Ok(n as f64 / t0.elapsed().as_secs_f64() / 1e6)
+}
+
+fn char_read(mut f: &File, n: u64) -> Result<f64> {
+    f.seek(SeekFrom::Start(0))?;
+    let mut c = [0u8; 1];
+    let mut sum = 0u64;
+    let t0 = Instant::now();
+    for _ in 0..n {
+        if f.read(&mut c)? != 1 {
+            bail!("unexpected end of file in char_read");
+        }
+        sum = sum.wrapping_add(c[0] as u64);
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    std::hint::black_box(sum);
+    Ok(n as f64 / secs / 1e6)
+}
+
+/// block_write, rewrite, block_read over the working set.
+fn block(ctx: &Ctx, test: &str) -> Result<f64> {
+    let io = ctx.t.bonnie_io();
+    let chunk = ctx.a.chunk as usize;
+    let n = ctx.size / chunk as u64 * chunk as u64;
+    let pattern = ctx.pattern.as_slice();
+    let mut buf = vec![0u8; chunk];
+    if test != "block_write" {
+        ctx.t.drop_cache()?;
+    }
+    let t0 = Instant::now();
+    let mut off = 0u64;
+    while off < n {
+        match test {
+            "block_write" => {
+                let at = (off % pattern.len() as u64) as usize;
+                io.write_at(&pattern[at..at + chunk], off)?;
+            }
+            "rewrite" => {
+                io.read_at(&mut buf, off)?;
+                buf[0] = buf[0].wrapping_add(1);
+                io.write_at(&buf, off)?;
+            }
+            _ => io.read_at(&mut buf, off)?,
+        }
+        off += chunk as u64;
+    }
+    if test != "block_read" {
+        io.flush()?;
+    }
+    Ok(n as f64 / t0.elapsed().as_secs_f64() / 1e6)
+}
+
+fn random_seeks(ctx: &Ctx) -> Result<f64> {
+    let io = ctx.t.bonnie_io();
+    let chunk = ctx.a.chunk as usize;
+    let chunks = ctx.size / chunk as u64;
+    ctx.t.drop_cache()?;
+    let t0 = Instant::now();
+    let errors: Vec<anyhow::Error> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..SEEKERS)
+            .map(|p| {
+                sc.spawn(move || -> Result<()> {
+                    let mut buf = vec![0u8; chunk];
+                    let mut x = 0x2545_F491_4F6C_DD1Du64 ^ ((p as u64 + 1) << 32);
+                    let mine = SEEKS / SEEKERS + usize::from(p < SEEKS % SEEKERS);
+                    for i in 0..mine {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let off = (x % chunks) * chunk as u64;
+                        io.read_at(&mut buf, off)?;
+                        if i % 10 == 0 {
+                            buf[0] = buf[0].wrapping_add(1);
+                            io.write_at(&buf, off)?;
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .filter_map(|h| h.join().expect("seeker").err())
+            .collect()
+    });
+    if let Some(e) = errors.into_iter().next() {
+        return Err(e);
+    }
+    io.flush()?;
+    Ok(SEEKS as f64 / t0.elapsed().as_secs_f64())
+}
+
+/// A small deterministic shuffle (xorshift Fisher–Yates): the same random
+/// order on every run.
+fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..n).collect();
+    let mut x = seed | 1;
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+fn sync_dir(d: &Path) -> Result<()> {
+    File::open(d)
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("syncing directory {}", d.display()))
+}
+
+fn name(d: &Path, i: usize) -> PathBuf {
+    d.join(format!("{i:010}"))
+}
+
+fn rate(n: usize, t0: Instant) -> f64 {
+    n as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// One round of bonnie++ -n: six rates in the order of NAMES.
+fn file_round(d: &Path, n: usize, run: usize) -> Result<[f64; 6]> {
+    let mut r = [0.0; 6];
+    let create = |i: usize| -> Result<()> {
+        File::options()
+            .write(true)
+            .create_new(true)
+            .open(name(d, i))
+            .map(drop)
+            .with_context(|| format!("creating {}", name(d, i).display()))
+    };
+    let in_dir_order = || -> Result<Vec<PathBuf>> {
+        std::fs::read_dir(d)?
+            .map(|e| e.map(|e| e.path()).map_err(Into::into))
+            .collect()
+    };
+    // Sequential: created in name order, stat'ed and deleted in directory order.
+    let t0 = Instant::now();
+    for i in 0..n {
+        create(i)?;
+    }
+    sync_dir(d)?;
+    r[0] = rate(n, t0);
+    let t0 = Instant::now();
+    let listed = in_dir_order()?;
+    for p in &listed {
+        std::fs::metadata(p)?;
+    }
+    r[1] = rate(listed.len(), t0);
+    let t0 = Instant::now();
+    let listed = in_dir_order()?;
+    for p in &listed {
+        std::fs::remove_file(p)?;
+    }
+    sync_dir(d)?;
+    r[2] = rate(listed.len(), t0);
+    // Random: created, stat'ed and deleted in random orders.
+    let order = shuffled(n, 0x51ED + run as u64);
+    let t0 = Instant::now();
+    for &i in &order {
+        create(i)?;
+    }
+    sync_dir(d)?;
+    r[3] = rate(n, t0);
+    let order = shuffled(n, 0xD1CE + run as u64);
+    let t0 = Instant::now();
+    for &i in &order {
+        std::fs::metadata(name(d, i))?;
+    }
+    r[4] = rate(n, t0);
+    let order = shuffled(n, 0xFACE + run as u64);
+    let t0 = Instant::now();
+    for &i in &order {
+        std::fs::remove_file(name(d, i))?;
+    }
+    sync_dir(d)?;
+    r[5] = rate(n, t0);
+    Ok(r)
+}
+
+const NAMES: [&str; 6] = [
+    "seq_create",
+    "seq_stat",
+    "seq_delete",
+    "random_create",
+    "random_stat",
+    "random_delete",
+];
+
+fn file_create(ctx: &Ctx) -> Result<Vec<Series>> {
+    let base = ctx.t.dir.as_ref().expect("file_create needs a directory");
+    let d = base.join(format!("raidkit-bench-files-{}", std::process::id()));
+    std::fs::create_dir(&d).with_context(|| format!("creating {}", d.display()))?;
+    let mut out: Vec<Series> = NAMES.iter().map(|t| Series::new(t, "files/s")).collect();
+    let result = (|| -> Result<()> {
+        for run in 0..ctx.a.runs {
+            ctx.progress.start(format!(
+                "file_create ({} files) run {}",
+                ctx.a.files,
+                run + 1
+            ));
+            let r = file_round(&d, ctx.a.files, run)?;
+            for (s, v) in out.iter_mut().zip(r) {
+                s.values.push(v);
+            }
+            for _ in 0..6 {
+                ctx.progress.step();
+            }
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&d);
+    result.map(|()| out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shuffle_is_a_permutation() {
+        let mut v = shuffled(1000, 7);
+        assert_ne!(v, (0..1000).collect::<Vec<_>>());
+        v.sort();
+        assert_eq!(v, (0..1000).collect::<Vec<_>>());
+    }
+}

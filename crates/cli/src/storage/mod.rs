@@ -1,0 +1,836 @@
+//! `raidkit bench TARGET`: storage benchmarks for any target (a file, a
+//! block device, a directory, an NBD export, or a raidkit array given as
+//! `array[...]`), honest by construction: incompressible data, every timed
+//! write includes its flush, direct I/O where the target allows it (and a
+//! warning when a figure may come from a cache), the page cache dropped
+//! before buffered reads, scratch files filled before they are read,
+//! measurements per zone (outer, middle and inner thirds), several runs
+//! with median and spread, and the configuration and machine recorded with
+//! the results.
+//!
+//! The tests: dd/fio style (here), bonnie++'s set ([`bonnie`]) and the
+//! lab's data-path tests ([`datapath`]).
+
+mod bonnie;
+mod datapath;
+mod report;
+
+use crate::cli::StorageBenchArgs;
+use crate::units::human;
+use anyhow::{anyhow, bail, Context, Result};
+use raidkit_array::spec::{self, Spec};
+use raidkit_member::Member;
+use std::fs::{File, OpenOptions};
+use std::io::IsTerminal;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BLOCK: usize = 1 << 20;
+const SMALL: usize = 4096;
+/// Tests run by default: everything the target can do.
+pub const DEFAULT_TESTS: &str = "all";
+
+const DD: [&str; 4] = ["seq_write", "seq_read", "randwrite_4k", "randread_4k"];
+const BONNIE: [&str; 7] = [
+    "char_write",
+    "block_write",
+    "rewrite",
+    "char_read",
+    "block_read",
+    "random_seeks",
+    "file_create",
+];
+const DATAPATH: [&str; 5] = [
+    "mem_to_target",
+    "target_to_mem",
+    "streams_write",
+    "streams_read",
+    "mixed_rw",
+];
+
+/// Expand the --tests list (names and groups) in a stable order.
+fn parse_tests(list: &str) -> Result<Vec<&'static str>> {
+    let all: Vec<&'static str> = DD.iter().chain(&BONNIE).chain(&DATAPATH).copied().collect();
+    let mut want: Vec<&'static str> = Vec::new();
+    for t in list.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let group: &[&'static str] = match t {
+            "all" => &all,
+            "dd" => &DD,
+            "bonnie" => &BONNIE,
+            "datapath" => &DATAPATH,
+            _ => match all.iter().find(|x| **x == t) {
+                Some(x) => std::slice::from_ref(x),
+                None => bail!(
+                    "unknown test '{t}' (known: {}; groups: dd, bonnie, datapath, all)",
+                    all.join(", ")
+                ),
+            },
+        };
+        for g in group {
+            if !want.contains(g) {
+                want.push(g);
+            }
+        }
+    }
+    if want.is_empty() {
+        bail!("--tests is empty");
+    }
+    Ok(all.into_iter().filter(|t| want.contains(t)).collect())
+}
+
+/// Shannon entropy of the bytes, in bits per byte (8 for random data).
+pub fn entropy(data: &[u8]) -> f64 {
+    let mut counts = [0u64; 256];
+    for &b in data {
+        counts[b as usize] += 1;
+    }
+    let n = data.len() as f64;
+    counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let p = c as f64 / n;
+            -p * p.log2()
+        })
+        .sum()
+}
+
+/// A buffer aligned for direct I/O.
+struct Aligned {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory owned by this value; sharing it
+// read-only across threads is sound.
+unsafe impl Send for Aligned {}
+// SAFETY: as above; only `&self` (read-only) access is shared.
+unsafe impl Sync for Aligned {}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len.max(SMALL), SMALL).expect("layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "out of memory");
+        Aligned { ptr, len }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr points at len initialised bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        let layout =
+            std::alloc::Layout::from_size_align(self.len.max(SMALL), SMALL).expect("layout");
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, layout) }
+    }
+}
+
+/// Positional I/O on whatever is measured.
+trait Rw: Sync {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()>;
+    fn write_at(&self, buf: &[u8], off: u64) -> Result<()>;
+    fn flush(&self) -> Result<()>;
+}
+
+impl Rw for File {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        self.read_exact_at(buf, off).map_err(Into::into)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> Result<()> {
+        self.write_all_at(buf, off).map_err(Into::into)
+    }
+    fn flush(&self) -> Result<()> {
+        self.sync_data().map_err(Into::into)
+    }
+}
+
+impl Rw for Arc<dyn Member> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        Member::read_at(&**self, buf, off).map_err(Into::into)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> Result<()> {
+        Member::write_at(&**self, buf, off).map_err(Into::into)
+    }
+    fn flush(&self) -> Result<()> {
+        Member::flush(&**self).map_err(Into::into)
+    }
+}
+
+/// What is being measured.
+struct Target {
+    /// The handle the dd-style and data-path tests use (direct I/O where
+    /// the target allows it).
+    main: Box<dyn Rw>,
+    direct: bool,
+    /// A buffered handle on the same file, for bonnie++'s tests, which go
+    /// through the file system's cache as bonnie++ does (with the cache
+    /// dropped before each read test).
+    buffered: Option<File>,
+    /// The directory, for file_create.
+    dir: Option<PathBuf>,
+}
+
+impl Target {
+    /// A target without a file system of its own (an array, an export).
+    fn device(m: Arc<dyn Member>) -> Target {
+        Target {
+            main: Box::new(m),
+            direct: false,
+            buffered: None,
+            dir: None,
+        }
+    }
+
+    /// The handle for bonnie++'s block tests.
+    fn bonnie_io(&self) -> &dyn Rw {
+        match &self.buffered {
+            Some(f) => f,
+            None => &*self.main,
+        }
+    }
+
+    /// Before a read test: make sure the next reads come from the target,
+    /// not from the page cache (written back, then dropped).
+    fn drop_cache(&self) -> Result<()> {
+        if let Some(f) = &self.buffered {
+            f.sync_data()?;
+            // SAFETY: a plain advisory call on a file descriptor we own.
+            let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            if r != 0 {
+                bail!(
+                    "posix_fadvise(DONTNEED): {}",
+                    std::io::Error::from_raw_os_error(r)
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+fn ram_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+/// Whether a path lives on a RAM file system (tmpfs, ramfs): direct I/O
+/// there still measures memory.
+fn in_ram(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs writes into the zeroed struct we own; c is a valid C string.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    matches!(st.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC)
+}
+
+fn open_file(path: &Path, create: bool) -> Result<(File, bool)> {
+    let direct = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .custom_flags(libc::O_DIRECT)
+        .open(path);
+    match direct {
+        Ok(f) => Ok((f, true)),
+        // tmpfs and some file systems refuse O_DIRECT: buffered, and said so.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok((
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(create)
+                .open(path)
+                .with_context(|| format!("opening {}", path.display()))?,
+            false,
+        )),
+        Err(e) => Err(anyhow!(e).context(format!("opening {}", path.display()))),
+    }
+}
+
+fn open_buffered(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+/// One measurement series.
+pub(crate) struct Series {
+    test: &'static str,
+    unit: &'static str,
+    zone: Option<&'static str>,
+    qd: Option<usize>,
+    streams: Option<usize>,
+    values: Vec<f64>,
+}
+
+impl Series {
+    fn new(test: &'static str, unit: &'static str) -> Series {
+        Series {
+            test,
+            unit,
+            zone: None,
+            qd: None,
+            streams: None,
+            values: Vec::new(),
+        }
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+fn fill_random(buf: &mut [u8], seed: u64) {
+    let mut x = seed | 1;
+    for c in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let b = x.to_le_bytes();
+        c.copy_from_slice(&b[..c.len()]);
+    }
+}
+
+/// Progress shown on a terminal: one step per run of a test.
+pub(crate) struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl Progress {
+    fn new(steps: u64) -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = indicatif::ProgressBar::new(steps);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} {msg:36} [{bar:30}] {pos}/{len} runs, {elapsed} (about {eta} left)",
+                )
+                .expect("template")
+                .progress_chars("=> "),
+            );
+            b.enable_steady_tick(Duration::from_millis(200));
+            b
+        });
+        Progress { bar }
+    }
+
+    fn start(&self, what: String) {
+        if let Some(b) = &self.bar {
+            b.set_message(what);
+        }
+    }
+
+    fn step(&self) {
+        if let Some(b) = &self.bar {
+            b.inc(1);
+        }
+    }
+
+    fn done(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// Everything the tests need.
+pub(crate) struct Ctx<'a> {
+    t: &'a Target,
+    size: u64,
+    a: &'a StorageBenchArgs,
+    pattern: &'a Aligned,
+    progress: Progress,
+    notes: Vec<String>,
+}
+
+impl Ctx<'_> {
+    /// Run `f` --runs times into a series.
+    fn series(
+        &self,
+        mut s: Series,
+        label: &str,
+        mut f: impl FnMut() -> Result<f64>,
+    ) -> Result<Series> {
+        for run in 0..self.a.runs {
+            self.progress.start(format!("{label} run {}", run + 1));
+            s.values.push(f()?);
+            self.progress.step();
+        }
+        Ok(s)
+    }
+
+    /// Write the pattern sequentially over `[off, off + len)` in `block`
+    /// pieces; flushed.
+    fn fill(&self, off: u64, len: u64, block: usize) -> Result<()> {
+        let mut o = off;
+        while o < off + len {
+            let n = block.min((off + len - o) as usize);
+            let at = (o % BLOCK as u64) as usize;
+            let at = if at + n > BLOCK { 0 } else { at };
+            self.t
+                .main
+                .write_at(&self.pattern.as_slice()[at..at + n], o)?;
+            o += n as u64;
+        }
+        self.t.main.flush()
+    }
+}
+
+pub fn run(a: StorageBenchArgs) -> Result<()> {
+    let target_text = a.target.clone().ok_or_else(|| {
+        anyhow!("give a TARGET (a file, block device, directory, nbd://HOST:PORT/EXPORT or array[...]), or a subcommand: parity, engine, sweep")
+    })?;
+    let mut tests = parse_tests(&a.tests)?;
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    if a.streams == 0 {
+        bail!("--streams must be at least 1");
+    }
+    if a.chunk < 512 || a.chunk > BLOCK as u64 || !a.chunk.is_multiple_of(512) {
+        bail!("--chunk must be a multiple of 512 bytes between 512 and 1M");
+    }
+    if a.files == 0 {
+        bail!("--files must be at least 1");
+    }
+    // The data written: incompressible by default.
+    let mut pattern = Aligned::new(BLOCK);
+    let data_source = match &a.data {
+        Some(p) => {
+            let sample =
+                std::fs::read(p).with_context(|| format!("reading --data {}", p.display()))?;
+            if sample.is_empty() {
+                bail!("--data {} is empty", p.display());
+            }
+            let e = entropy(&sample[..sample.len().min(16 << 20)]);
+            if e < 7.5 && !a.allow_compressible {
+                bail!(
+                    "--data {} looks compressible ({e:.2} bits of entropy per byte; random data has 8): storage that compresses would look faster than it is; give --allow-compressible to use it anyway",
+                    p.display()
+                );
+            }
+            for (i, b) in pattern.as_mut_slice().iter_mut().enumerate() {
+                *b = sample[i % sample.len()];
+            }
+            format!("{} ({e:.2} bits/byte)", p.display())
+        }
+        None => {
+            fill_random(pattern.as_mut_slice(), 0x5eed);
+            "pseudo-random (incompressible)".to_string()
+        }
+    };
+    let writes = |tests: &[&str]| {
+        tests
+            .iter()
+            .any(|t| !matches!(*t, "seq_read" | "randread_4k" | "char_read" | "block_read"))
+    };
+
+    // The target.
+    let mut cleanup: Option<PathBuf> = None;
+    let mut notes: Vec<String> = Vec::new();
+    let mut ram_fs = false;
+    let mut nbd = false;
+    let (target, size, kind) = if target_text.starts_with("nbd://")
+        || target_text.starts_with("nbd+unix://")
+    {
+        raidkit_nbd::client::Address::parse(&target_text).map_err(|e| anyhow!(e))?;
+        if writes(&tests) && !a.destroy_data {
+            bail!(
+                "{target_text}: the write tests would overwrite the export's data; give --destroy-data if that is intended, or --tests seq_read,randread_4k"
+            );
+        }
+        let c = raidkit_nbd::NbdClient::connect(&target_text)?;
+        if c.read_only() && writes(&tests) {
+            bail!("{target_text} is a read-only export: only the read tests can run (--tests seq_read,randread_4k)");
+        }
+        nbd = true;
+        let len = c.len();
+        let size = a.size.unwrap_or(len).min(len);
+        (Target::device(Arc::new(c)), size, "NBD export")
+    } else if target_text.starts_with("array[")
+        || target_text.starts_with("fault:")
+        || target_text.starts_with("sim:")
+    {
+        let s = Spec::parse(&target_text)?;
+        let m = spec::open(&s, false)?;
+        let size = a.size.unwrap_or(m.len()).min(m.len());
+        (Target::device(m), size, "raidkit array")
+    } else {
+        let path = PathBuf::from(&target_text);
+        let meta = std::fs::metadata(&path);
+        match meta {
+            Ok(m) if m.is_dir() => {
+                let f = path.join(format!("raidkit-bench-{}.tmp", std::process::id()));
+                let size = a.size.unwrap_or(1 << 30);
+                let (file, direct) = open_file(&f, true)?;
+                cleanup = Some(f.clone());
+                file.set_len(size)
+                    .with_context(|| format!("sizing {}", f.display()))?;
+                (
+                    Target {
+                        main: Box::new(file),
+                        direct,
+                        buffered: Some(open_buffered(&f)?),
+                        dir: Some(path.clone()),
+                    },
+                    size,
+                    "directory",
+                )
+            }
+            Ok(m) => {
+                if !a.destroy_data && writes(&tests) {
+                    bail!(
+                        "{} exists: the write tests would overwrite it; give --destroy-data if that is intended, or --tests seq_read,randread_4k",
+                        path.display()
+                    );
+                }
+                let (file, direct) = open_file(&path, false)?;
+                let len = if m.file_type().is_block_device() {
+                    use std::io::Seek;
+                    let mut f2 = &file;
+                    f2.seek(std::io::SeekFrom::End(0))?
+                } else {
+                    m.len()
+                };
+                if len < (3 * BLOCK) as u64 {
+                    bail!(
+                        "{} has {len} bytes: too small to measure (at least 3 MiB)",
+                        path.display()
+                    );
+                }
+                let size = a.size.unwrap_or(len).min(len);
+                (
+                    Target {
+                        main: Box::new(file),
+                        direct,
+                        buffered: Some(open_buffered(&path)?),
+                        dir: None,
+                    },
+                    size,
+                    if m.file_type().is_block_device() {
+                        "block device"
+                    } else {
+                        "file"
+                    },
+                )
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let parent = path
+                    .parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."));
+                if !parent.is_dir() {
+                    bail!("{}: no such file or directory", path.display());
+                }
+                let size = a.size.unwrap_or(1 << 30);
+                let (file, direct) = open_file(&path, true)?;
+                cleanup = Some(path.clone());
+                file.set_len(size)?;
+                (
+                    Target {
+                        main: Box::new(file),
+                        direct,
+                        buffered: Some(open_buffered(&path)?),
+                        dir: None,
+                    },
+                    size,
+                    "new file",
+                )
+            }
+            Err(e) => return Err(anyhow!(e).context(format!("{}", path.display()))),
+        }
+    };
+    if let Some(p) = cleanup.as_deref().or(Some(Path::new(&target_text))) {
+        ram_fs = target.buffered.is_some() && in_ram(p);
+    }
+    let size = size / BLOCK as u64 * BLOCK as u64;
+    let result = (|| -> Result<(Vec<Series>, Vec<String>)> {
+        if size < 3 * BLOCK as u64 {
+            bail!("a working set of {size} bytes is too small (at least 3 MiB)");
+        }
+        // Tests the target cannot do are skipped, and said so.
+        if target.buffered.is_none() {
+            let before = tests.len();
+            tests.retain(|t| !matches!(*t, "char_write" | "char_read"));
+            if tests.len() != before {
+                notes.push(format!(
+                    "char_write and char_read skipped: they measure one-byte system calls through a file system, and a {} has none",
+                    if nbd { "NBD export" } else { "raidkit array" }
+                ));
+            }
+        }
+        if target.dir.is_none() && tests.contains(&"file_create") {
+            tests.retain(|t| *t != "file_create");
+            notes.push("file_create skipped: it needs a directory as the target".into());
+        }
+        if tests.is_empty() {
+            bail!("none of the tests asked for can run on this target");
+        }
+        let mut ctx = Ctx {
+            t: &target,
+            size,
+            a: &a,
+            pattern: &pattern,
+            progress: Progress::new(0),
+            notes: Vec::new(),
+        };
+        // A scratch file we created is sparse: fill it, so that reads read
+        // the medium rather than holes.
+        if cleanup.is_some() && tests.iter().any(|t| !t.contains("write")) {
+            ctx.progress.start("filling the scratch file".into());
+            ctx.fill(0, size, BLOCK)?;
+        }
+        let steps: usize = tests
+            .iter()
+            .map(|t| match *t {
+                "seq_write" | "seq_read" => zones(&a).len(),
+                "randwrite_4k" | "randread_4k" => zones(&a).len() * 2,
+                "file_create" => 6,
+                "streams_write" | "streams_read" => 2,
+                _ => 1,
+            })
+            .sum::<usize>()
+            * a.runs;
+        ctx.progress = Progress::new(steps as u64);
+        let mut out = Vec::new();
+        for &test in &tests {
+            match test {
+                "seq_write" | "seq_read" | "randwrite_4k" | "randread_4k" => {
+                    out.extend(dd_test(&ctx, test)?)
+                }
+                "char_write" | "block_write" | "rewrite" | "char_read" | "block_read"
+                | "random_seeks" | "file_create" => out.extend(bonnie::run(&ctx, test)?),
+                _ => out.extend(datapath::run(&ctx, test)?),
+            }
+        }
+        ctx.progress.done();
+        Ok((out, std::mem::take(&mut ctx.notes)))
+    })();
+    if let Some(p) = &cleanup {
+        let _ = std::fs::remove_file(p);
+    }
+    let (series, more_notes) = result?;
+    notes.extend(more_notes);
+
+    let ram = ram_bytes();
+    let cache_bound = ram_fs || (!target.direct && size < 2 * ram);
+    if ram_fs {
+        notes.push(
+            "warning: the target is on a RAM file system (tmpfs): every figure measures memory, not storage".into(),
+        );
+    } else if nbd && size < 2 * ram {
+        notes.push(format!(
+            "warning: figures may be cache-bound: the working set ({}) is less than twice this machine's RAM ({}), and an NBD server may cache what it serves",
+            human(size),
+            human(ram)
+        ));
+    } else if cache_bound {
+        notes.push(format!(
+            "warning: figures may be cache-bound: no direct I/O on this target and the working set ({}) is less than twice RAM ({}); read figures in particular may come from a cache",
+            human(size),
+            human(ram)
+        ));
+    }
+    report::emit(
+        &a,
+        &report::Meta {
+            target_text: &target_text,
+            kind,
+            size,
+            direct: target.direct,
+            data_source: &data_source,
+            tests: &tests,
+            ram,
+            cache_bound,
+            ram_fs,
+        },
+        &series,
+        &notes,
+    )
+}
+
+fn zones(a: &StorageBenchArgs) -> &'static [&'static str] {
+    if a.whole {
+        &["all"]
+    } else {
+        &["outer", "middle", "inner"]
+    }
+}
+
+/// seq_write / seq_read (1 MiB, MB/s) and randwrite_4k / randread_4k (IOPS
+/// at queue depths 1 and 32), per zone.
+fn dd_test(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
+    let zs = zones(ctx.a);
+    let zone_len = ctx.size / zs.len() as u64 / BLOCK as u64 * BLOCK as u64;
+    let t = ctx.t;
+    let mut out = Vec::new();
+    let mut buf = Aligned::new(BLOCK);
+    for (zi, &zone) in zs.iter().enumerate() {
+        let z0 = zi as u64 * zone_len;
+        let qds: &[usize] = match test {
+            "seq_write" | "seq_read" => &[0],
+            _ => &[1, 32],
+        };
+        for &qd in qds {
+            let mut s = Series::new(test, if qd == 0 { "MB/s" } else { "IOPS" });
+            s.zone = Some(zone);
+            s.qd = (qd > 0).then_some(qd);
+            let label = if qd > 0 {
+                format!("{test} {zone} qd{qd}")
+            } else {
+                format!("{test} {zone}")
+            };
+            out.push(ctx.series(s, &label, || match test {
+                "seq_write" => {
+                    let t0 = Instant::now();
+                    let mut off = z0;
+                    while off < z0 + zone_len {
+                        t.main.write_at(ctx.pattern.as_slice(), off)?;
+                        off += BLOCK as u64;
+                    }
+                    t.main.flush()?;
+                    Ok(zone_len as f64 / t0.elapsed().as_secs_f64() / 1e6)
+                }
+                "seq_read" => {
+                    let t0 = Instant::now();
+                    let mut off = z0;
+                    while off < z0 + zone_len {
+                        t.main.read_at(buf.as_mut_slice(), off)?;
+                        off += BLOCK as u64;
+                    }
+                    Ok(zone_len as f64 / t0.elapsed().as_secs_f64() / 1e6)
+                }
+                _ => random_io(
+                    &*t.main,
+                    z0,
+                    zone_len,
+                    qd,
+                    test == "randwrite_4k",
+                    ctx.a.seconds,
+                    ctx.pattern,
+                ),
+            })?);
+        }
+    }
+    Ok(out)
+}
+
+/// 4 KiB random reads or writes within `[z0, z0 + len)` by `qd` threads
+/// for `secs` seconds (writes end with a flush inside the timing); IOPS.
+fn random_io(
+    t: &dyn Rw,
+    z0: u64,
+    len: u64,
+    qd: usize,
+    write: bool,
+    secs: f64,
+    pattern: &Aligned,
+) -> Result<f64> {
+    let blocks = len / SMALL as u64;
+    let ops = AtomicU64::new(0);
+    let deadline = Duration::from_secs_f64(secs.max(0.05));
+    let t0 = Instant::now();
+    let errors: Vec<anyhow::Error> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..qd)
+            .map(|i| {
+                let ops = &ops;
+                sc.spawn(move || -> Result<()> {
+                    let mut buf = Aligned::new(SMALL);
+                    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ ((i as u64 + 1) * 0x1234_5678);
+                    while t0.elapsed() < deadline {
+                        for _ in 0..16 {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            let off = z0 + (x % blocks) * SMALL as u64;
+                            if write {
+                                let at = ((x >> 20) as usize % (BLOCK / SMALL)) * SMALL;
+                                t.write_at(&pattern.as_slice()[at..at + SMALL], off)?;
+                            } else {
+                                t.read_at(buf.as_mut_slice(), off)?;
+                            }
+                        }
+                        ops.fetch_add(16, Ordering::Relaxed);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().expect("bench thread").err())
+            .collect()
+    });
+    if let Some(e) = errors.into_iter().next() {
+        return Err(e);
+    }
+    if write {
+        t.flush()?;
+    }
+    Ok(ops.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entropy_tells_random_from_compressible() {
+        let mut r = vec![0u8; 1 << 20];
+        fill_random(&mut r, 7);
+        assert!(entropy(&r) > 7.99, "{}", entropy(&r));
+        let text = b"the quick brown fox jumps over the lazy dog ".repeat(1000);
+        assert!(entropy(&text) < 5.0);
+        assert_eq!(entropy(&[0u8; 4096]), 0.0);
+    }
+
+    #[test]
+    fn test_lists_expand_groups_in_a_stable_order() {
+        assert_eq!(
+            parse_tests("randread_4k,seq_write").unwrap(),
+            vec!["seq_write", "randread_4k"]
+        );
+        let all = parse_tests("all").unwrap();
+        assert_eq!(all.len(), 16);
+        assert_eq!(parse_tests("bonnie,dd,bonnie").unwrap().len(), 11);
+        assert!(parse_tests("warp_speed").is_err());
+        assert!(parse_tests(",").is_err());
+    }
+}
