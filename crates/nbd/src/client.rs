@@ -5,9 +5,9 @@
 //! Written here because the Rust NBD client crates are synchronous with one
 //! request at a time; a benchmark at queue depth 32 needs requests pipelined
 //! on one connection, as fio's nbd engine does. Callers on any number of
-//! threads send their requests under a short lock and sleep until the
-//! reader thread, which owns the receiving half of the socket, has put the
-//! reply (and the read data, straight into the caller's buffer) in place.
+//! threads send their requests under a short lock; one of the waiting
+//! callers at a time reads replies, putting each (and a read's data,
+//! straight into its caller's buffer) in place and waking its caller.
 //!
 //! Only simple replies are used (structured replies are not negotiated), so
 //! every reply is a 16-byte header followed, for a successful read, by the
@@ -21,9 +21,8 @@ use std::fmt;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Where an export is: parsed from `nbd://HOST[:PORT][/EXPORT]` or
@@ -90,24 +89,61 @@ impl Address {
     }
 }
 
-/// One request's completion, filled in by the reader thread.
+/// One request's completion. Set by whichever caller is reading replies
+/// at the time; `lead` tells a waiting caller to take over the reading.
 #[derive(Default)]
 struct Slot {
-    done: Mutex<Option<std::result::Result<(), io::Error>>>,
+    st: Mutex<SlotState>,
     cv: Condvar,
+}
+
+#[derive(Default)]
+struct SlotState {
+    done: Option<std::result::Result<(), io::Error>>,
+    lead: bool,
+}
+
+enum Woken {
+    Done(std::result::Result<(), io::Error>),
+    Lead,
 }
 
 impl Slot {
     fn complete(&self, r: std::result::Result<(), io::Error>) {
-        *self.done.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        self.st.lock().unwrap_or_else(|e| e.into_inner()).done = Some(r);
         self.cv.notify_one();
     }
 
-    fn wait(&self) -> std::result::Result<(), io::Error> {
-        let mut g = self.done.lock().unwrap_or_else(|e| e.into_inner());
+    fn hand_over(&self) {
+        self.st.lock().unwrap_or_else(|e| e.into_inner()).lead = true;
+        self.cv.notify_one();
+    }
+
+    fn take_done(&self) -> Option<std::result::Result<(), io::Error>> {
+        self.st
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .done
+            .take()
+    }
+
+    fn is_done(&self) -> bool {
+        self.st
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .done
+            .is_some()
+    }
+
+    /// Sleep until the reply is in or the reading is handed to us.
+    fn wait(&self) -> Woken {
+        let mut g = self.st.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if let Some(r) = g.take() {
-                return r;
+            if let Some(r) = g.done.take() {
+                return Woken::Done(r);
+            }
+            if std::mem::take(&mut g.lead) {
+                return Woken::Lead;
             }
             g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
         }
@@ -121,12 +157,16 @@ struct Waiter {
     slot: Arc<Slot>,
 }
 
-// SAFETY: `buf` points into the buffer of a caller that is blocked in
-// `Slot::wait` until the reader thread has finished with it (see `request`).
+// SAFETY: `buf` points into the buffer of a caller that does not return
+// from `request` before its slot is completed (see there).
 unsafe impl Send for Waiter {}
 
 struct Shared {
     writer: Mutex<Stream>,
+    /// The receiving half; held by the one caller reading replies.
+    rx: Mutex<Stream>,
+    /// Whether a caller is reading replies.
+    reading: AtomicBool,
     pending: Mutex<HashMap<u64, Waiter>>,
     /// Why the connection is unusable, once it is.
     broken: Mutex<Option<String>>,
@@ -154,6 +194,82 @@ impl Shared {
             )));
         }
     }
+
+    /// Read one reply and complete its request.
+    fn read_reply(&self, s: &mut Stream) -> std::result::Result<(), String> {
+        let mut h = [0u8; 16];
+        s.read_exact(&mut h)
+            .map_err(|e| format!("connection closed: {e}"))?;
+        let magic = u32::from_be_bytes(h[0..4].try_into().expect("4"));
+        if magic != SIMPLE_REPLY_MAGIC {
+            return Err(format!("unexpected reply magic {magic:#x}"));
+        }
+        let error = u32::from_be_bytes(h[4..8].try_into().expect("4"));
+        let handle = u64::from_be_bytes(h[8..16].try_into().expect("8"));
+        let w = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&handle)
+            .ok_or_else(|| format!("reply for unknown handle {handle}"))?;
+        if error != 0 {
+            w.slot
+                .complete(Err(io::Error::from_raw_os_error(error as i32)));
+            return Ok(());
+        }
+        if w.len > 0 {
+            // SAFETY: the caller that registered this waiter does not
+            // return before `complete` below, so its buffer of `len` bytes
+            // at `buf` is alive, and nobody else touches it meanwhile.
+            let buf = unsafe { std::slice::from_raw_parts_mut(w.buf, w.len) };
+            if let Err(e) = s.read_exact(buf) {
+                w.slot
+                    .complete(Err(io::Error::new(e.kind(), e.to_string())));
+                return Err(format!("connection closed mid-reply: {e}"));
+            }
+        }
+        w.slot.complete(Ok(()));
+        Ok(())
+    }
+
+    /// Wait for `slot`, reading replies (everyone's) whenever nobody else
+    /// is: with one request in flight its caller reads its own reply, with
+    /// no thread in between, as a single-threaded client would.
+    fn wait_for(&self, slot: &Slot) -> std::result::Result<(), io::Error> {
+        loop {
+            if self
+                .reading
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                {
+                    let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+                    while !slot.is_done() {
+                        if let Err(why) = self.read_reply(&mut rx) {
+                            self.fail_all(&why);
+                            break;
+                        }
+                    }
+                }
+                self.reading.store(false, Ordering::Release);
+                // Somebody still waiting must take over the reading.
+                if let Some(w) = self
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .values()
+                    .next()
+                {
+                    w.slot.hand_over();
+                }
+                return slot.take_done().expect("completed");
+            }
+            match slot.wait() {
+                Woken::Done(r) => return r,
+                Woken::Lead => continue,
+            }
+        }
+    }
 }
 
 /// A connection to one NBD export, usable from many threads at once.
@@ -163,7 +279,7 @@ pub struct NbdClient {
     flags: u16,
     max_request: usize,
     shared: Arc<Shared>,
-    reader: Mutex<Option<JoinHandle<()>>>,
+    closed: AtomicBool,
 }
 
 impl fmt::Debug for NbdClient {
@@ -305,47 +421,6 @@ fn handshake(s: &mut Stream, export: &str) -> io::Result<ExportInfo> {
     })
 }
 
-fn reader_loop(mut s: Stream, shared: Arc<Shared>) {
-    let why = loop {
-        let mut h = [0u8; 16];
-        if let Err(e) = s.read_exact(&mut h) {
-            break format!("connection closed: {e}");
-        }
-        let magic = u32::from_be_bytes(h[0..4].try_into().expect("4"));
-        if magic != SIMPLE_REPLY_MAGIC {
-            break format!("unexpected reply magic {magic:#x}");
-        }
-        let error = u32::from_be_bytes(h[4..8].try_into().expect("4"));
-        let handle = u64::from_be_bytes(h[8..16].try_into().expect("8"));
-        let w = shared
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&handle);
-        let Some(w) = w else {
-            break format!("reply for unknown handle {handle}");
-        };
-        if error != 0 {
-            w.slot
-                .complete(Err(io::Error::from_raw_os_error(error as i32)));
-            continue;
-        }
-        if w.len > 0 {
-            // SAFETY: the caller that registered this waiter is blocked in
-            // Slot::wait until `complete` below, so its buffer of `len`
-            // bytes at `buf` is alive and nobody else touches it.
-            let buf = unsafe { std::slice::from_raw_parts_mut(w.buf, w.len) };
-            if let Err(e) = s.read_exact(buf) {
-                w.slot
-                    .complete(Err(io::Error::new(e.kind(), e.to_string())));
-                break format!("connection closed mid-reply: {e}");
-            }
-        }
-        w.slot.complete(Ok(()));
-    };
-    shared.fail_all(&why);
-}
-
 impl NbdClient {
     /// Connect to `uri` (see [`Address::parse`]) and negotiate the export.
     pub fn connect(uri: &str) -> io::Result<NbdClient> {
@@ -371,21 +446,19 @@ impl NbdClient {
         s.set_read_timeout(None)?;
         let shared = Arc::new(Shared {
             writer: Mutex::new(s.try_clone()?),
+            rx: Mutex::new(s),
+            reading: AtomicBool::new(false),
             pending: Mutex::new(HashMap::new()),
             broken: Mutex::new(None),
             next: AtomicU64::new(1),
         });
-        let sh = shared.clone();
-        let reader = std::thread::Builder::new()
-            .name("nbd-client".into())
-            .spawn(move || reader_loop(s, sh))?;
         Ok(NbdClient {
             name: uri.to_string(),
             size: info.size,
             flags: info.flags,
             max_request: info.max_request,
             shared,
-            reader: Mutex::new(Some(reader)),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -450,25 +523,22 @@ impl NbdClient {
         if let Err(e) = sent {
             self.shared.fail_all(&format!("sending a request: {e}"));
         }
-        // Whatever happened, the waiter is completed exactly once (by the
-        // reader or by fail_all): only then may the caller's buffer go.
-        slot.wait()
+        // Whatever happened, the waiter is completed exactly once (by a
+        // reply or by fail_all): only then may the caller's buffer go.
+        self.shared.wait_for(&slot)
     }
 
     /// Send NBD_CMD_DISC and close the connection.
     pub fn disconnect(&self) {
-        let Some(reader) = self.reader.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        if self.closed.swap(true, Ordering::AcqRel) {
             return;
-        };
-        {
-            let mut w = self.shared.writer.lock().unwrap_or_else(|e| e.into_inner());
-            let mut h = [0u8; REQUEST_LEN];
-            h[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
-            h[6..8].copy_from_slice(&CMD_DISC.to_be_bytes());
-            let _ = w.write_all(&h);
-            w.shutdown(Shutdown::Both);
         }
-        let _ = reader.join();
+        let mut w = self.shared.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = [0u8; REQUEST_LEN];
+        h[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        h[6..8].copy_from_slice(&CMD_DISC.to_be_bytes());
+        let _ = w.write_all(&h);
+        w.shutdown(Shutdown::Both);
     }
 
     fn io_err(&self, op: Op, offset: u64, len: u64, e: io::Error) -> MemberError {

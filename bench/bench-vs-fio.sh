@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Cross-check of `raidkit bench` against fio and bonnie++ on the same
+# targets, alternating in one run, ROUNDS rounds, medians:
+#  1. a file in DIR (direct I/O): 1 MiB sequential write and read, 4 KiB
+#     random read and write at queue depths 1 and 32 — fio (psync for the
+#     sequential and qd1 jobs, libaio at iodepth 32) against
+#     `raidkit bench FILE --whole`;
+#  2. an NBD export (raidkit serving one RAM-disk member): the same jobs with
+#     fio's nbd engine against `raidkit bench nbd://...`;
+#  3. bonnie++ on DIR against `raidkit bench DIR --tests char_write,rewrite,char_read`.
+# Sequential and random figures should agree within 10%; bonnie++'s
+# per-character and rewrite figures are given as bonnie++'s range.
+#
+# usage: bench/bench-vs-fio.sh [DIR] [SIZE_MIB] [ROUNDS] [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=${1:-/var/tmp/raidkit-vs-fio}
+SIZE_MB=${2:-1024}
+ROUNDS=${3:-3}
+SECS=${4:-5}
+./scripts/deps.sh >/dev/null
+command -v bonnie++ >/dev/null || apt-get install -y -qq bonnie++ >/dev/null
+cargo build --release --quiet
+R=$PWD/target/release/raidkit
+mkdir -p "$DIR"
+W=$(mktemp -d /dev/shm/raidkit-vs-fio.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$W" "$DIR/target.img" "$DIR"/Bonnie.* "$DIR"/raidkit-bench-*
+}
+trap cleanup EXIT
+RES="$W/results.txt"
+: > "$RES"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+fio_val() { # json-file side(read|write) metric(iops|bw)
+  python3 - "$@" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0][sys.argv[2]]
+print(f'{j["iops"]:.1f}' if sys.argv[3] == "iops" else f'{j["bw_bytes"] / 1e6:.1f}')
+PY
+}
+
+rk_val() { # json-file test [qd]
+  python3 - "$@" <<'PY'
+import json, sys
+rs = json.load(open(sys.argv[1]))["results"]
+qd = int(sys.argv[3]) if len(sys.argv) > 3 else None
+r = [r for r in rs if r["test"] == sys.argv[2] and r.get("qd") == qd]
+print(f'{r[0]["value"]:.1f}')
+PY
+}
+
+# job -> fio arguments, raidkit test, qd, fio side, metric
+declare -A FIO RKT QD SIDE MET
+FIO[seq_write]="--rw=write --bs=1M --ioengine=psync --end_fsync=1";  RKT[seq_write]=seq_write;    QD[seq_write]=;   SIDE[seq_write]=write; MET[seq_write]=bw
+FIO[seq_read]="--rw=read --bs=1M --ioengine=psync";                 RKT[seq_read]=seq_read;      QD[seq_read]=;    SIDE[seq_read]=read;   MET[seq_read]=bw
+FIO[randread_qd1]="--rw=randread --bs=4k --ioengine=psync --time_based --runtime=$SECS";  RKT[randread_qd1]=randread_4k;  QD[randread_qd1]=1;  SIDE[randread_qd1]=read;  MET[randread_qd1]=iops
+FIO[randwrite_qd1]="--rw=randwrite --bs=4k --ioengine=psync --time_based --runtime=$SECS --end_fsync=1"; RKT[randwrite_qd1]=randwrite_4k; QD[randwrite_qd1]=1; SIDE[randwrite_qd1]=write; MET[randwrite_qd1]=iops
+FIO[randread_qd32]="--rw=randread --bs=4k --ioengine=libaio --iodepth=32 --time_based --runtime=$SECS";  RKT[randread_qd32]=randread_4k;  QD[randread_qd32]=32;  SIDE[randread_qd32]=read;  MET[randread_qd32]=iops
+FIO[randwrite_qd32]="--rw=randwrite --bs=4k --ioengine=libaio --iodepth=32 --time_based --runtime=$SECS --end_fsync=1"; RKT[randwrite_qd32]=randwrite_4k; QD[randwrite_qd32]=32; SIDE[randwrite_qd32]=write; MET[randwrite_qd32]=iops
+JOBS=(seq_write seq_read randread_qd1 randwrite_qd1 randread_qd32 randwrite_qd32)
+
+measure() { # where target fio-target-args... ; appends "where job tool value" lines
+  local where=$1 target=$2; shift 2
+  local fargs=("$@")
+  for r in $(seq "$ROUNDS"); do
+    for job in "${JOBS[@]}"; do
+      local fa=${FIO[$job]}
+      if [[ $where == nbd ]]; then
+        # The nbd engine has one connection; the queue depth is its iodepth.
+        fa=${fa//--ioengine=psync/}; fa=${fa//--ioengine=libaio/}
+        fa="$fa --iodepth=${QD[$job]:-1}"
+      fi
+      local order=(fio raidkit); (( r % 2 == 0 )) && order=(raidkit fio)
+      for tool in "${order[@]}"; do
+        if [[ $tool == fio ]]; then
+          # shellcheck disable=SC2086
+          fio --name=x "${fargs[@]}" $fa --size=${SIZE_MB}M --output-format=json --output="$W/f.json" >/dev/null
+          v=$(fio_val "$W/f.json" "${SIDE[$job]}" "${MET[$job]}")
+        else
+          "$R" bench "$target" --destroy-data --whole --runs 1 --seconds "$SECS" \
+            --size ${SIZE_MB}M --tests "${RKT[$job]}" --json > "$W/r.json" 2>/dev/null
+          v=$(rk_val "$W/r.json" "${RKT[$job]}" ${QD[$job]})
+        fi
+        echo "$where $job $tool $v" | tee -a "$RES"
+      done
+    done
+  done
+}
+
+# 1. A file on DIR's file system, filled first so reads read data.
+F=$DIR/target.img
+fio --name=fill --filename="$F" --rw=write --bs=1M --size=${SIZE_MB}M --direct=1 --end_fsync=1 >/dev/null
+measure file "$F" --filename="$F" --direct=1
+
+# 2. An NBD export: raidkit serving a linear array of one RAM-disk member.
+"$R" create --level linear --size $((SIZE_MB + 4))M --name one "$W/one.img" >/dev/null
+P=$(free_port)
+"$R" serve --listen 127.0.0.1:$P --control "$W/ctl" "$W/one.img" >/dev/null 2>&1 & PIDS+=($!)
+for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$P/" >/dev/null 2>&1 && break; sleep 0.1; done
+U="nbd://127.0.0.1:$P/"
+fio --name=fill --ioengine=nbd --uri="$U" --rw=write --bs=1M --iodepth=8 --size=${SIZE_MB}M >/dev/null
+measure nbd "$U" --ioengine=nbd --uri="$U"
+
+# 3. bonnie++ against raidkit's bonnie tests on the same directory.
+RAM_MB=$((SIZE_MB / 2))
+for r in $(seq "$ROUNDS"); do
+  order=(bonnie raidkit); (( r % 2 == 0 )) && order=(raidkit bonnie)
+  for tool in "${order[@]}"; do
+    if [[ $tool == bonnie ]]; then
+      # -q: the CSV line on stdout. Fields (1.98 format): 10 putc, 14 rewrite, 16 getc (K/s).
+      line=$(bonnie++ -d "$DIR" -s ${SIZE_MB}M -r $RAM_MB -n 0 -u root -q 2>/dev/null | tail -1)
+      IFS=, read -ra c <<< "$line"
+      for pair in "char_write 9" "rewrite 13" "char_read 15"; do
+        set -- $pair
+        # "+++++": bonnie++ timed less than 500 ms and reports nothing.
+        if [[ ${c[$2]} =~ ^[0-9]+$ ]]; then
+          python3 -c "print('bonnie $1 bonnie++ %.2f' % (${c[$2]} * 1024 / 1e6))" | tee -a "$RES"
+        else
+          echo "bonnie++ gave no $1 figure (${c[$2]}): use a larger SIZE_MIB" >&2
+        fi
+      done
+    else
+      "$R" bench "$DIR" --runs 1 --size ${SIZE_MB}M --tests char_write,rewrite,char_read --json > "$W/r.json" 2>/dev/null
+      for t in char_write rewrite char_read; do
+        echo "bonnie $t raidkit $(rk_val "$W/r.json" $t)" | tee -a "$RES"
+      done
+    fi
+  done
+done
+
+echo
+python3 - "$RES" <<'PY'
+import statistics, sys
+from collections import defaultdict
+d = defaultdict(list)
+for l in open(sys.argv[1]):
+    where, job, tool, v = l.split()
+    d[(where, job, tool)].append(float(v))
+keys = []
+for (w, j, t) in d:
+    if (w, j) not in keys:
+        keys.append((w, j))
+print(f"{'target':7} {'job':15} {'reference':>26} {'raidkit bench':>26} {'ratio':>6}  verdict")
+bad = 0
+for w, j in keys:
+    ref = "bonnie++" if w == "bonnie" else "fio"
+    a, b = d[(w, j, ref)], d[(w, j, "raidkit")]
+    if not a or not b:
+        print(f"{w:7} {j:15} missing figures"); bad += 1; continue
+    ma, mb = statistics.median(a), statistics.median(b)
+    ratio = mb / ma
+    if w == "bonnie":
+        ok = min(a) * 0.9 <= mb <= max(a) * 1.1
+        verdict = f"bonnie++ range {min(a):.1f}-{max(a):.1f}: " + ("within (10% slack)" if ok else "OUTSIDE")
+    else:
+        ok = abs(ratio - 1) <= 0.10
+        verdict = "within 10%" if ok else "OUTSIDE 10%"
+    bad += not ok
+    fmt = lambda m, xs: f"{m:10.1f} ({min(xs):.1f}-{max(xs):.1f})"
+    print(f"{w:7} {j:15} {ref:>8} {fmt(ma, a):>17} {fmt(mb, b):>26} {ratio:6.2f}  {verdict}")
+print(f"\n{bad} comparison(s) outside the bounds")
+PY
