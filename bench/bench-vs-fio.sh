@@ -6,18 +6,27 @@
 #     sequential and qd1 jobs, libaio at iodepth 32) against
 #     `raidkit bench FILE --whole`;
 #  2. an NBD export (raidkit serving one RAM-disk member): the same jobs with
-#     fio's nbd engine against `raidkit bench nbd://...`;
-#  3. bonnie++ on DIR against `raidkit bench DIR --tests char_write,rewrite,char_read`.
+#     fio's nbd engine against `raidkit bench nbd://...`. The server runs on
+#     CPU 0 and the client on CPU 1, as if on two machines: otherwise the
+#     client's own CPU cost (libnbd and fio's engine take ~20% more per
+#     request than raidkit's client) is taken from the server's;
+#  3. bonnie++ on DIR against `raidkit bench DIR --tests char_write,rewrite,char_read`,
+#     both on a file of BONNIE_MIB (default: twice RAM, bonnie++'s own
+#     default, so that its figures are not the page cache's; raidkit drops
+#     the cache before reading, bonnie++ relies on the file size).
 # Sequential and random figures should agree within 10%; bonnie++'s
 # per-character and rewrite figures are given as bonnie++'s range.
 #
-# usage: bench/bench-vs-fio.sh [DIR] [SIZE_MIB] [ROUNDS] [SECONDS]
+# usage: [PARTS="file nbd bonnie"] [BONNIE_MIB=N] bench/bench-vs-fio.sh [DIR] [SIZE_MIB] [ROUNDS] [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-/var/tmp/raidkit-vs-fio}
 SIZE_MB=${2:-1024}
 ROUNDS=${3:-3}
 SECS=${4:-5}
+PARTS=${PARTS:-file nbd bonnie}
+RAM_MIB=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
+BONNIE_MIB=${BONNIE_MIB:-$((2 * RAM_MIB))}
 ./scripts/deps.sh >/dev/null
 command -v bonnie++ >/dev/null || apt-get install -y -qq bonnie++ >/dev/null
 cargo build --release --quiet
@@ -66,6 +75,8 @@ JOBS=(seq_write seq_read randread_qd1 randwrite_qd1 randread_qd32 randwrite_qd32
 
 measure() { # where target fio-target-args... ; appends "where job tool value" lines
   local where=$1 target=$2; shift 2
+  local pin=()
+  [[ $where == nbd ]] && pin=(taskset -c 1)
   local fargs=("$@")
   for r in $(seq "$ROUNDS"); do
     for job in "${JOBS[@]}"; do
@@ -79,10 +90,10 @@ measure() { # where target fio-target-args... ; appends "where job tool value" l
       for tool in "${order[@]}"; do
         if [[ $tool == fio ]]; then
           # shellcheck disable=SC2086
-          fio --name=x "${fargs[@]}" $fa --size=${SIZE_MB}M --output-format=json --output="$W/f.json" >/dev/null
+          "${pin[@]}" fio --name=x "${fargs[@]}" $fa --size=${SIZE_MB}M --output-format=json --output="$W/f.json" >/dev/null
           v=$(fio_val "$W/f.json" "${SIDE[$job]}" "${MET[$job]}")
         else
-          "$R" bench "$target" --destroy-data --whole --runs 1 --seconds "$SECS" \
+          "${pin[@]}" "$R" bench "$target" --destroy-data --whole --runs 1 --seconds "$SECS" \
             --size ${SIZE_MB}M --tests "${RKT[$job]}" --json > "$W/r.json" 2>/dev/null
           v=$(rk_val "$W/r.json" "${RKT[$job]}" ${QD[$job]})
         fi
@@ -93,27 +104,32 @@ measure() { # where target fio-target-args... ; appends "where job tool value" l
 }
 
 # 1. A file on DIR's file system, filled first so reads read data.
+if [[ " $PARTS " == *" file "* ]]; then
 F=$DIR/target.img
 fio --name=fill --filename="$F" --rw=write --bs=1M --size=${SIZE_MB}M --direct=1 --end_fsync=1 >/dev/null
 measure file "$F" --filename="$F" --direct=1
+rm -f "$F"
+fi
 
 # 2. An NBD export: raidkit serving a linear array of one RAM-disk member.
+if [[ " $PARTS " == *" nbd "* ]]; then
 "$R" create --level linear --size $((SIZE_MB + 4))M --name one "$W/one.img" >/dev/null
 P=$(free_port)
-"$R" serve --listen 127.0.0.1:$P --control "$W/ctl" "$W/one.img" >/dev/null 2>&1 & PIDS+=($!)
+taskset -c 0 "$R" serve --listen 127.0.0.1:$P --control "$W/ctl" "$W/one.img" >/dev/null 2>&1 & PIDS+=($!)
 for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$P/" >/dev/null 2>&1 && break; sleep 0.1; done
 U="nbd://127.0.0.1:$P/"
 fio --name=fill --ioengine=nbd --uri="$U" --rw=write --bs=1M --iodepth=8 --size=${SIZE_MB}M >/dev/null
 measure nbd "$U" --ioengine=nbd --uri="$U"
+fi
 
 # 3. bonnie++ against raidkit's bonnie tests on the same directory.
-RAM_MB=$((SIZE_MB / 2))
+if [[ " $PARTS " == *" bonnie "* ]]; then
 for r in $(seq "$ROUNDS"); do
   order=(bonnie raidkit); (( r % 2 == 0 )) && order=(raidkit bonnie)
   for tool in "${order[@]}"; do
     if [[ $tool == bonnie ]]; then
       # -q: the CSV line on stdout. Fields (1.98 format): 10 putc, 14 rewrite, 16 getc (K/s).
-      line=$(bonnie++ -d "$DIR" -s ${SIZE_MB}M -r $RAM_MB -n 0 -u root -q 2>/dev/null | tail -1)
+      line=$(bonnie++ -d "$DIR" -s ${BONNIE_MIB}M -r $RAM_MIB -n 0 -u root -q 2>/dev/null | tail -1)
       IFS=, read -ra c <<< "$line"
       for pair in "char_write 9" "rewrite 13" "char_read 15"; do
         set -- $pair
@@ -125,13 +141,14 @@ for r in $(seq "$ROUNDS"); do
         fi
       done
     else
-      "$R" bench "$DIR" --runs 1 --size ${SIZE_MB}M --tests char_write,rewrite,char_read --json > "$W/r.json" 2>/dev/null
+      "$R" bench "$DIR" --runs 1 --size ${BONNIE_MIB}M --tests char_write,rewrite,char_read --json > "$W/r.json" 2>/dev/null
       for t in char_write rewrite char_read; do
         echo "bonnie $t raidkit $(rk_val "$W/r.json" $t)" | tee -a "$RES"
       done
     fi
   done
 done
+fi
 
 echo
 python3 - "$RES" <<'PY'

@@ -528,6 +528,119 @@ impl NbdClient {
         self.shared.wait_for(&slot)
     }
 
+    /// Keep `qd` requests of `len` bytes in flight from this one thread
+    /// until `deadline`, as fio's nbd engine does: reads (data dropped) or,
+    /// with `payload`, writes of successive `len`-byte pieces of it (so
+    /// that storage which deduplicates is not flattered). `next` gives each
+    /// request's offset. Returns
+    /// the requests completed. Needs the connection to itself: no other
+    /// request may be in flight.
+    pub fn run_queue(
+        &self,
+        qd: usize,
+        len: u32,
+        payload: Option<&[u8]>,
+        deadline: std::time::Instant,
+        mut next: impl FnMut() -> u64,
+    ) -> io::Result<u64> {
+        let sh = &self.shared;
+        if sh
+            .reading
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+            || !sh
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+        {
+            sh.reading.store(false, Ordering::Release);
+            return Err(io::Error::other("run_queue needs the connection to itself"));
+        }
+        let r = (|| {
+            let mut w = sh.writer.lock().unwrap_or_else(|e| e.into_inner());
+            let mut rx = sh.rx.lock().unwrap_or_else(|e| e.into_inner());
+            let cmd = if payload.is_some() {
+                CMD_WRITE
+            } else {
+                CMD_READ
+            };
+            let pieces = payload.map_or(0, |p| p.len() / len as usize);
+            if payload.is_some() && pieces == 0 {
+                return Ok(Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "payload shorter than a request",
+                )));
+            }
+            let mut sent = 0usize;
+            let mut scratch = vec![0u8; len as usize];
+            let mut failed: Option<io::Error> = None;
+            // Send the next request; false (and `failed` set) if its
+            // offset is out of range, which is refused without sending.
+            let mut send = |w: &mut Stream, failed: &mut Option<io::Error>| -> io::Result<bool> {
+                let off = next();
+                if let Err(e) = check_range(&self.name, Op::Read, off, len as u64, self.size) {
+                    *failed = Some(io::Error::new(io::ErrorKind::InvalidInput, e.to_string()));
+                    return Ok(false);
+                }
+                let mut h = [0u8; REQUEST_LEN];
+                h[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+                h[6..8].copy_from_slice(&cmd.to_be_bytes());
+                h[8..16].copy_from_slice(&sh.next.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+                h[16..24].copy_from_slice(&off.to_be_bytes());
+                h[24..28].copy_from_slice(&len.to_be_bytes());
+                let data = match payload {
+                    Some(p) => &p[(sent % pieces) * len as usize..][..len as usize],
+                    None => &[],
+                };
+                sent += 1;
+                write_all_vectored(w, &mut [IoSlice::new(&h), IoSlice::new(data)])?;
+                Ok(true)
+            };
+            let mut in_flight = 0usize;
+            while in_flight < qd.max(1) && send(&mut w, &mut failed)? {
+                in_flight += 1;
+            }
+            let mut done = 0u64;
+            while in_flight > 0 {
+                let mut h = [0u8; 16];
+                rx.read_exact(&mut h)?;
+                if u32::from_be_bytes(h[0..4].try_into().expect("4")) != SIMPLE_REPLY_MAGIC {
+                    return Err(bad("unexpected reply magic"));
+                }
+                let error = u32::from_be_bytes(h[4..8].try_into().expect("4"));
+                in_flight -= 1;
+                if error != 0 {
+                    failed.get_or_insert(io::Error::from_raw_os_error(error as i32));
+                } else {
+                    if cmd == CMD_READ {
+                        rx.read_exact(&mut scratch)?;
+                    }
+                    done += 1;
+                }
+                if failed.is_none()
+                    && std::time::Instant::now() < deadline
+                    && send(&mut w, &mut failed)?
+                {
+                    in_flight += 1;
+                }
+            }
+            // A request the server refused leaves the connection usable.
+            Ok(match failed {
+                Some(e) => Err(e),
+                None => Ok(done),
+            })
+        })();
+        sh.reading.store(false, Ordering::Release);
+        match r {
+            Ok(r) => r,
+            Err(e) => {
+                sh.fail_all(&format!("pipelined requests: {e}"));
+                Err(e)
+            }
+        }
+    }
+
     /// Send NBD_CMD_DISC and close the connection.
     pub fn disconnect(&self) {
         if self.closed.swap(true, Ordering::AcqRel) {
@@ -692,6 +805,35 @@ mod tests {
         // A wrong export name is a clear error.
         let e = NbdClient::connect(&uri.replace("/t", "/nope")).unwrap_err();
         assert!(e.to_string().contains("no such export"), "{e}");
+        drop(c);
+        server.shutdown();
+    }
+
+    #[test]
+    fn a_queue_of_pipelined_requests_runs_from_one_thread() {
+        let (server, mem, uri) = serve(false);
+        let c = NbdClient::connect(&uri).unwrap();
+        let data = vec![0xA5u8; 4096];
+        let mut k = 0u64;
+        let n = c
+            .run_queue(8, 4096, Some(&data), std::time::Instant::now(), || {
+                k += 1;
+                (k - 1) * 4096
+            })
+            .unwrap();
+        // A deadline already past: exactly the first 8 requests are sent.
+        assert_eq!(n, 8);
+        assert!(mem.snapshot()[..8 * 4096].iter().all(|&b| b == 0xA5));
+        assert_eq!(mem.snapshot()[8 * 4096], 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(50);
+        let n = c.run_queue(32, 4096, None, deadline, || 4096).unwrap();
+        assert!(n >= 32, "{n}");
+        // Out of range is refused before anything is sent; the connection
+        // stays usable.
+        assert!(c.run_queue(1, 4096, None, deadline, || 8 << 20).is_err());
+        let mut b = [0u8; 4];
+        c.read_at(&mut b, 0).unwrap();
+        assert_eq!(b, [0xA5; 4]);
         drop(c);
         server.shutdown();
     }

@@ -8,7 +8,7 @@ use raidkit_member::Member;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, TcpListener};
 use std::os::unix::net::UnixListener;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -395,6 +395,7 @@ impl Server {
         let shared = Arc::new(Conn {
             reader: Mutex::new(BufReader::with_capacity(READ_BUFFER, s.try_clone()?)),
             writer: Mutex::new(BufWriter::with_capacity(256 << 10, s.try_clone()?)),
+            replying: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             error: Mutex::new(None),
         });
@@ -474,6 +475,10 @@ impl Server {
                     inc(&self.stats.writes, merged.len() as u64 - 1);
                 }
             }
+            // Replies are coalesced: a worker that finds others about to
+            // reply leaves its reply in the buffer, and the last one sends
+            // them all in one system call.
+            c.replying.fetch_add(1, Ordering::AcqRel);
             let mut out = c.writer.lock().expect("writer");
             let sent = (|| {
                 for req in &merged {
@@ -491,8 +496,10 @@ impl Server {
                         out.write_all(&header)?;
                     }
                 }
-                out.flush()
+                Ok(())
             })();
+            let last = c.replying.fetch_sub(1, Ordering::AcqRel) == 1;
+            let sent = sent.and_then(|()| if last { out.flush() } else { Ok(()) });
             if sent.is_err() {
                 // The client is gone; the next read sees it too.
                 c.closing.store(true, Ordering::Release);
@@ -647,6 +654,8 @@ fn success_header(r: &Request, neg: Negotiated, read_len: usize) -> Vec<u8> {
 struct Conn {
     reader: Mutex<BufReader<Stream>>,
     writer: Mutex<BufWriter<Stream>>,
+    /// Workers with a reply ready or being written; the last one flushes.
+    replying: AtomicUsize,
     /// Set on DISC, EOF, a malformed request or a dead client.
     closing: AtomicBool,
     error: Mutex<Option<io::Error>>,

@@ -145,6 +145,17 @@ trait Rw: Sync {
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()>;
     fn write_at(&self, buf: &[u8], off: u64) -> Result<()>;
     fn flush(&self) -> Result<()>;
+    /// Random 4 KiB requests at queue depth `qd` from one thread until
+    /// `deadline`, for targets that can pipeline (NBD): completed requests.
+    fn queue(
+        &self,
+        _qd: usize,
+        _payload: Option<&[u8]>,
+        _deadline: Instant,
+        _next: &mut dyn FnMut() -> u64,
+    ) -> Option<Result<u64>> {
+        None
+    }
 }
 
 impl Rw for File {
@@ -168,6 +179,32 @@ impl Rw for Arc<dyn Member> {
     }
     fn flush(&self) -> Result<()> {
         Member::flush(&**self).map_err(Into::into)
+    }
+}
+
+impl Rw for Arc<raidkit_nbd::NbdClient> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        Member::read_at(&**self, buf, off).map_err(Into::into)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> Result<()> {
+        Member::write_at(&**self, buf, off).map_err(Into::into)
+    }
+    fn flush(&self) -> Result<()> {
+        Member::flush(&**self).map_err(Into::into)
+    }
+    /// As fio's nbd engine: one thread, `qd` requests in flight on one
+    /// connection.
+    fn queue(
+        &self,
+        qd: usize,
+        payload: Option<&[u8]>,
+        deadline: Instant,
+        next: &mut dyn FnMut() -> u64,
+    ) -> Option<Result<u64>> {
+        Some(
+            self.run_queue(qd, SMALL as u32, payload, deadline, next)
+                .map_err(|e| anyhow!("{}: {e}", self.name())),
+        )
     }
 }
 
@@ -483,7 +520,16 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
         nbd = true;
         let len = c.len();
         let size = a.size.unwrap_or(len).min(len);
-        (Target::device(Arc::new(c)), size, "NBD export")
+        (
+            Target {
+                main: Box::new(Arc::new(c)),
+                direct: false,
+                buffered: None,
+                dir: None,
+            },
+            size,
+            "NBD export",
+        )
     } else if target_text.starts_with("array[")
         || target_text.starts_with("fault:")
         || target_text.starts_with("sim:")
@@ -764,8 +810,25 @@ fn random_io(
     pattern: &Aligned,
 ) -> Result<f64> {
     let blocks = len / SMALL as u64;
-    let ops = AtomicU64::new(0);
     let deadline = Duration::from_secs_f64(secs.max(0.05));
+    let t0 = Instant::now();
+    // Targets that pipeline: one thread keeps qd requests in flight.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        z0 + (x % blocks) * SMALL as u64
+    };
+    let payload = write.then(|| pattern.as_slice());
+    if let Some(n) = t.queue(qd, payload, t0 + deadline, &mut next) {
+        let n = n?;
+        if write {
+            t.flush()?;
+        }
+        return Ok(n as f64 / t0.elapsed().as_secs_f64());
+    }
+    let ops = AtomicU64::new(0);
     let t0 = Instant::now();
     let errors: Vec<anyhow::Error> = std::thread::scope(|sc| {
         let handles: Vec<_> = (0..qd)
