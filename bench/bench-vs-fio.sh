@@ -5,11 +5,11 @@
 #     random read and write at queue depths 1 and 32 — fio (psync for the
 #     sequential and qd1 jobs, libaio at iodepth 32) against
 #     `raidkit bench FILE --whole`;
-#  2. an NBD export (raidkit serving one RAM-disk member): the same jobs with
-#     fio's nbd engine against `raidkit bench nbd://...`. The server runs on
-#     CPU 0 and the client on CPU 1, as if on two machines: otherwise the
-#     client's own CPU cost (libnbd and fio's engine take ~20% more per
-#     request than raidkit's client) is taken from the server's;
+#  2. NBD exports: the same jobs with fio's nbd engine against
+#     `raidkit bench nbd://...`, the server on CPU 0 and the client on
+#     CPU 1, as if on two machines: a disk-bound export (qemu-nbd, O_DIRECT,
+#     a file in DIR) and a RAM-disk one (raidkit serving one RAM-disk
+#     member), where the clients' own cost per request shows;
 #  3. bonnie++ on DIR against `raidkit bench DIR --tests char_write,rewrite,char_read`,
 #     both on a file of BONNIE_MIB (default: twice RAM, bonnie++'s own
 #     default, so that its figures are not the page cache's; raidkit drops
@@ -37,7 +37,7 @@ PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$W" "$DIR/target.img" "$DIR"/Bonnie.* "$DIR"/raidkit-bench-*
+  rm -rf "$W" "$DIR/target.img" "$DIR/nbd-disk.img" "$DIR"/Bonnie.* "$DIR"/raidkit-bench-*
 }
 trap cleanup EXIT
 RES="$W/results.txt"
@@ -45,11 +45,13 @@ RES="$W/results.txt"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-fio_val() { # json-file side(read|write) metric(iops|bw)
+fio_val() { # json-file side(read|write) metric(iops|bw) -> value and fio's CPU use in %
   python3 - "$@" <<'PY'
 import json, sys
-j = json.load(open(sys.argv[1]))["jobs"][0][sys.argv[2]]
-print(f'{j["iops"]:.1f}' if sys.argv[3] == "iops" else f'{j["bw_bytes"] / 1e6:.1f}')
+job = json.load(open(sys.argv[1]))["jobs"][0]
+j = job[sys.argv[2]]
+v = f'{j["iops"]:.1f}' if sys.argv[3] == "iops" else f'{j["bw_bytes"] / 1e6:.1f}'
+print(v, f'{job["usr_cpu"] + job["sys_cpu"]:.0f}')
 PY
 }
 
@@ -76,12 +78,12 @@ JOBS=(seq_write seq_read randread_qd1 randwrite_qd1 randread_qd32 randwrite_qd32
 measure() { # where target fio-target-args... ; appends "where job tool value" lines
   local where=$1 target=$2; shift 2
   local pin=()
-  [[ $where == nbd ]] && pin=(taskset -c 1)
+  [[ $where == nbd* ]] && pin=(taskset -c 1)
   local fargs=("$@")
   for r in $(seq "$ROUNDS"); do
     for job in "${JOBS[@]}"; do
       local fa=${FIO[$job]}
-      if [[ $where == nbd ]]; then
+      if [[ $where == nbd* ]]; then
         # The nbd engine has one connection; the queue depth is its iodepth.
         fa=${fa//--ioengine=psync/}; fa=${fa//--ioengine=libaio/}
         fa="$fa --iodepth=${QD[$job]:-1}"
@@ -91,7 +93,8 @@ measure() { # where target fio-target-args... ; appends "where job tool value" l
         if [[ $tool == fio ]]; then
           # shellcheck disable=SC2086
           "${pin[@]}" fio --name=x "${fargs[@]}" $fa --size=${SIZE_MB}M --output-format=json --output="$W/f.json" >/dev/null
-          v=$(fio_val "$W/f.json" "${SIDE[$job]}" "${MET[$job]}")
+          read -r v cpu < <(fio_val "$W/f.json" "${SIDE[$job]}" "${MET[$job]}")
+          echo "$where $job fio-cpu $cpu" >> "$RES"
         else
           "${pin[@]}" "$R" bench "$target" --destroy-data --whole --runs 1 --seconds "$SECS" \
             --size ${SIZE_MB}M --tests "${RKT[$job]}" --json > "$W/r.json" 2>/dev/null
@@ -111,15 +114,29 @@ measure file "$F" --filename="$F" --direct=1
 rm -f "$F"
 fi
 
-# 2. An NBD export: raidkit serving a linear array of one RAM-disk member.
+# 2. NBD exports, the client on CPU 1 and the server on CPU 0 (two machines).
+# nbd-disk: qemu-nbd serving a file in DIR with O_DIRECT (--cache=none), so
+#   the export is bound by the disk, as a remote box's would be;
+# nbd-ram: raidkit serving a linear array of one RAM-disk member, bound by
+#   the NBD path itself, where the clients' own cost per request shows.
 if [[ " $PARTS " == *" nbd "* ]]; then
+ND=$DIR/nbd-disk.img
+truncate -s ${SIZE_MB}M "$ND"
+P=$(free_port)
+taskset -c 0 qemu-nbd -f raw --cache=none --aio=native -b 127.0.0.1 -p $P -t -e 8 "$ND" & PIDS+=($!)
+U="nbd://127.0.0.1:$P/"
+for _ in $(seq 100); do nbdinfo --size "$U" >/dev/null 2>&1 && break; sleep 0.1; done
+fio --name=fill --ioengine=nbd --uri="$U" --rw=write --bs=1M --iodepth=8 --size=${SIZE_MB}M >/dev/null
+measure nbd-disk "$U" --ioengine=nbd --uri="$U"
+kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true; rm -f "$ND"
+
 "$R" create --level linear --size $((SIZE_MB + 4))M --name one "$W/one.img" >/dev/null
 P=$(free_port)
 taskset -c 0 "$R" serve --listen 127.0.0.1:$P --control "$W/ctl" "$W/one.img" >/dev/null 2>&1 & PIDS+=($!)
-for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$P/" >/dev/null 2>&1 && break; sleep 0.1; done
 U="nbd://127.0.0.1:$P/"
+for _ in $(seq 100); do nbdinfo --size "$U" >/dev/null 2>&1 && break; sleep 0.1; done
 fio --name=fill --ioengine=nbd --uri="$U" --rw=write --bs=1M --iodepth=8 --size=${SIZE_MB}M >/dev/null
-measure nbd "$U" --ioengine=nbd --uri="$U"
+measure nbd-ram "$U" --ioengine=nbd --uri="$U"
 fi
 
 # 3. bonnie++ against raidkit's bonnie tests on the same directory.
@@ -162,13 +179,14 @@ keys = []
 for (w, j, t) in d:
     if (w, j) not in keys:
         keys.append((w, j))
-print(f"{'target':7} {'job':15} {'reference':>26} {'raidkit bench':>26} {'ratio':>6}  verdict")
+print("(fio CPU: the fio process's user+system time as % of one CPU, median)")
+print(f"{'target':8} {'job':15} {'reference':>26} {'raidkit bench':>26} {'ratio':>6}  verdict")
 bad = 0
 for w, j in keys:
     ref = "bonnie++" if w == "bonnie" else "fio"
     a, b = d[(w, j, ref)], d[(w, j, "raidkit")]
     if not a or not b:
-        print(f"{w:7} {j:15} missing figures"); bad += 1; continue
+        print(f"{w:8} {j:15} missing figures"); bad += 1; continue
     ma, mb = statistics.median(a), statistics.median(b)
     ratio = mb / ma
     if w == "bonnie":
@@ -179,6 +197,9 @@ for w, j in keys:
         verdict = "within 10%" if ok else "OUTSIDE 10%"
     bad += not ok
     fmt = lambda m, xs: f"{m:10.1f} ({min(xs):.1f}-{max(xs):.1f})"
-    print(f"{w:7} {j:15} {ref:>8} {fmt(ma, a):>17} {fmt(mb, b):>26} {ratio:6.2f}  {verdict}")
+    cpu = d.get((w, j, "fio-cpu"))
+    if cpu:
+        verdict += f"; fio CPU {statistics.median(cpu):.0f}%"
+    print(f"{w:8} {j:15} {ref:>8} {fmt(ma, a):>17} {fmt(mb, b):>26} {ratio:6.2f}  {verdict}")
 print(f"\n{bad} comparison(s) outside the bounds")
 PY

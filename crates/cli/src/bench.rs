@@ -160,19 +160,35 @@ pub fn engine(a: BenchEngineArgs) -> Result<()> {
             a.seconds,
             a.runs
         );
+        // A full-stripe write puts members/data bytes on the members per
+        // byte of data: where member bandwidth (or the CPU copying into
+        // members) is the limit, RAID-5 can reach (N-1)/N of RAID-0 and
+        // RAID-6 (N-2)/N. "of ideal" is the ratio against that bound;
+        // "member MB/s" the bytes the members took (data and parity).
         println!(
-            "{:<8}{:>22}{:>14}{:>20}",
-            "level", "seq write MB/s", "vs raid0", "4K rand write IOPS"
+            "{:<8}{:>16}{:>10}{:>8}{:>10}{:>14}{:>20}",
+            "level",
+            "seq write MB/s",
+            "vs raid0",
+            "ideal",
+            "of ideal",
+            "member MB/s",
+            "4K rand write IOPS"
         );
         let base = median(&mut seq[0].clone());
         for (i, b) in benches.iter().enumerate() {
             let s = median(&mut seq[i]);
             let r = median(&mut rnd[i]);
+            let n = b.array.geometry().members() as f64;
+            let ideal = b.array.geometry().data_members() as f64 / n;
             println!(
-                "{:<8}{:>22.0}{:>14.2}{:>20.0}",
+                "{:<8}{:>16.0}{:>10.2}{:>8.2}{:>10.2}{:>14.0}{:>20.0}",
                 b.level.to_string(),
                 s,
                 s / base,
+                ideal,
+                s / base / ideal,
+                s / ideal,
                 r
             );
         }
