@@ -36,9 +36,45 @@ impl Array {
             parts.push((qr, dev, q));
         }
         let size = journal::record_size(parts.iter().map(|x| x.2.len()));
+        self.journal_put(j, v, stripe, dev, size, |uuid, seq| {
+            journal::encode(uuid, seq, stripe, &parts)
+        })
+        .map(Some)
+    }
+
+    /// Before the in-place writes of a full-stripe update of the window
+    /// `[dev, dev + len)`: log the intent only (see `journal.rs`). For an
+    /// array with every member in service only.
+    pub(crate) fn journal_intent(
+        &self,
+        v: &View,
+        stripe: u64,
+        dev: u64,
+        len: u64,
+    ) -> Result<Option<Slot<'_>>> {
+        let Some(j) = &self.journal else {
+            return Ok(None);
+        };
+        self.journal_put(j, v, stripe, dev, journal::HEADER as u64, |uuid, seq| {
+            journal::encode_intent(uuid, seq, stripe, dev, len)
+        })
+        .map(Some)
+    }
+
+    /// Append a record of `size` bytes to the log on `redundancy + 1`
+    /// members (spread by stripe) and make it durable there.
+    fn journal_put<'a>(
+        &'a self,
+        j: &'a journal::Journal,
+        v: &View,
+        stripe: u64,
+        dev: u64,
+        size: u64,
+        encode: impl FnOnce(uuid::Uuid, u64) -> Vec<u8>,
+    ) -> Result<Slot<'a>> {
         let slot = j.reserve(size, |seq| self.journal_checkpoint(seq))?;
         let uuid = self.meta.lock().expect("meta lock").sb.array_uuid;
-        let rec = journal::encode(uuid, slot.seq, stripe, &parts);
+        let rec = encode(uuid, slot.seq);
         // Copies on redundancy + 1 members, spread by stripe.
         let n = v.roles.len();
         let want = self.geom.redundancy() + 1;
@@ -64,7 +100,7 @@ impl Array {
                 detail: "no member could take the journal record".into(),
             });
         }
-        Ok(Some(slot))
+        Ok(slot)
     }
 
     /// The log is full and nothing is in flight: make every record up to
@@ -249,14 +285,54 @@ impl Array {
         self.begin_write()?;
         let count = records.len();
         let mut last = after;
-        for (seq, r) in records {
+        // Windows rewritten whole after a record: its blocks there are not
+        // replayed (the later data, in place, wins).
+        let intents: Vec<(u64, u64, u64, u64)> = records
+            .values()
+            .filter_map(|r| r.intent.map(|(dev, len)| (r.seq, r.stripe, dev, len)))
+            .collect();
+        for (&seq, r) in &records {
             let _g = self.lock(r.stripe);
+            let later: Vec<(u64, u64)> = intents
+                .iter()
+                .filter(|i| i.0 > seq && i.1 == r.stripe)
+                .map(|i| (i.2, i.2 + i.3))
+                .collect();
             for part in &r.parts {
-                if part.role < v.roles.len() {
-                    self.member_write(&v, part.role, &part.data, part.dev)?;
+                if part.role >= v.roles.len() {
+                    continue;
+                }
+                for (lo, hi) in outside(part.dev, part.dev + part.data.len() as u64, &later) {
+                    let at = (lo - part.dev) as usize..(hi - part.dev) as usize;
+                    self.member_write(&v, part.role, &part.data[at], lo)?;
                 }
             }
             last = seq;
+        }
+        // Then the windows rewritten whole get parity from their data, where
+        // every data member is here to give it (otherwise the window, all of
+        // it written since the last flush, keeps what it has).
+        let chunk = self.geom.chunk;
+        for &(_, stripe, dev, len) in &intents {
+            let sm = self.geom.stripe_map(stripe);
+            if sm
+                .data
+                .iter()
+                .any(|&r| v.roles[r].disk.is_none() || v.roles[r].sync.is_some())
+            {
+                continue;
+            }
+            let _g = self.lock(stripe);
+            let col = dev - stripe * chunk;
+            let rows = self.read_rows(&v, stripe, col, len, &vec![true; sm.data.len()])?;
+            let (p, q) = parity_of(&sm, &rows, len as usize);
+            if Self::writable(&v, sm.p) {
+                self.member_write(&v, sm.p, &p, dev)?;
+            }
+            if let Some(qr) = sm.q.filter(|&qr| Self::writable(&v, qr)) {
+                self.member_write(&v, qr, &q, dev)?;
+            }
+            rows.into_iter().for_each(crate::engine::scratch::give);
         }
         self.flush()?;
         j.advance_to(last);
@@ -270,5 +346,46 @@ impl Array {
             )]);
         }
         Ok(())
+    }
+}
+
+/// The parts of `[lo, hi)` outside every range of `cut`.
+fn outside(lo: u64, hi: u64, cut: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = vec![(lo, hi)];
+    for &(a, b) in cut {
+        out = out
+            .into_iter()
+            .flat_map(|(x, y)| {
+                let mut v = Vec::new();
+                if a >= y || b <= x {
+                    v.push((x, y));
+                } else {
+                    if x < a {
+                        v.push((x, a));
+                    }
+                    if b < y {
+                        v.push((b, y));
+                    }
+                }
+                v
+            })
+            .collect();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::outside;
+
+    #[test]
+    fn ranges_outside_later_windows() {
+        assert_eq!(outside(0, 100, &[]), vec![(0, 100)]);
+        assert_eq!(outside(0, 100, &[(0, 100)]), vec![]);
+        assert_eq!(
+            outside(0, 100, &[(20, 30), (50, 200)]),
+            vec![(0, 20), (30, 50)]
+        );
+        assert_eq!(outside(10, 20, &[(0, 5), (25, 30)]), vec![(10, 20)]);
     }
 }

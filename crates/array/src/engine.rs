@@ -735,7 +735,15 @@ impl Array {
     }
 
     /// Whether `role` has a member that takes writes.
-    fn writable(v: &View, role: usize) -> bool {
+    /// Every role served by its own member, in sync, nothing being
+    /// replaced: full-stripe updates may then log their intent only.
+    fn whole(v: &View) -> bool {
+        v.roles
+            .iter()
+            .all(|r| r.disk.is_some() && r.sync.is_none() && r.replacement.is_none())
+    }
+
+    pub(crate) fn writable(v: &View, role: usize) -> bool {
         v.roles[role].disk.is_some() || v.roles[role].replacement.is_some()
     }
 
@@ -1043,6 +1051,13 @@ impl Array {
                             pieces[i..j].iter().map(|p| (p, src(p))).collect();
                         self.write_stripe(&v, stripe, &group)?;
                     }
+                    Some(_) if self.full_stripe(&pieces[i..j]) && Self::whole(&v) => {
+                        // The whole stripe rewritten: one intent record, no
+                        // windows needed.
+                        let group: Small<(&Piece, &[u8])> =
+                            pieces[i..j].iter().map(|p| (p, src(p))).collect();
+                        self.write_stripe(&v, stripe, &group)?;
+                    }
                     Some(w) => {
                         // Journaled: one record per column window.
                         let c0 = pieces[i..j].iter().map(|p| p.col).min().expect("piece");
@@ -1090,6 +1105,14 @@ impl Array {
             self.write_copies(&v, p, src(p), mirrored)?;
         }
         Ok(())
+    }
+
+    /// Whether one stripe's pieces rewrite the same columns of every data chunk.
+    fn full_stripe(&self, pieces: &[Piece]) -> bool {
+        pieces.len() == self.geom.data_members()
+            && pieces
+                .iter()
+                .all(|p| p.col == pieces[0].col && p.len == pieces[0].len)
     }
 
     /// A large mirrored write: every chunk of it locked (in lock order),
@@ -1258,7 +1281,11 @@ impl Array {
             }
         }
 
-        if rcw_reads == 0 && len >= 2 * COLUMN && self.journal.is_none() {
+        // A full-stripe update with every member in service logs only its
+        // intent (journal.rs); otherwise the journal takes the blocks.
+        let intent = rcw_reads == 0 && self.journal.is_some() && Self::whole(v);
+        if rcw_reads == 0 && len >= 2 * COLUMN && (self.journal.is_none() || intent) {
+            let _slot = self.journal_intent(v, stripe, dev, len as u64)?;
             return self.write_full_stripe(v, pieces, &sm, dev, len);
         }
 
@@ -1296,9 +1323,13 @@ impl Array {
             None => parity::gen_p(&refs, &mut pbuf),
         }
         drop(refs);
-        let written = self
-            .journal_update(v, stripe, &sm, pieces, dev, &pbuf, qbuf.as_deref())
-            .and_then(|_slot| self.write_out(v, pieces, &sm, dev, &pbuf, qbuf.as_deref()));
+        let slot = if intent {
+            self.journal_intent(v, stripe, dev, len as u64)
+        } else {
+            self.journal_update(v, stripe, &sm, pieces, dev, &pbuf, qbuf.as_deref())
+        };
+        let written =
+            slot.and_then(|_slot| self.write_out(v, pieces, &sm, dev, &pbuf, qbuf.as_deref()));
         scratch::give(pbuf);
         if let Some(q) = qbuf {
             scratch::give(q);

@@ -9,6 +9,14 @@
 //! the same time (or later) is rebuilt correctly. A torn record fails its
 //! checksum and is ignored: its in-place writes had not started.
 //!
+//! A full-stripe update (every data chunk of a column window rewritten, all
+//! members in service) logs only its *intent*: which window. It reads
+//! nothing, so no data written before it is at stake, only the window it
+//! rewrites (md's partial parity log reasons the same way); at replay its
+//! parity is recomputed from the data in place, and earlier records'
+//! blocks inside the window are not replayed over it. Data goes to the
+//! members once, not three times.
+//!
 //! # Where it lives, and why
 //!
 //! In the members' own metadata areas (from the end of the bitmap, 64 KiB
@@ -28,9 +36,13 @@
 //!   0 magic "RKJOURNL"   8 seq u64   16 array uuid [16]   32 stripe u64
 //!  40 parts u32          44 payload bytes u32
 //!  48 payload crc32c u32 52 header crc32c u32 (of the 4 KiB header, this field zero)
+//!  56 flags u32 (1: intent)
 //!  64 parts x 16 bytes: role u32, length u32, member data offset u64
 //! 4096 payload: the parts' bytes in order, padded to 4 KiB
 //! ```
+//!
+//! An intent record has one part, role 0xffffffff (every member of the
+//! stripe), giving the window's member offset and length, and no payload.
 
 use crate::superblock::{get_u32, get_u64, put_u32, put_u64};
 use raidkit_member::{Member, MemberError};
@@ -42,6 +54,8 @@ pub const HEADER: usize = 4096;
 const PART: usize = 16;
 /// Most parts a record holds (a stripe's data pieces, P and Q).
 pub const MAX_PARTS: usize = (HEADER - 64) / PART;
+const FLAG_INTENT: u32 = 1;
+const ALL_ROLES: u32 = u32::MAX;
 
 /// One block to write in place.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,11 +72,32 @@ pub struct Record {
     pub seq: u64,
     pub stripe: u64,
     pub parts: Vec<Part>,
+    /// An intent record's window: member offset and length (no parts).
+    pub intent: Option<(u64, u64)>,
 }
 
 /// Bytes a record of parts of these lengths takes in the log.
 pub fn record_size(lens: impl Iterator<Item = usize>) -> u64 {
     (HEADER + lens.sum::<usize>().div_ceil(HEADER) * HEADER) as u64
+}
+
+/// Encode an intent record: the window `[dev, dev + len)` of `stripe` is
+/// about to be rewritten whole.
+pub fn encode_intent(uuid: Uuid, seq: u64, stripe: u64, dev: u64, len: u64) -> Vec<u8> {
+    let mut b = vec![0u8; HEADER];
+    b[0..8].copy_from_slice(&MAGIC);
+    put_u64(&mut b, 8, seq);
+    b[16..32].copy_from_slice(uuid.as_bytes());
+    put_u64(&mut b, 32, stripe);
+    put_u32(&mut b, 40, 1);
+    put_u32(&mut b, 48, crc32c::crc32c(&[]));
+    put_u32(&mut b, 56, FLAG_INTENT);
+    put_u32(&mut b, 64, ALL_ROLES);
+    put_u32(&mut b, 68, len as u32);
+    put_u64(&mut b, 72, dev);
+    let crc = header_crc(&b);
+    put_u32(&mut b, 52, crc);
+    b
 }
 
 /// Encode a record (header and padded payload).
@@ -121,6 +156,25 @@ pub fn decode(log: &[u8], at: usize, uuid: Uuid) -> Option<(Record, usize)> {
     if crc32c::crc32c(body) != get_u32(h, 48) {
         return None;
     }
+    match get_u32(h, 56) {
+        0 => {}
+        FLAG_INTENT => {
+            if nparts != 1 || payload != 0 || get_u32(h, 64) != ALL_ROLES {
+                return None;
+            }
+            let window = (get_u64(h, 72), get_u32(h, 68) as u64);
+            return Some((
+                Record {
+                    seq,
+                    stripe: get_u64(h, 32),
+                    parts: Vec::new(),
+                    intent: Some(window),
+                },
+                HEADER,
+            ));
+        }
+        _ => return None,
+    }
     let mut parts = Vec::with_capacity(nparts);
     let mut off = 0usize;
     for i in 0..nparts {
@@ -143,6 +197,7 @@ pub fn decode(log: &[u8], at: usize, uuid: Uuid) -> Option<(Record, usize)> {
             seq,
             stripe: get_u64(h, 32),
             parts,
+            intent: None,
         },
         size,
     ))
@@ -306,6 +361,26 @@ mod tests {
             bad[byte] ^= 0x40;
             assert!(decode(&bad, 0, u).is_none(), "byte {byte}");
         }
+    }
+
+    #[test]
+    fn intent_records_round_trip_and_damage_is_detected() {
+        let u = Uuid::from_u128(7);
+        let rec = encode_intent(u, 12, 40, 40 * 65536 + 8192, 16384);
+        assert_eq!(rec.len(), HEADER);
+        let (r, size) = decode(&rec, 0, u).unwrap();
+        assert_eq!(size, HEADER);
+        assert_eq!((r.seq, r.stripe), (12, 40));
+        assert!(r.parts.is_empty());
+        assert_eq!(r.intent, Some((40 * 65536 + 8192, 16384)));
+        for byte in [9usize, 57, 66, 73] {
+            let mut bad = rec.clone();
+            bad[byte] ^= 0x40;
+            assert!(decode(&bad, 0, u).is_none(), "byte {byte}");
+        }
+        // An ordinary record says it is not an intent.
+        let d = encode(u, 13, 40, &[(0, 0, &[1; 512])]);
+        assert_eq!(decode(&d, 0, u).unwrap().0.intent, None);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Crash consistency against a model, over members that lose power: random
 //! workloads of partial-stripe writes and flushes, power cut at a random
 //! point (each member drops, keeps or tears each unflushed write), restart,
+//! (the workloads include whole-stripe writes, which log their intent only),
 //! and check that
 //!   (a) every write flushed before the cut reads back,
 //!   (b) every sector not written since the last flush holds its old contents,
@@ -134,9 +135,23 @@ fn workload_with(tpl: &[Vec<u8>], rng: &mut CutRng, rebuild: bool) -> (Model, Ve
             m.dirty.iter_mut().for_each(|d| *d = false);
             continue;
         }
-        // Mostly partial-stripe writes, sector aligned, some across chunks.
-        let len = SECTOR * (1 + rng.below(3 * CHUNK / SECTOR as u64) as usize);
-        let off = SECTOR * rng.below(((cap - len) / SECTOR + 1) as u64) as usize;
+        // Mostly partial-stripe writes, sector aligned, some across chunks;
+        // one in four rewrites one or two whole stripes (logged as intent
+        // only when every member is in service).
+        let stripe = CHUNK as usize * a.geometry().data_members();
+        let (off, len) = if rng.below(4) == 0 {
+            let n = 1 + rng.below(2) as usize;
+            (
+                stripe * rng.below((cap / stripe - n + 1) as u64) as usize,
+                n * stripe,
+            )
+        } else {
+            let len = SECTOR * (1 + rng.below(3 * CHUNK / SECTOR as u64) as usize);
+            (
+                SECTOR * rng.below(((cap - len) / SECTOR + 1) as u64) as usize,
+                len,
+            )
+        };
         let byte = (rng.next_u64() & 0xff) as u8;
         let data: Vec<u8> = (0..len).map(|i| byte ^ (i / SECTOR) as u8).collect();
         a.write(&data, off as u64).unwrap();
