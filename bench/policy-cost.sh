@@ -17,7 +17,7 @@ trap 'rm -f "$OUT"' EXIT
 for round in $(seq "$ROUNDS"); do
   for policy in none bitmap journal; do
     "$R" bench engine --members "$N" --size 256M --seconds "$SECS" --runs 1 --policy "$policy" \
-      | awk -v p="$policy" '$1 ~ /^raid[56]$/ { print p, $1, $2, $4 }' >>"$OUT"
+      | awk -v p="$policy" '$1 ~ /^raid[56]$/ { print p, $1, $2, $NF }' >>"$OUT"
   done
   echo "round $round done" >&2
 done
