@@ -1,7 +1,10 @@
 //! bonnie++'s tests, as bonnie++ 2.00 does them:
 //! - char_write / char_read: one byte per write(2) / read(2) system call
 //!   over --char-size bytes (bonnie++'s -f, 20 MiB), through the file
-//!   system's cache: a measure of per-call cost more than of storage;
+//!   system's cache: a measure of per-call cost more than of storage. In a
+//!   directory they use a file of their own, written from empty as
+//!   bonnie++'s is (bytes written into an existing file whose pages have
+//!   left the cache cost a page read each, which bonnie++ never pays);
 //! - block_write / block_read: the working set in --chunk pieces (8 KiB);
 //! - rewrite: each chunk read, changed and written back in place;
 //! - random_seeks: 8192 chunk reads at random places by 5 processes (here
@@ -33,13 +36,22 @@ pub(super) fn run(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
             || random_seeks(ctx),
         )?]),
         "char_write" | "char_read" => {
+            let n = ctx.a.char_size.min(ctx.size);
+            let series = Series::new(test, "MB/s");
+            if let Some(dir) = &ctx.t.dir {
+                // In a directory, as bonnie++: a file of its own, written
+                // from empty (no page of an older file to read first).
+                let path = dir.join(format!("raidkit-bench-{}.chr", std::process::id()));
+                let r = char_file(ctx, test, series, &path, n);
+                let _ = std::fs::remove_file(&path);
+                return Ok(vec![r?]);
+            }
             let f = ctx
                 .t
                 .buffered
                 .as_ref()
                 .expect("char tests only run on file targets");
-            let n = ctx.a.char_size.min(ctx.size);
-            Ok(vec![ctx.series(Series::new(test, "MB/s"), test, || {
+            Ok(vec![ctx.series(series, test, || {
                 if test == "char_write" {
                     char_write(f, n, ctx.pattern.as_slice())
                 } else {
@@ -54,6 +66,38 @@ pub(super) fn run(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
             })?])
         }
     }
+}
+
+/// The per-character tests on a file of their own at `path`.
+fn char_file(ctx: &Ctx, test: &str, series: Series, path: &Path, n: u64) -> Result<Series> {
+    let open = |truncate: bool| {
+        File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(truncate)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))
+    };
+    if test == "char_write" {
+        return ctx.series(series, test, || {
+            let f = open(true)?;
+            char_write(&f, n, ctx.pattern.as_slice())
+        });
+    }
+    // char_read: the file written first (in blocks), then read back from
+    // the medium a byte at a time.
+    let f = open(true)?;
+    let mut off = 0u64;
+    while off < n {
+        let k = (n - off).min(ctx.pattern.as_slice().len() as u64) as usize;
+        std::os::unix::fs::FileExt::write_all_at(&f, &ctx.pattern.as_slice()[..k], off)?;
+        off += k as u64;
+    }
+    ctx.series(series, test, || {
+        super::drop_file_cache(&f)?;
+        char_read(&f, n)
+    })
 }
 
 fn char_write(mut f: &File, n: u64, pattern: &[u8]) -> Result<f64> {

@@ -244,19 +244,25 @@ impl Target {
     /// Before a read test: make sure the next reads come from the target,
     /// not from the page cache (written back, then dropped).
     fn drop_cache(&self) -> Result<()> {
-        if let Some(f) = &self.buffered {
-            f.sync_data()?;
-            // SAFETY: a plain advisory call on a file descriptor we own.
-            let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-            if r != 0 {
-                bail!(
-                    "posix_fadvise(DONTNEED): {}",
-                    std::io::Error::from_raw_os_error(r)
-                );
-            }
+        match &self.buffered {
+            Some(f) => drop_file_cache(f),
+            None => Ok(()),
         }
-        Ok(())
     }
+}
+
+/// Write a file's cached pages back and drop them from the page cache.
+fn drop_file_cache(f: &File) -> Result<()> {
+    f.sync_data()?;
+    // SAFETY: a plain advisory call on a file descriptor we own.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if r != 0 {
+        bail!(
+            "posix_fadvise(DONTNEED): {}",
+            std::io::Error::from_raw_os_error(r)
+        );
+    }
+    Ok(())
 }
 
 fn ram_bytes() -> u64 {
