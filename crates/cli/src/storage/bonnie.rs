@@ -16,7 +16,7 @@
 //! cache, every read test starts with the file's cached pages written back
 //! and dropped, and every write test's time includes its flush.
 
-use super::{Ctx, Series};
+use super::{xorshift, Ctx, Series};
 use anyhow::{bail, Context, Result};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -176,10 +176,7 @@ fn random_seeks(ctx: &Ctx) -> Result<f64> {
                     let mut x = 0x2545_F491_4F6C_DD1Du64 ^ ((p as u64 + 1) << 32);
                     let mine = SEEKS / SEEKERS + usize::from(p < SEEKS % SEEKERS);
                     for i in 0..mine {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        let off = (x % chunks) * chunk as u64;
+                        let off = (xorshift(&mut x) % chunks) * chunk as u64;
                         io.read_at(&mut buf, off)?;
                         if i % 10 == 0 {
                             buf[0] = buf[0].wrapping_add(1);
@@ -207,10 +204,7 @@ fn shuffled(n: usize, seed: u64) -> Vec<usize> {
     let mut v: Vec<usize> = (0..n).collect();
     let mut x = seed | 1;
     for i in (1..n).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.swap(i, (x % (i as u64 + 1)) as usize);
+        v.swap(i, (xorshift(&mut x) % (i as u64 + 1)) as usize);
     }
     v
 }
@@ -289,7 +283,8 @@ fn file_round(d: &Path, n: usize, run: usize) -> Result<[f64; 6]> {
     Ok(r)
 }
 
-const NAMES: [&str; 6] = [
+/// The rates of one file_create round, in order.
+pub(super) const NAMES: [&str; 6] = [
     "seq_create",
     "seq_stat",
     "seq_delete",

@@ -35,6 +35,7 @@ const SMALL: usize = 4096;
 pub const DEFAULT_TESTS: &str = "all";
 
 const DD: [&str; 4] = ["seq_write", "seq_read", "randwrite_4k", "randread_4k"];
+/// bonnie++'s tests; the first six are its I/O line, file_create its second.
 const BONNIE: [&str; 7] = [
     "char_write",
     "block_write",
@@ -361,13 +362,18 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// The next number of a xorshift64 sequence (state must not be zero).
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 fn fill_random(buf: &mut [u8], seed: u64) {
     let mut x = seed | 1;
     for c in buf.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let b = x.to_le_bytes();
+        let b = xorshift(&mut x).to_le_bytes();
         c.copy_from_slice(&b[..c.len()]);
     }
 }
@@ -820,12 +826,7 @@ fn random_io(
     let t0 = Instant::now();
     // Targets that pipeline: one thread keeps qd requests in flight.
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        z0 + (x % blocks) * SMALL as u64
-    };
+    let mut next = || z0 + (xorshift(&mut x) % blocks) * SMALL as u64;
     let payload = write.then(|| pattern.as_slice());
     if let Some(n) = t.queue(qd, payload, t0 + deadline, &mut next) {
         let n = n?;
@@ -845,10 +846,7 @@ fn random_io(
                     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ ((i as u64 + 1) * 0x1234_5678);
                     while t0.elapsed() < deadline {
                         for _ in 0..16 {
-                            x ^= x << 13;
-                            x ^= x >> 7;
-                            x ^= x << 17;
-                            let off = z0 + (x % blocks) * SMALL as u64;
+                            let off = z0 + (xorshift(&mut x) % blocks) * SMALL as u64;
                             if write {
                                 let at = ((x >> 20) as usize % (BLOCK / SMALL)) * SMALL;
                                 t.write_at(&pattern.as_slice()[at..at + SMALL], off)?;

@@ -172,14 +172,7 @@ fn bonnie_table(size: u64, files: usize, results: &[Value]) {
             .map(|r| format!("{:.1}", f(r, "value")))
             .unwrap_or_else(|| "-".into())
     };
-    let io = [
-        "char_write",
-        "block_write",
-        "rewrite",
-        "char_read",
-        "block_read",
-        "random_seeks",
-    ];
+    let io = &super::BONNIE[..6];
     if io.iter().any(|t| results.iter().any(|r| r["test"] == *t)) {
         println!();
         println!("         ------Sequential Output------ --Sequential Input- --Random-");
@@ -191,14 +184,7 @@ fn bonnie_table(size: u64, files: usize, results: &[Value]) {
         }
         println!("{line}");
     }
-    let fc = [
-        "seq_create",
-        "seq_stat",
-        "seq_delete",
-        "random_create",
-        "random_stat",
-        "random_delete",
-    ];
+    let fc = super::bonnie::NAMES;
     if fc.iter().any(|t| results.iter().any(|r| r["test"] == *t)) {
         println!();
         println!("         ------Sequential Create------ --------Random Create--------");
