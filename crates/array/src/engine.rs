@@ -21,7 +21,7 @@ use raidkit_layout::{Geometry, Level, Piece, StripeMap};
 use raidkit_member::{Member, MemberError, Op};
 use raidkit_parity as parity;
 use smallvec::{smallvec, SmallVec};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -51,6 +51,27 @@ fn io_pool() -> &'static rayon::ThreadPool {
             .build()
             .expect("member I/O threads")
     })
+}
+
+/// Counts its holder in a counter of work in progress.
+struct Busy<'a>(&'a AtomicUsize);
+
+impl<'a> Busy<'a> {
+    fn enter(c: &'a AtomicUsize) -> Busy<'a> {
+        c.fetch_add(1, Ordering::AcqRel);
+        Busy(c)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn cores() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Run `f` on every item at once on the I/O pool; the first error wins.
@@ -235,6 +256,9 @@ pub struct Array {
     pub(crate) recovery: Recovery,
     /// Foreground requests started (the rebuild throttle watches it).
     pub(crate) fg_ops: AtomicU64,
+    /// Writes in progress: when they already keep every core busy, a write
+    /// does its member I/O itself instead of handing it to I/O threads.
+    writing: AtomicUsize,
     /// Read errors cured by rewriting from redundancy.
     pub(crate) corrected: AtomicU64,
     epoch: Instant,
@@ -480,6 +504,7 @@ impl Array {
             bitmap,
             recovery: Recovery::default(),
             fg_ops: AtomicU64::new(0),
+            writing: AtomicUsize::new(0),
             corrected: AtomicU64::new(0),
             epoch: Instant::now(),
             timeout_ns: AtomicU64::new(opts.member_timeout.as_nanos() as u64),
@@ -1015,6 +1040,7 @@ impl Array {
         self.begin_write()?;
         self.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
+        let _writing = Busy::enter(&self.writing);
         let v = self.view.load();
         let pieces = self.geom.pieces(offset, buf.len() as u64);
         let _bits = match &self.bitmap {
@@ -1105,6 +1131,11 @@ impl Array {
             self.write_copies(&v, p, src(p), mirrored)?;
         }
         Ok(())
+    }
+
+    /// Whether the writes in progress are enough to keep every core busy.
+    fn cores_busy(&self) -> bool {
+        self.writing.load(Ordering::Acquire) >= cores()
     }
 
     /// Whether one stripe's pieces rewrite the same columns of every data chunk.
@@ -1356,6 +1387,38 @@ impl Array {
         }
         let mut pbuf = scratch::take(len);
         let mut qbuf = sm.q.map(|_| scratch::take(len));
+        if self.cores_busy() {
+            // Other writes keep the cores busy: no hand-offs. Column by
+            // column, the data goes to the members and then feeds P and Q
+            // while still in cache, so parity costs no second trip to memory.
+            let mut refs: Small<&[u8]> = smallvec![&[][..]; k];
+            let mut at = 0;
+            let mut done = Ok(());
+            while at < len && done.is_ok() {
+                let end = (at + COLUMN).min(len);
+                for (dd, d) in by_dd.iter().enumerate() {
+                    if done.is_ok() {
+                        done = self.member_write(v, sm.data[dd], &d[at..end], dev + at as u64);
+                    }
+                    refs[sm.syndrome[dd]] = &d[at..end];
+                }
+                match qbuf.as_mut() {
+                    Some(q) => parity::gen_pq(&refs, &mut pbuf[at..end], &mut q[at..end]),
+                    None => parity::gen_p(&refs, &mut pbuf[at..end]),
+                }
+                at = end;
+            }
+            let done = done.and_then(|()| self.member_write(v, sm.p, &pbuf, dev));
+            let done = match (sm.q, &qbuf) {
+                (Some(role), Some(q)) => done.and_then(|()| self.member_write(v, role, q, dev)),
+                _ => done,
+            };
+            scratch::give(pbuf);
+            if let Some(q) = qbuf {
+                scratch::give(q);
+            }
+            return done;
+        }
         // Data to the members on one core while another computes P and Q
         // and writes them: parity overlaps member I/O.
         let (data_done, parity_done) = rayon::join(

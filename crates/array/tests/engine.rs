@@ -346,6 +346,32 @@ fn full_stripe_writes_with_large_chunks() {
             a.write(&d, off).unwrap();
             model[off as usize..(off + len) as usize].copy_from_slice(&d);
         }
+        // Full stripes from several threads at once (the path a busy
+        // server takes does its member I/O in the writing thread).
+        let stripes = a.capacity() / stripe;
+        let threads = 4u64;
+        let data: Vec<Vec<u8>> = (0..stripes)
+            .map(|_| (0..stripe).map(|_| rng.gen()).collect())
+            .collect();
+        std::thread::scope(|sc| {
+            for t in 0..threads {
+                let (a, data) = (&a, &data);
+                sc.spawn(move || {
+                    for round in 0..3 {
+                        for s in (t..stripes).step_by(threads as usize) {
+                            let d = &data[((s + round) % stripes) as usize];
+                            a.write(d, s * stripe).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        for s in 0..stripes {
+            let at = (s * stripe) as usize;
+            model[at..at + stripe as usize].copy_from_slice(&data[((s + 2) % stripes) as usize]);
+        }
+        assert!(read_all(&a) == model, "{level}: concurrent full stripes");
+        assert_eq!(a.count_mismatches().unwrap(), 0, "{level}");
         random_writes(&a, &mut model, &mut rng, 20);
         assert!(read_all(&a) == model, "{level}");
         assert_eq!(a.count_mismatches().unwrap(), 0, "{level}");

@@ -75,6 +75,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         Config {
             workers_per_connection: a.workers.max(1),
             merge_writes: sb.level.is_parity(),
+            merge_align: if sb.level.is_parity() {
+                array.geometry().chunk * array.geometry().data_members() as u64
+            } else {
+                0
+            },
         },
     );
     let mut endpoints = Vec::new();

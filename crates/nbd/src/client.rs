@@ -838,6 +838,98 @@ mod tests {
         server.shutdown();
     }
 
+    /// A memory member that records the writes it is given.
+    #[derive(Debug)]
+    struct Recording {
+        mem: raidkit_member::MemMember,
+        writes: std::sync::Mutex<Vec<(u64, usize)>>,
+    }
+
+    impl Member for Recording {
+        fn name(&self) -> &str {
+            "recording"
+        }
+        fn len(&self) -> u64 {
+            self.mem.len()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), MemberError> {
+            self.mem.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), MemberError> {
+            self.writes.lock().unwrap().push((offset, buf.len()));
+            self.mem.write_at(buf, offset)
+        }
+        fn flush(&self) -> Result<(), MemberError> {
+            self.mem.flush()
+        }
+    }
+
+    #[test]
+    fn merged_write_runs_end_on_stripe_boundaries() {
+        const PIECE: u64 = 64 << 10;
+        const STRIPE: u64 = 3 * PIECE;
+        let dev = Arc::new(Recording {
+            mem: raidkit_member::MemMember::new("mem", 8 << 20),
+            writes: Default::default(),
+        });
+        let server = crate::Server::new(
+            crate::Export {
+                name: "t".into(),
+                description: String::new(),
+                device: dev.clone(),
+                read_only: false,
+            },
+            crate::Config {
+                merge_writes: true,
+                merge_align: STRIPE,
+                ..Default::default()
+            },
+        );
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let uri = format!("nbd://{}/t", l.local_addr().unwrap());
+        server.serve_tcp(l).unwrap();
+        let c = NbdClient::connect(&uri).unwrap();
+        // A sequential stream that starts off the stripe grid: 127 pieces
+        // from the second one on, each piece a different pattern.
+        let data: Vec<u8> = (0..127 * PIECE)
+            .map(|i| (i / PIECE * 7 + i % 251) as u8)
+            .collect();
+        // All 127 in flight at once (a deadline already past sends exactly
+        // one queue's worth).
+        let mut k = 0u64;
+        let n = c
+            .run_queue(
+                127,
+                PIECE as u32,
+                Some(&data),
+                std::time::Instant::now(),
+                || {
+                    k += 1;
+                    k * PIECE
+                },
+            )
+            .unwrap();
+        assert_eq!(n, 127);
+        drop(c);
+        server.shutdown();
+        let writes = dev.writes.lock().unwrap().clone();
+        let merged: Vec<_> = writes.iter().filter(|w| w.1 as u64 > PIECE).collect();
+        assert!(!merged.is_empty(), "no write was merged: {writes:?}");
+        for &(off, len) in &writes {
+            // A run stops where it reaches a stripe boundary: none lies
+            // strictly inside a merged write.
+            let next = (off / STRIPE + 1) * STRIPE;
+            assert!(
+                next >= off + len as u64,
+                "write {off}+{len} runs over the stripe boundary at {next}"
+            );
+        }
+        assert_eq!(
+            &dev.mem.snapshot()[PIECE as usize..128 * PIECE as usize],
+            &data[..]
+        );
+    }
+
     #[test]
     fn read_only_export_refuses_writes_and_server_loss_is_an_error() {
         let (server, _mem, uri) = serve(true);

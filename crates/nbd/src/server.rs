@@ -40,6 +40,11 @@ pub struct Config {
     /// Merge runs of contiguous writes into one device write (for parity
     /// arrays, where a larger write fills whole stripes and needs no reads).
     pub merge_writes: bool,
+    /// With `merge_writes`, the device's full-stripe size in bytes (0: none):
+    /// a run is ended where it reaches a multiple of it, so that the next run
+    /// starts on a stripe boundary and a sequential stream is cut into whole
+    /// stripes rather than into runs whose edges are partial stripes.
+    pub merge_align: u64,
 }
 
 impl Default for Config {
@@ -47,6 +52,7 @@ impl Default for Config {
         Config {
             workers_per_connection: 8,
             merge_writes: false,
+            merge_align: 0,
         }
     }
 }
@@ -442,7 +448,14 @@ impl Server {
                             0
                         };
                         if req.kind == CMD_WRITE && self.config.merge_writes {
-                            merge_writes(&mut r, &mut payload, &mut used, &mut merged, size)?;
+                            merge_writes(
+                                &mut r,
+                                &mut payload,
+                                &mut used,
+                                &mut merged,
+                                size,
+                                self.config.merge_align,
+                            )?;
                         }
                     }
                     Ok(())
@@ -661,24 +674,45 @@ struct Conn {
     error: Mutex<Option<io::Error>>,
 }
 
-/// Largest run of contiguous writes merged into one array write.
+/// Largest run of contiguous writes merged into one array write, when no
+/// stripe boundary is sought.
 const MERGE_MAX: usize = 8 << 20;
+/// Largest run while seeking a stripe boundary to end on.
+const MERGE_MAX_ALIGNED: usize = 16 << 20;
 
 /// Like the kernel's block layer, take the writes that follow `merged[0]`
 /// and continue it (same flags, next offset), as long as their headers have
-/// already arrived (never waiting for one): one larger array write turns sequential partial-stripe
-/// writes into full-stripe writes, which need no reads. Each request still
-/// gets its own reply.
+/// already arrived (never waiting for one): one larger array write turns
+/// sequential partial-stripe writes into full-stripe writes, which need no
+/// reads. With `align`, the run stops as soon as it ends on a multiple of
+/// `align` (md's stripe cache gets the same effect by holding partial
+/// stripes back until the rest arrives). Each request still gets its own
+/// reply.
 fn merge_writes(
     r: &mut BufReader<Stream>,
     payload: &mut Vec<u8>,
     len: &mut usize,
     merged: &mut Vec<Request>,
     size: u64,
+    align: u64,
 ) -> io::Result<()> {
     use std::io::BufRead;
     let first = merged[0];
+    let max = if align > 0 {
+        MERGE_MAX_ALIGNED
+    } else {
+        MERGE_MAX
+    };
     loop {
+        // Only a run inside the device is continued (the request is not
+        // validated yet: its end may even wrap around).
+        let end = match first.offset.checked_add(*len as u64) {
+            Some(end) if end <= size => end,
+            _ => return Ok(()),
+        };
+        if align > 0 && end.is_multiple_of(align) {
+            return Ok(());
+        }
         if r.buffer().len() < REQUEST_LEN {
             if !r.get_ref().has_bytes(REQUEST_LEN - r.buffer().len()) {
                 return Ok(());
@@ -693,12 +727,11 @@ fn merge_writes(
         let Ok(next) = parse_request(buffered[..REQUEST_LEN].try_into().expect("28 bytes")) else {
             return Ok(()); // left for the next read, which reports it
         };
-        let end = first.offset + *len as u64;
         if next.kind != CMD_WRITE
             || next.flags != first.flags
             || next.offset != end
-            || *len + next.len as usize > MERGE_MAX
-            || end + next.len as u64 > size
+            || *len + next.len as usize > max
+            || next.len as u64 > size - end
         {
             return Ok(());
         }
