@@ -90,6 +90,8 @@ fn fio_verifies_on_raid6_through_fail_spare_fail_add() {
             "--verify_backlog=256",
             "--do_verify=1",
             "--verify_fatal=1",
+            // No verify state file left in the working directory.
+            "--verify_state_save=0",
             "--group_reporting",
             "--output-format=json",
             &format!("--output={}", out.display()),

@@ -209,6 +209,8 @@ fn fio_verify(level: &str, n: usize) {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            // No verify state file left in the working directory.
+            "--verify_state_save=0",
             "--group_reporting",
             "--output-format=json",
             &format!("--output={}", out.display()),
