@@ -90,14 +90,16 @@ python3 - "$RES" <<'PY'
 import sys, statistics
 from collections import defaultdict
 d = defaultdict(list)
+by_round = defaultdict(dict)
 for line in open(sys.argv[1]):
-    _, _, job, srv, v = line.split()
+    _, r, job, srv, v = line.split()
     d[(job, srv)].append(float(v))
+    by_round[(job, r)][srv] = float(v)
 jobs = ["randread_4k_qd32", "randwrite_4k_qd32", "seqread_1m", "seqwrite_1m"]
 srvs = ["raidkit", "nbdkit-file", "qemu-nbd", "raidkit-raid5x4"]
 med = {k: statistics.median(v) for k, v in d.items()}
 print()
-print(f"{'job (IOPS or MB/s)':<20}" + "".join(f"{s:>22}" for s in srvs) + f"{'raidkit/best':>14}")
+print(f"{'job (IOPS or MB/s)':<20}" + "".join(f"{s:>22}" for s in srvs) + f"{'raidkit/best':>14}{'paired':>8}")
 for j in jobs:
     row = f"{j:<20}"
     for s in srvs:
@@ -108,7 +110,15 @@ for j in jobs:
             row += f"{'-':>22}"
     best = max(med[(j, "nbdkit-file")], med[(j, "qemu-nbd")])
     row += f"{med[(j, 'raidkit')] / best:>14.2f}"
+    # The median of each round's own ratio: the servers of one round ran
+    # seconds apart, so a slow drift of the machine cancels out.
+    paired = [x["raidkit"] / max(x["nbdkit-file"], x["qemu-nbd"])
+              for (jj, _), x in by_round.items() if jj == j]
+    row += f"{statistics.median(paired):>8.2f}"
     print(row)
 r5 = med[("seqwrite_1m", "raidkit-raid5x4")] / med[("seqwrite_1m", "raidkit")]
-print(f"\nRAID-5 of 4 members, 1 MiB sequential write / one member: {r5:.2f}")
+r5p = statistics.median(x["raidkit-raid5x4"] / x["raidkit"]
+                        for (jj, _), x in by_round.items() if jj == "seqwrite_1m")
+print(f"\nRAID-5 of 4 members, 1 MiB sequential write / one member: {r5:.2f} (paired by round: {r5p:.2f})")
+print("raidkit/best: ratio of the medians; paired: median of the rounds' own ratios")
 PY
