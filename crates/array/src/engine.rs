@@ -1369,9 +1369,9 @@ impl Array {
         written
     }
 
-    /// A full-stripe write, column by column: each column's data goes to
-    /// the members and then feeds P and Q while still in cache, so parity
-    /// costs no second trip to memory.
+    /// A full-stripe write: parity computed by columns that stay in cache,
+    /// either in this thread between the column's member writes (when the
+    /// cores are busy anyway) or beside the data writes on another core.
     fn write_full_stripe(
         &self,
         v: &View,
@@ -1387,11 +1387,10 @@ impl Array {
         }
         let mut pbuf = scratch::take(len);
         let mut qbuf = sm.q.map(|_| scratch::take(len));
-        if self.cores_busy() {
+        let done = if self.cores_busy() {
             // Other writes keep the cores busy: no hand-offs. Column by
             // column, the data goes to the members and then feeds P and Q
             // while still in cache, so parity costs no second trip to memory.
-            let mut refs: Small<&[u8]> = smallvec![&[][..]; k];
             let mut at = 0;
             let mut done = Ok(());
             while at < len && done.is_ok() {
@@ -1400,66 +1399,52 @@ impl Array {
                     if done.is_ok() {
                         done = self.member_write(v, sm.data[dd], &d[at..end], dev + at as u64);
                     }
-                    refs[sm.syndrome[dd]] = &d[at..end];
                 }
-                match qbuf.as_mut() {
-                    Some(q) => parity::gen_pq(&refs, &mut pbuf[at..end], &mut q[at..end]),
-                    None => parity::gen_p(&refs, &mut pbuf[at..end]),
-                }
+                column_parity(sm, &by_dd, at..end, &mut pbuf, qbuf.as_deref_mut());
                 at = end;
             }
             let done = done.and_then(|()| self.member_write(v, sm.p, &pbuf, dev));
-            let done = match (sm.q, &qbuf) {
+            match (sm.q, &qbuf) {
                 (Some(role), Some(q)) => done.and_then(|()| self.member_write(v, role, q, dev)),
                 _ => done,
-            };
-            scratch::give(pbuf);
-            if let Some(q) = qbuf {
-                scratch::give(q);
             }
-            return done;
-        }
-        // Data to the members on one core while another computes P and Q
-        // and writes them: parity overlaps member I/O.
-        let (data_done, parity_done) = rayon::join(
-            || -> Result<()> {
-                // Every data member at once (disks in parallel).
-                in_parallel(by_dd.iter().enumerate(), |(dd, d)| {
-                    self.member_write(v, sm.data[dd], d, dev)
-                })
-            },
-            || -> Result<()> {
-                let mut refs: Small<&[u8]> = smallvec![&[][..]; k];
-                let mut at = 0;
-                while at < len {
-                    let end = (at + COLUMN).min(len);
-                    for (dd, d) in by_dd.iter().enumerate() {
-                        refs[sm.syndrome[dd]] = &d[at..end];
+        } else {
+            // Data to the members on one core while another computes P and
+            // Q and writes them: parity overlaps member I/O.
+            let (data_done, parity_done) = rayon::join(
+                || -> Result<()> {
+                    // Every data member at once (disks in parallel).
+                    in_parallel(by_dd.iter().enumerate(), |(dd, d)| {
+                        self.member_write(v, sm.data[dd], d, dev)
+                    })
+                },
+                || -> Result<()> {
+                    let mut at = 0;
+                    while at < len {
+                        let end = (at + COLUMN).min(len);
+                        column_parity(sm, &by_dd, at..end, &mut pbuf, qbuf.as_deref_mut());
+                        at = end;
                     }
-                    match qbuf.as_mut() {
-                        Some(q) => parity::gen_pq(&refs, &mut pbuf[at..end], &mut q[at..end]),
-                        None => parity::gen_p(&refs, &mut pbuf[at..end]),
+                    match (sm.q, &qbuf) {
+                        // P and Q to their members at once.
+                        (Some(role), Some(q)) => {
+                            let (p_done, q_done) = io_pool().join(
+                                || self.member_write(v, sm.p, &pbuf, dev),
+                                || self.member_write(v, role, q, dev),
+                            );
+                            p_done.and(q_done)
+                        }
+                        _ => self.member_write(v, sm.p, &pbuf, dev),
                     }
-                    at = end;
-                }
-                match (sm.q, &qbuf) {
-                    // P and Q to their members at once.
-                    (Some(role), Some(q)) => {
-                        let (p_done, q_done) = io_pool().join(
-                            || self.member_write(v, sm.p, &pbuf, dev),
-                            || self.member_write(v, role, q, dev),
-                        );
-                        p_done.and(q_done)
-                    }
-                    _ => self.member_write(v, sm.p, &pbuf, dev),
-                }
-            },
-        );
+                },
+            );
+            data_done.and(parity_done)
+        };
         scratch::give(pbuf);
         if let Some(q) = qbuf {
             scratch::give(q);
         }
-        data_done.and(parity_done)
+        done
     }
 
     /// The writes that end a stripe update: new data, then P and Q.
@@ -1650,6 +1635,25 @@ impl Array {
 }
 
 /// The part of a piece within columns `[lo, hi)` of its chunk.
+/// P (and Q) of one column of a full stripe, from each data chunk's
+/// `cols` (by data index), into the same columns of `p` and `q`.
+fn column_parity(
+    sm: &StripeMap,
+    by_dd: &[&[u8]],
+    cols: std::ops::Range<usize>,
+    p: &mut [u8],
+    q: Option<&mut [u8]>,
+) {
+    let mut refs: Small<&[u8]> = smallvec![&[][..]; by_dd.len()];
+    for (dd, d) in by_dd.iter().enumerate() {
+        refs[sm.syndrome[dd]] = &d[cols.clone()];
+    }
+    match q {
+        Some(q) => parity::gen_pq(&refs, &mut p[cols.clone()], &mut q[cols]),
+        None => parity::gen_p(&refs, &mut p[cols]),
+    }
+}
+
 fn clip(p: &Piece, lo: u64, hi: u64) -> Option<Piece> {
     let a = p.col.max(lo);
     let b = (p.col + p.len).min(hi);
