@@ -266,17 +266,69 @@ fn drop_file_cache(f: &File) -> Result<()> {
     Ok(())
 }
 
+/// The memory this process may fill with page cache: the machine's RAM, or
+/// less when a memory cgroup limits it (a container, or a slice set up to
+/// benchmark a large disk with a smaller working set). The page cache is
+/// charged to the cgroup, so its limit is what "twice RAM" must exceed.
 fn ram_bytes() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
+    let total = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
+        .and_then(|s| meminfo_total(&s))
+        .unwrap_or(0);
+    let limit = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|s| cgroup_memory_limit(&s, Path::new("/sys/fs/cgroup")));
+    match limit {
+        Some(l) if total == 0 || l < total => l,
+        _ => total,
+    }
+}
+
+fn meminfo_total(meminfo: &str) -> Option<u64> {
+    meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<u64>().ok())
         .map(|kb| kb * 1024)
-        .unwrap_or(0)
+}
+
+/// The lowest memory limit on the way from this process's memory cgroup up
+/// to the root, for cgroup v1 (`N:memory:/path`, `memory.limit_in_bytes`
+/// under `ROOT/memory`) and v2 (`0::/path`, `memory.max` under ROOT, or
+/// under `ROOT/unified` on a hybrid system). None when no limit is set.
+fn cgroup_memory_limit(proc_cgroup: &str, root: &Path) -> Option<u64> {
+    let mut best: Option<u64> = None;
+    for line in proc_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let (bases, file) = if ctrls.split(',').any(|c| c == "memory") {
+            (vec![root.join("memory")], "memory.limit_in_bytes")
+        } else if id == "0" && ctrls.is_empty() {
+            (vec![root.to_path_buf(), root.join("unified")], "memory.max")
+        } else {
+            continue;
+        };
+        for base in bases {
+            let mut dir = base.join(path.trim_start_matches('/'));
+            loop {
+                // "max" (v2) and v1's page-rounded i64::MAX both parse to no limit.
+                let limit = std::fs::read_to_string(dir.join(file))
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .filter(|&v| v < 1 << 62);
+                if let Some(v) = limit {
+                    best = Some(best.map_or(v, |b| b.min(v)));
+                }
+                if dir == base || !dir.pop() {
+                    break;
+                }
+            }
+        }
+    }
+    best
 }
 
 /// Whether a path lives on a RAM file system (tmpfs, ramfs): direct I/O
@@ -899,5 +951,40 @@ mod tests {
         assert_eq!(parse_tests("bonnie,dd,bonnie").unwrap().len(), 11);
         assert!(parse_tests("warp_speed").is_err());
         assert!(parse_tests(",").is_err());
+    }
+
+    #[test]
+    fn memory_cgroup_limits_are_found_up_the_hierarchy() {
+        let root = tempfile::tempdir().unwrap();
+        let w = |rel: &str, file: &str, v: &str| {
+            let d = root.path().join(rel);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join(file), v).unwrap();
+        };
+        // v1: no limit on the process's own group, 2 GiB on its parent.
+        w("memory", "memory.limit_in_bytes", "9223372036854771712\n");
+        w("memory/box", "memory.limit_in_bytes", "2147483648\n");
+        w(
+            "memory/box/job",
+            "memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        let v1 = "9:pids:/\n4:memory:/box/job\n0::/\n";
+        assert_eq!(cgroup_memory_limit(v1, root.path()), Some(2 << 30));
+        // v2: "max" everywhere but the leaf.
+        w("", "memory.max", "max\n");
+        w("slice", "memory.max", "max\n");
+        w("slice/bench", "memory.max", "1073741824\n");
+        assert_eq!(
+            cgroup_memory_limit("0::/slice/bench\n", root.path()),
+            Some(1 << 30)
+        );
+        // No limit anywhere, or no memory controller: none.
+        assert_eq!(cgroup_memory_limit("0::/slice\n", root.path()), None);
+        assert_eq!(cgroup_memory_limit("3:cpuset:/\n", root.path()), None);
+        assert_eq!(
+            meminfo_total("MemTotal:       24576000 kB\nMemFree: 1 kB\n"),
+            Some(24576000 * 1024)
+        );
     }
 }
