@@ -18,7 +18,7 @@ use crate::recovery::Recovery;
 use crate::superblock::{ArrayState, RoleState, Superblock};
 use arc_swap::ArcSwap;
 use raidkit_layout::{Geometry, Level, Piece, StripeMap};
-use raidkit_member::{Member, MemberError, Op};
+use raidkit_member::{FileExtent, Member, MemberError, Op};
 use raidkit_parity as parity;
 use smallvec::{smallvec, SmallVec};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -669,13 +669,27 @@ impl Array {
         d: &Disk,
         f: impl FnOnce() -> std::result::Result<T, MemberError>,
     ) -> std::result::Result<T, MemberError> {
-        if d.inflight.fetch_add(1, Ordering::AcqRel) == 0 {
-            d.progress_at.store(self.now_ns(), Ordering::Release);
+        self.timed_all(&[d], f)
+    }
+
+    /// Run an operation on several members at once (a zero-copy read over
+    /// them), keeping the stall watch of each up to date.
+    fn timed_all<T, E>(
+        &self,
+        ds: &[&Disk],
+        f: impl FnOnce() -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        for d in ds {
+            if d.inflight.fetch_add(1, Ordering::AcqRel) == 0 {
+                d.progress_at.store(self.now_ns(), Ordering::Release);
+            }
         }
         let t = Instant::now();
         let r = f();
-        d.progress_at.store(self.now_ns(), Ordering::Release);
-        d.inflight.fetch_sub(1, Ordering::AcqRel);
+        for d in ds {
+            d.progress_at.store(self.now_ns(), Ordering::Release);
+            d.inflight.fetch_sub(1, Ordering::AcqRel);
+        }
         let limit = self.timeout_ns.load(Ordering::Relaxed);
         if r.is_ok() && t.elapsed().as_nanos() as u64 > limit {
             let why = format!(
@@ -683,7 +697,9 @@ impl Array {
                 t.elapsed().as_secs_f64(),
                 limit as f64 / 1e9
             );
-            self.fail_disk_by_ptr(d, &why);
+            for d in ds {
+                self.fail_disk_by_ptr(d, &why);
+            }
         }
         r
     }
@@ -825,6 +841,58 @@ impl Array {
             }
         }
         Ok(())
+    }
+
+    /// Zero-copy reads: when every piece of `[offset, offset + len)` can be
+    /// read from a plain-file member that holds it in sync (no member
+    /// missing or being rebuilt there, so no reconstruction), call `f` with
+    /// those files' ranges in order, under the stall watch of the members
+    /// involved. None: the range needs `read` (which also cures errors:
+    /// a caller whose `f` fails falls back to it).
+    pub fn with_file_extents(
+        &self,
+        offset: u64,
+        len: u64,
+        f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
+    ) -> Option<std::io::Result<()>> {
+        if len == 0 || self.check(offset, len).is_err() || !self.alive.load(Ordering::Acquire) {
+            return None;
+        }
+        let v = self.view.load();
+        let pieces = self.geom.pieces(offset, len);
+        let mut disks: Small<&Disk> = Small::new();
+        let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
+        for p in &pieces {
+            // The copy `read` would try first, or the next one in sync.
+            let start = if self.geom.level.is_parity() {
+                0
+            } else {
+                (p.logical / self.geom.chunk) as usize % p.copies.len()
+            };
+            let n = if self.geom.level.is_parity() {
+                1
+            } else {
+                p.copies.len()
+            };
+            let (d, dev) = (0..n)
+                .map(|i| p.copies[(start + i) % p.copies.len()])
+                .find_map(|(role, dev)| Self::readable(&v, role, dev, p.len).map(|d| (d, dev)))?;
+            let file = d.member.as_file()?;
+            let at = d.data_offset + dev;
+            match ext.last_mut() {
+                Some(e) if std::ptr::eq(e.file, file) && e.offset + e.len == at => e.len += p.len,
+                _ => ext.push(FileExtent {
+                    file,
+                    offset: at,
+                    len: p.len,
+                }),
+            }
+            if !disks.iter().any(|x| std::ptr::eq(*x, &**d)) {
+                disks.push(d);
+            }
+        }
+        self.fg_ops.fetch_add(1, Ordering::Relaxed);
+        Some(self.timed_all(&disks, || f(&ext)))
     }
 
     /// A large read: the pieces of each member read by its own thread, so
@@ -1702,5 +1770,14 @@ impl Member for Array {
 
     fn close(&self) -> Result<(), MemberError> {
         Array::close(self).map_err(|e| MemberError::new(&self.name, Op::Flush, 0, 0, e.into_io()))
+    }
+
+    fn with_file_extents(
+        &self,
+        offset: u64,
+        len: u64,
+        f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
+    ) -> Option<std::io::Result<()>> {
+        Array::with_file_extents(self, offset, len, f)
     }
 }

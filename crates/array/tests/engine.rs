@@ -118,6 +118,47 @@ fn read_all(a: &Array) -> Vec<u8> {
     buf
 }
 
+/// Read through the zero-copy path: the member file ranges the array
+/// offers, read straight from the files. None: the array declined.
+fn read_by_extents(a: &Array, off: u64, len: u64) -> Option<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut out = Vec::new();
+    let r = a.with_file_extents(off, len, &mut |ext| {
+        for e in ext {
+            let mut b = vec![0u8; e.len as usize];
+            e.file.read_exact_at(&mut b, e.offset)?;
+            out.extend_from_slice(&b);
+        }
+        Ok(())
+    })?;
+    r.unwrap();
+    Some(out)
+}
+
+/// Random ranges read through the zero-copy path must match the model;
+/// returns how many the array declined (it may, when a range needs
+/// redundancy work).
+fn declined_extent_reads(a: &Array, model: &[u8], rng: &mut impl Rng, what: &str) -> usize {
+    let cap = model.len() as u64;
+    let mut declined = 0;
+    for i in 0..40 {
+        let len = if i == 0 {
+            cap
+        } else {
+            rng.gen_range(1..=(5 * 3 * CHUNK).min(cap))
+        };
+        let off = rng.gen_range(0..=cap - len);
+        match read_by_extents(a, off, len) {
+            Some(b) => assert!(
+                b == model[off as usize..(off + len) as usize],
+                "{what}: extents of {len} at {off}"
+            ),
+            None => declined += 1,
+        }
+    }
+    declined
+}
+
 /// Every data byte sits where the layout (checked against md's pictures in
 /// the layout crate) says, on the raw member files.
 fn check_members(g: &raidkit_layout::Geometry, paths: &[PathBuf], model: &[u8]) {
@@ -160,6 +201,13 @@ fn every_level_against_a_model_with_every_member_missing() {
         model.copy_from_slice(&full);
         random_writes(&a, &mut model, &mut rng, 60);
         assert!(read_all(&a) == model, "{level} {layout}: read-back");
+        // All members present and in sync: every range is offered.
+        let what = format!("{level} {layout}");
+        assert_eq!(
+            declined_extent_reads(&a, &model, &mut rng, &what),
+            0,
+            "{what}"
+        );
         assert_eq!(a.count_mismatches().unwrap(), 0, "{level} {layout}");
         a.close().unwrap();
         let g = a.geometry().clone();
@@ -181,6 +229,19 @@ fn every_level_against_a_model_with_every_member_missing() {
                 Ok(d) => {
                     assert!(g.survives(&gone));
                     assert!(read_all(&d) == model, "{level} {layout} without {gone:?}");
+                    // Mirrors read the copy that is there; parity levels
+                    // decline ranges that need the missing member rebuilt.
+                    let what = format!("{level} {layout} without {gone:?}");
+                    let declined = declined_extent_reads(&d, &model, &mut rng, &what);
+                    let holds_data = g
+                        .pieces(0, g.capacity())
+                        .iter()
+                        .any(|p| p.copies.iter().any(|(r, _)| gone.contains(r)));
+                    if level.is_parity() && holds_data {
+                        assert!(declined > 0, "{what}");
+                    } else {
+                        assert_eq!(declined, 0, "{what}");
+                    }
                 }
                 Err(e) => {
                     assert!(!g.survives(&gone), "{level} {layout} without {gone:?}: {e}");

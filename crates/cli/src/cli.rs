@@ -371,6 +371,12 @@ pub struct ServeArgs {
     /// Requests served at once per connection.
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
+    /// Answer large reads with splice(2), file to socket, no copy in the
+    /// server: auto (for TCP clients on other machines; a client on this
+    /// one copies the data out of the page cache at a higher cost than the
+    /// server saves), always, or never.
+    #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
+    pub zero_copy: String,
     /// Rebuild speed while clients are busy, bytes/s (K/M/G; 0: no limit),
     /// as md's speed_limit_min. Changeable at run time (raidkit speed).
     #[arg(long, value_name = "RATE", default_value = "16M", value_parser = rate)]

@@ -7,7 +7,7 @@ use crate::units::human;
 use anyhow::{anyhow, bail, Context, Result};
 use raidkit_array::Array;
 use raidkit_control::{call, ControlServer, Handler};
-use raidkit_nbd::{Config, Export, Server, Stats};
+use raidkit_nbd::{Config, Export, Server, Stats, ZeroCopy};
 use serde_json::{json, Map, Value};
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
@@ -79,6 +79,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 array.geometry().chunk * array.geometry().data_members() as u64
             } else {
                 0
+            },
+            zero_copy: match a.zero_copy.as_str() {
+                "always" => ZeroCopy::Always,
+                "never" => ZeroCopy::Never,
+                _ => ZeroCopy::Auto,
             },
         },
     );
@@ -270,6 +275,7 @@ fn status_fields(
             "trims": c(&stats.trims),
             "write_zeroes": c(&stats.zeroes),
             "merged_writes": c(&stats.merged_writes),
+            "zero_copy_reads": c(&stats.zero_copy_reads),
             "errors": c(&stats.errors),
         },
         "connections": {

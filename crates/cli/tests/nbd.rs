@@ -98,7 +98,14 @@ fn qemu_io_patterns_at_unaligned_offsets() {
     let dir = tmp();
     let ms = members(dir.path(), 5);
     create("6", &ms, "24M");
-    let s = Served::start(dir.path(), &ms, &[]);
+    // Also with zero-copy reads (the reads of 64 KiB and more).
+    for extra in [&[][..], &["--zero-copy", "always"][..]] {
+        qemu_io_patterns(dir.path(), &ms, extra);
+    }
+}
+
+fn qemu_io_patterns(dir: &Path, ms: &[String], extra: &[&str]) {
+    let mut s = Served::start(dir, ms, extra);
     let cmds = [
         "write -P 0xab 1000 70000",
         "read -P 0xab 1000 70000",
@@ -125,6 +132,17 @@ fn qemu_io_patterns_at_unaligned_offsets() {
     assert!(!out.contains("Pattern verification failed"), "{out}");
     assert!(!out.contains("failed"), "{out}");
     assert_eq!(out.matches("read ").count(), 7, "{out}");
+    if !extra.is_empty() {
+        assert!(zero_copy_reads(&s) >= 3, "{extra:?}");
+    }
+    assert_eq!(s.stop().code(), Some(0));
+}
+
+fn zero_copy_reads(s: &Served) -> u64 {
+    let ctl = s.control.display().to_string();
+    let st: Value =
+        serde_json::from_slice(&ok(&["status", "--control", &ctl, "--json"]).stdout).unwrap();
+    st["io"]["zero_copy_reads"].as_u64().unwrap()
 }
 
 #[test]
@@ -145,7 +163,27 @@ fn nbdcopy_64mib_round_trip_on_raid5() {
     tool("nbdcopy", &[&s.uri, back.to_str().unwrap()]);
     let got = std::fs::read(&back).unwrap();
     assert!(got[..data.len()] == data[..], "nbdcopy data differs");
+    // The client is on this machine: no zero-copy reads by default.
+    assert_eq!(zero_copy_reads(&s), 0);
     assert_eq!(s.stop().code(), Some(0));
+    // Zero-copy reads (splice from the member files), healthy and then
+    // degraded, where requests that touch the missing member (here, with
+    // 64 KiB chunks, nearly all of nbdcopy's 256 KiB ones) are rebuilt.
+    for present in [&ms[..], &ms[1..]] {
+        let mut s = Served::start(dir.path(), present, &["--zero-copy", "always"]);
+        std::fs::remove_file(&back).unwrap();
+        tool("nbdcopy", &[&s.uri, back.to_str().unwrap()]);
+        let got = std::fs::read(&back).unwrap();
+        let n = present.len();
+        assert!(
+            got[..data.len()] == data[..],
+            "zero-copy data differs ({n} members)"
+        );
+        if n == ms.len() {
+            assert!(zero_copy_reads(&s) > 0);
+        }
+        assert_eq!(s.stop().code(), Some(0));
+    }
     // Offline read agrees and parity is consistent with the data.
     let off = ok(&args(&["read", "--offset", "0", "--length", "64M"], &ms));
     assert!(off.stdout == data);

@@ -117,6 +117,41 @@ pub trait Member: Send + Sync + fmt::Debug {
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         write_zeroes(self, offset, len)
     }
+    /// The plain file (or block device) that holds this member's bytes at
+    /// the same offsets, if that is all it is: no wrapper that changes,
+    /// delays or checks what is read.
+    fn as_file(&self) -> Option<&File> {
+        None
+    }
+    /// Zero-copy reads (splice): when `[offset, offset + len)` can be read
+    /// straight from plain files with no redundancy work, call `f` with the
+    /// pieces in order, while they are sure to stay open, and return what
+    /// it returns. None: use `read_at`. The bytes in the pieces are exactly
+    /// what `read_at` would return; if `f` fails to move them, the caller
+    /// falls back to `read_at`, which deals with the error (a redundant
+    /// array cures it or fails the member).
+    fn with_file_extents(
+        &self,
+        offset: u64,
+        len: u64,
+        f: &mut dyn FnMut(&[FileExtent<'_>]) -> io::Result<()>,
+    ) -> Option<io::Result<()>> {
+        let file = self.as_file()?;
+        let end = offset.checked_add(len)?;
+        if end > self.len() {
+            return None;
+        }
+        Some(f(&[FileExtent { file, offset, len }]))
+    }
+}
+
+/// `len` bytes at `offset` in `file`: where a piece of a member's contents
+/// lies (see [`Member::with_file_extents`]).
+#[derive(Debug, Clone, Copy)]
+pub struct FileExtent<'a> {
+    pub file: &'a File,
+    pub offset: u64,
+    pub len: u64,
 }
 
 /// Write `len` zero bytes at `offset`, a MiB at a time.
@@ -254,6 +289,10 @@ impl Member for FileMember {
         self.file
             .sync_data()
             .map_err(|e| MemberError::new(&self.name, Op::Flush, 0, 0, e))
+    }
+
+    fn as_file(&self) -> Option<&File> {
+        Some(&self.file)
     }
 }
 

@@ -941,4 +941,176 @@ mod tests {
         // The server closed the connection: an error, not a hang.
         assert!(c.read_at(&mut b, 0).is_err());
     }
+
+    /// A member striped over files in PIECE-sized pieces (as RAID-0), that
+    /// offers its bytes as file extents for zero-copy reads and counts how
+    /// reads reach it. With `bad`, it offers a write-only handle instead,
+    /// which splice cannot read.
+    #[derive(Debug)]
+    struct Striped {
+        files: Vec<std::fs::File>,
+        bad: Option<std::fs::File>,
+        len: u64,
+        read_ats: std::sync::atomic::AtomicU64,
+        offers: std::sync::atomic::AtomicU64,
+    }
+
+    const PIECE: u64 = 100 << 10;
+
+    impl Striped {
+        /// (file index, offset in it, length) of the pieces of a range.
+        fn map(&self, mut off: u64, len: u64) -> Vec<(usize, u64, u64)> {
+            let (n, end) = (self.files.len() as u64, off + len);
+            let mut v = Vec::new();
+            while off < end {
+                let i = off / PIECE;
+                let k = (PIECE - off % PIECE).min(end - off);
+                v.push(((i % n) as usize, (i / n) * PIECE + off % PIECE, k));
+                off += k;
+            }
+            v
+        }
+    }
+
+    impl Member for Striped {
+        fn name(&self) -> &str {
+            "striped"
+        }
+        fn len(&self) -> u64 {
+            self.len
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), MemberError> {
+            use std::os::unix::fs::FileExt;
+            self.read_ats.fetch_add(1, Ordering::Relaxed);
+            let mut at = 0;
+            for (f, o, k) in self.map(offset, buf.len() as u64) {
+                self.files[f]
+                    .read_exact_at(&mut buf[at..at + k as usize], o)
+                    .unwrap();
+                at += k as usize;
+            }
+            Ok(())
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> Result<(), MemberError> {
+            unreachable!("read-only test member")
+        }
+        fn flush(&self) -> Result<(), MemberError> {
+            Ok(())
+        }
+        fn with_file_extents(
+            &self,
+            offset: u64,
+            len: u64,
+            f: &mut dyn FnMut(&[raidkit_member::FileExtent<'_>]) -> io::Result<()>,
+        ) -> Option<io::Result<()>> {
+            self.offers.fetch_add(1, Ordering::Relaxed);
+            let ext: Vec<_> = self
+                .map(offset, len)
+                .into_iter()
+                .map(|(i, offset, len)| raidkit_member::FileExtent {
+                    file: self.bad.as_ref().unwrap_or(&self.files[i]),
+                    offset,
+                    len,
+                })
+                .collect();
+            Some(f(&ext))
+        }
+    }
+
+    #[test]
+    fn large_reads_spliced_from_files_match_the_data_and_fall_back_when_they_cannot_be() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let n = 3usize;
+        let per = 4u64 << 20;
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut files = Vec::new();
+        for i in 0..n {
+            let p = dir.path().join(format!("m{i}"));
+            let mut data = vec![0u8; per as usize];
+            for b in data.chunks_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+            }
+            std::fs::File::create(&p).unwrap().write_all(&data).unwrap();
+            files.push(std::fs::File::open(&p).unwrap());
+        }
+        let bad = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("m0"))
+            .unwrap();
+        use crate::ZeroCopy::{Always, Auto};
+        // Auto: the client is on this machine (loopback), so no splicing.
+        for (bad, zero_copy) in [(None, Always), (Some(bad), Always), (None, Auto)] {
+            let broken = bad.is_some();
+            let m = Arc::new(Striped {
+                files: files.iter().map(|f| f.try_clone().unwrap()).collect(),
+                bad,
+                len: n as u64 * per,
+                read_ats: Default::default(),
+                offers: Default::default(),
+            });
+            let server = crate::Server::new(
+                crate::Export {
+                    name: "t".into(),
+                    description: String::new(),
+                    device: m.clone(),
+                    read_only: true,
+                },
+                crate::Config {
+                    zero_copy,
+                    ..crate::Config::default()
+                },
+            );
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let uri = format!("nbd://{}/t", l.local_addr().unwrap());
+            server.serve_tcp(l).unwrap();
+            let c = NbdClient::connect(&uri).unwrap();
+            // Unaligned starts and lengths over several pieces, the largest
+            // a pipe takes (1 MiB), and one larger than any pipe (3 MiB).
+            let reads = [
+                (0u64, 64usize << 10),
+                (12_345, 300_001),
+                ((5 << 20) + 7, 1 << 20),
+                (PIECE * 4 - 1, 777_777),
+                (1 << 20, 3 << 20),
+            ];
+            for &(off, len) in &reads {
+                let mut got = vec![0u8; len];
+                c.read_at(&mut got, off).unwrap();
+                let mut want = vec![0u8; len];
+                m.read_at(&mut want, off).unwrap();
+                assert!(
+                    got == want,
+                    "read of {len} at {off} (broken extents: {broken})"
+                );
+            }
+            let offers = m.offers.load(Ordering::Relaxed);
+            // Our own reads of `want` count as read_ats too: one per read.
+            let served_by_read_at = m.read_ats.load(Ordering::Relaxed) - reads.len() as u64;
+            let spliced = server.stats().zero_copy_reads.load(Ordering::Relaxed);
+            // Every read was served once, one way or the other.
+            assert_eq!(spliced + served_by_read_at, reads.len() as u64);
+            if zero_copy == Auto {
+                assert_eq!((offers, spliced), (0, 0));
+                drop(c);
+                server.shutdown();
+                continue;
+            }
+            // The 3 MiB read is never offered: it cannot fit in a pipe.
+            assert_eq!(offers, reads.len() as u64 - 1);
+            if broken {
+                // Every splice failed: all were served through read_at.
+                assert_eq!(spliced, 0);
+            } else {
+                // At least the three up to 800 KiB fit in any pipe we ask for
+                // (the unaligned 1 MiB one needs more than 1 MiB).
+                assert!(spliced >= 3, "{spliced} zero-copy reads");
+            }
+            drop(c);
+            server.shutdown();
+        }
+    }
 }

@@ -10,7 +10,8 @@
 pub mod client;
 pub mod proto;
 pub mod server;
+mod splice;
 mod stream;
 
 pub use client::NbdClient;
-pub use server::{Config, Export, Server, Stats};
+pub use server::{Config, Export, Server, Stats, ZeroCopy};

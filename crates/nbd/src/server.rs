@@ -3,6 +3,7 @@
 //! of order), for any [`Member`] — in raidkit, an array.
 
 use crate::proto::*;
+use crate::splice::Splicer;
 use crate::stream::Stream;
 use raidkit_member::Member;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -45,6 +46,25 @@ pub struct Config {
     /// starts on a stripe boundary and a sequential stream is cut into whole
     /// stripes rather than into runs whose edges are partial stripes.
     pub merge_align: u64,
+    /// When large reads are answered with splice(2) (see `ZeroCopy`).
+    pub zero_copy: ZeroCopy,
+}
+
+/// Zero-copy read replies: the data goes from the member files to the
+/// socket without passing through this process (a fifth of the server's
+/// CPU time per MiB read, measured), but the client then copies it out of
+/// the file system's cache rather than out of freshly written socket
+/// buffers. On one machine (loopback, Unix sockets) the client pays more
+/// than the server saves, and a client that is already CPU-bound gets
+/// slower; over a network the NIC reads the cache and the server's CPU is
+/// what is saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ZeroCopy {
+    /// For TCP clients at a non-loopback address.
+    #[default]
+    Auto,
+    Always,
+    Never,
 }
 
 impl Default for Config {
@@ -53,6 +73,7 @@ impl Default for Config {
             workers_per_connection: 8,
             merge_writes: false,
             merge_align: 0,
+            zero_copy: ZeroCopy::Auto,
         }
     }
 }
@@ -69,6 +90,8 @@ pub struct Stats {
     pub zeroes: AtomicU64,
     /// Writes merged into the write before them (see `Config::merge_writes`).
     pub merged_writes: AtomicU64,
+    /// Reads answered with splice(2), file to socket, never copied here.
+    pub zero_copy_reads: AtomicU64,
     pub errors: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_active: AtomicU64,
@@ -405,13 +428,18 @@ impl Server {
             closing: AtomicBool::new(false),
             error: Mutex::new(None),
         });
+        let zero_copy = match self.config.zero_copy {
+            ZeroCopy::Always => true,
+            ZeroCopy::Never => false,
+            ZeroCopy::Auto => s.remote_tcp(),
+        };
         let workers: Vec<JoinHandle<()>> = (0..self.config.workers_per_connection.max(1))
             .map(|_| {
                 let me = self.clone();
                 let c = shared.clone();
                 std::thread::Builder::new()
                     .name("nbd-worker".into())
-                    .spawn(move || me.worker(&c, neg))
+                    .spawn(move || me.worker(&c, neg, zero_copy))
             })
             .collect::<io::Result<_>>()?;
         for w in workers {
@@ -426,10 +454,11 @@ impl Server {
         }
     }
 
-    fn worker(&self, c: &Conn, neg: Negotiated) {
+    fn worker(&self, c: &Conn, neg: Negotiated, zero_copy: bool) {
         let mut payload = Vec::new();
         let mut buf = Vec::new();
         let mut merged: Vec<Request> = Vec::new();
+        let mut splicer = Splicer::new(zero_copy);
         let size = self.export.device.len();
         let mut used = 0usize;
         loop {
@@ -481,7 +510,12 @@ impl Server {
             } else {
                 first
             };
-            let result = self.execute(&whole, &payload[..used], neg, &mut buf);
+            let result = self.execute(&whole, &payload[..used], neg, &mut buf, &mut splicer);
+            let data_len = if splicer.loaded > 0 {
+                splicer.loaded
+            } else {
+                buf.len()
+            };
             if merged.len() > 1 {
                 inc(&self.stats.merged_writes, merged.len() as u64 - 1);
                 if result.is_ok() {
@@ -495,8 +529,15 @@ impl Server {
             let mut out = c.writer.lock().expect("writer");
             let sent = (|| {
                 for req in &merged {
-                    let header = reply_header(req, neg, &result, buf.len());
+                    let header = reply_header(req, neg, &result, data_len);
                     if req.kind == CMD_READ && result.is_ok() {
+                        if splicer.loaded > 0 {
+                            // The data waits in the pipe: header, then the pipe.
+                            out.flush()?;
+                            send_more(out.get_mut(), &header)?;
+                            splicer.send(out.get_ref().as_fd())?;
+                            continue;
+                        }
                         if buf.len() >= LARGE_REPLY {
                             // Header and data in one system call, no copy.
                             out.flush()?;
@@ -511,6 +552,7 @@ impl Server {
                 }
                 Ok(())
             })();
+            splicer.discard();
             let last = c.replying.fetch_sub(1, Ordering::AcqRel) == 1;
             let sent = sent.and_then(|()| if last { out.flush() } else { Ok(()) });
             if sent.is_err() {
@@ -528,6 +570,7 @@ impl Server {
         payload: &[u8],
         neg: Negotiated,
         buf: &mut Vec<u8>,
+        splicer: &mut Splicer,
     ) -> Result<(), (u32, String)> {
         let dev = &self.export.device;
         let size = dev.len();
@@ -562,8 +605,13 @@ impl Server {
                     }
                     match r.kind {
                         CMD_READ => {
-                            buf.resize(r.len as usize, 0);
-                            dev.read_at(buf, r.offset).map_err(io_err)?;
+                            if splicer.load(dev.as_ref(), r.offset, r.len as usize) {
+                                buf.clear();
+                                inc(&st.zero_copy_reads, 1);
+                            } else {
+                                buf.resize(r.len as usize, 0);
+                                dev.read_at(buf, r.offset).map_err(io_err)?;
+                            }
                             inc(&st.reads, 1);
                             inc(&st.bytes_read, r.len as u64);
                         }
@@ -749,6 +797,31 @@ fn merge_writes(
 
 /// Read replies at least this big bypass the reply buffer.
 const LARGE_REPLY: usize = 64 << 10;
+
+/// Write a reply header that data from a splice will follow: on TCP with
+/// MSG_MORE, so that header and data leave in the same segments.
+fn send_more(s: &mut Stream, header: &[u8]) -> io::Result<()> {
+    if !s.is_tcp() {
+        return s.write_all(header);
+    }
+    use nix::sys::socket::{send, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let fd = s.as_fd().as_raw_fd();
+    let mut at = 0;
+    while at < header.len() {
+        match send(
+            fd,
+            &header[at..],
+            MsgFlags::from_bits_retain(nix::libc::MSG_MORE) | MsgFlags::MSG_NOSIGNAL,
+        ) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => at += n,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
 
 /// Write `a` then `b` with as few system calls as the socket allows.
 fn write_all_vectored(w: &mut impl Write, a: &[u8], b: &[u8]) -> io::Result<()> {

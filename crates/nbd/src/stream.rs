@@ -44,6 +44,34 @@ impl Stream {
         )
     }
 
+    pub(crate) fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        match self {
+            Stream::Tcp(s) => s.as_fd(),
+            Stream::Unix(s) => s.as_fd(),
+        }
+    }
+
+    /// A TCP connection from another machine (a peer that is not a loopback address).
+    pub(crate) fn remote_tcp(&self) -> bool {
+        match self {
+            Stream::Tcp(s) => s.peer_addr().is_ok_and(|a| {
+                let ip = match a.ip() {
+                    std::net::IpAddr::V6(v6) => v6
+                        .to_ipv4_mapped()
+                        .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+                    v4 => v4,
+                };
+                !ip.is_loopback()
+            }),
+            Stream::Unix(_) => false,
+        }
+    }
+
+    pub(crate) fn is_tcp(&self) -> bool {
+        matches!(self, Stream::Tcp(_))
+    }
+
     pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t),
