@@ -222,6 +222,8 @@ for w, j in keys:
     cpu = d.get((w, j, "fio-cpu"))
     if cpu:
         verdict += f"; fio CPU {statistics.median(cpu):.0f}%"
+        if statistics.median(cpu) >= 90:
+            verdict += " (fio is CPU-bound: its figure is its own limit)"
     print(f"{w:8} {j:15} {ref:>8} {fmt(ma, a):>17} {fmt(mb, b):>26} {ratio:6.2f}  {verdict}")
 print(f"\n{bad} comparison(s) outside the bounds")
 PY
