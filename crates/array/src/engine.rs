@@ -864,18 +864,8 @@ impl Array {
         let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
         for p in &pieces {
             // The copy `read` would try first, or the next one in sync.
-            let start = if self.geom.level.is_parity() {
-                0
-            } else {
-                (p.logical / self.geom.chunk) as usize % p.copies.len()
-            };
-            let n = if self.geom.level.is_parity() {
-                1
-            } else {
-                p.copies.len()
-            };
-            let (d, dev) = (0..n)
-                .map(|i| p.copies[(start + i) % p.copies.len()])
+            let (d, dev) = self
+                .copy_order(p)
                 .find_map(|(role, dev)| Self::readable(&v, role, dev, p.len).map(|d| (d, dev)))?;
             let file = d.member.as_file()?;
             let at = d.data_offset + dev;
@@ -921,19 +911,24 @@ impl Array {
         })
     }
 
-    /// The copy a read of a piece tries first: mirrors take turns by chunk
-    /// (md's read balancing, simplified), so sequential reads use every member.
+    /// The copies of a piece (role, device offset) in the order reads try
+    /// them: mirrors take turns by chunk (md's read balancing, simplified),
+    /// so sequential reads use every member. Other levels have one copy.
+    fn copy_order<'p>(&self, p: &'p Piece) -> impl Iterator<Item = (usize, u64)> + 'p {
+        let start = (p.logical / self.geom.chunk) as usize % p.copies.len();
+        p.copies[start..].iter().chain(&p.copies[..start]).copied()
+    }
+
+    /// The role a read of a piece tries first.
     fn first_copy(&self, p: &Piece) -> usize {
-        let i = (p.logical / self.geom.chunk) as usize % p.copies.len();
-        p.copies[i].0
+        self.copy_order(p).next().expect("a piece has a copy").0
     }
 
     fn read_copies(&self, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()> {
         let mut bad: Small<usize> = Small::new();
         let mut last_err = None;
         let mut done = false;
-        let start = (p.logical / self.geom.chunk) as usize % p.copies.len();
-        for &(role, dev) in p.copies[start..].iter().chain(&p.copies[..start]) {
+        for (role, dev) in self.copy_order(p) {
             match self.member_read(v, role, dst, dev) {
                 Some(Ok(())) => {
                     done = true;
