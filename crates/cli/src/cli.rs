@@ -121,7 +121,9 @@ pub struct StorageBenchArgs {
     #[arg(long, value_name = "DIR")]
     pub plot: Option<PathBuf>,
     /// Write this sample of real data instead of random data (refused if it
-    /// looks compressible, unless --allow-compressible).
+    /// looks compressible, unless --allow-compressible). As with random
+    /// data, the first 16 bytes of every 512 written are a stamp that keeps
+    /// writes from being deduplicated.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
     /// Accept compressible --data.

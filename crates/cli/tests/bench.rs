@@ -301,3 +301,62 @@ fn an_nbd_export_is_measured_within_its_working_set_only() {
     assert!(std::fs::read(&head).unwrap().iter().any(|&b| b != 0));
     ok(&args(&["check"], &ms));
 }
+
+/// How many 4 KiB blocks of `data` are not all zero, and how many of those
+/// are alike (the same as an earlier one).
+fn nonzero_and_duplicate_blocks(data: &[u8]) -> (usize, usize) {
+    let mut seen = std::collections::HashSet::new();
+    let mut nonzero = 0;
+    let mut dups = 0;
+    for b in data.chunks(4096).filter(|b| b.iter().any(|&x| x != 0)) {
+        nonzero += 1;
+        if !seen.insert(b) {
+            dups += 1;
+        }
+    }
+    (nonzero, dups)
+}
+
+/// A deduplicating target must not be flattered: no two blocks any write
+/// test leaves behind are alike, whether written sequentially, at random by
+/// threads (a file) or pipelined on one connection (an NBD export).
+#[test]
+fn written_data_cannot_be_deduplicated() {
+    let dir = tmp();
+    let file = dir.path().join("t.img");
+    std::fs::write(&file, vec![0u8; 12 << 20]).unwrap();
+    let f = file.to_str().unwrap();
+    bench_json(&[f, "--destroy-data", "--tests", "seq_write"]);
+    let (nonzero, dups) = nonzero_and_duplicate_blocks(&std::fs::read(&file).unwrap());
+    assert_eq!((nonzero, dups), (3072, 0));
+
+    for (test, extra) in [("randwrite_4k", None), ("block_write", Some("--whole"))] {
+        std::fs::write(&file, vec![0u8; 12 << 20]).unwrap();
+        let mut a = vec![f, "--destroy-data", "--tests", test];
+        a.extend(extra);
+        bench_json(&a);
+        let (nonzero, dups) = nonzero_and_duplicate_blocks(&std::fs::read(&file).unwrap());
+        assert!(nonzero > 100, "{test}: only {nonzero} blocks written");
+        assert_eq!(dups, 0, "{test}: {dups} of {nonzero} blocks alike");
+    }
+
+    let ms = members(dir.path(), 2);
+    create("0", &ms, "8M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    bench_json(&[&s.uri, "--destroy-data", "--tests", "randwrite_4k"]);
+    assert_eq!(s.stop().code(), Some(0));
+    let size = {
+        let o = ok(&args(&["detail", "--json"], &ms));
+        let d: Value = serde_json::from_slice(&o.stdout).unwrap();
+        d["size"].as_u64().unwrap().to_string()
+    };
+    let out = dir.path().join("all.bin");
+    let o = out.to_str().unwrap();
+    ok(&args(
+        &["read", "--offset", "0", "--length", &size, "--out", o],
+        &ms,
+    ));
+    let (nonzero, dups) = nonzero_and_duplicate_blocks(&std::fs::read(&out).unwrap());
+    assert!(nonzero > 100, "NBD: only {nonzero} blocks written");
+    assert_eq!(dups, 0, "NBD: {dups} of {nonzero} blocks alike");
+}

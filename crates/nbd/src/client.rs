@@ -421,6 +421,9 @@ fn handshake(s: &mut Stream, export: &str) -> io::Result<ExportInfo> {
     })
 }
 
+/// Fills in a write's data (the buffer) for its offset.
+pub type FillWrite<'a> = dyn FnMut(u64, &mut [u8]) + 'a;
+
 impl NbdClient {
     /// Connect to `uri` (see [`Address::parse`]) and negotiate the export.
     pub fn connect(uri: &str) -> io::Result<NbdClient> {
@@ -530,16 +533,15 @@ impl NbdClient {
 
     /// Keep `qd` requests of `len` bytes in flight from this one thread
     /// until `deadline`, as fio's nbd engine does: reads (data dropped) or,
-    /// with `payload`, writes of successive `len`-byte pieces of it (so
-    /// that storage which deduplicates is not flattered). `next` gives each
-    /// request's offset. Returns
-    /// the requests completed. Needs the connection to itself: no other
-    /// request may be in flight.
+    /// with `write`, writes whose data it fills in for each request's
+    /// offset. `next` gives each request's offset. Returns the requests
+    /// completed. Needs the connection to itself: no other request may be
+    /// in flight.
     pub fn run_queue(
         &self,
         qd: usize,
         len: u32,
-        payload: Option<&[u8]>,
+        mut write: Option<&mut FillWrite>,
         deadline: std::time::Instant,
         mut next: impl FnMut() -> u64,
     ) -> io::Result<u64> {
@@ -560,20 +562,10 @@ impl NbdClient {
         let r = (|| {
             let mut w = sh.writer.lock().unwrap_or_else(|e| e.into_inner());
             let mut rx = sh.rx.lock().unwrap_or_else(|e| e.into_inner());
-            let cmd = if payload.is_some() {
-                CMD_WRITE
-            } else {
-                CMD_READ
-            };
-            let pieces = payload.map_or(0, |p| p.len() / len as usize);
-            if payload.is_some() && pieces == 0 {
-                return Ok(Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "payload shorter than a request",
-                )));
-            }
-            let mut sent = 0usize;
+            let cmd = if write.is_some() { CMD_WRITE } else { CMD_READ };
+            // A read's data; the next write's.
             let mut scratch = vec![0u8; len as usize];
+            let mut data = vec![0u8; if write.is_some() { len as usize } else { 0 }];
             let mut failed: Option<io::Error> = None;
             // Send the next request; false (and `failed` set) if its
             // offset is out of range, which is refused without sending.
@@ -589,12 +581,10 @@ impl NbdClient {
                 h[8..16].copy_from_slice(&sh.next.fetch_add(1, Ordering::Relaxed).to_be_bytes());
                 h[16..24].copy_from_slice(&off.to_be_bytes());
                 h[24..28].copy_from_slice(&len.to_be_bytes());
-                let data = match payload {
-                    Some(p) => &p[(sent % pieces) * len as usize..][..len as usize],
-                    None => &[],
-                };
-                sent += 1;
-                write_all_vectored(w, &mut [IoSlice::new(&h), IoSlice::new(data)])?;
+                if let Some(fill) = &mut write {
+                    fill(off, &mut data);
+                }
+                write_all_vectored(w, &mut [IoSlice::new(&h), IoSlice::new(&data)])?;
                 Ok(true)
             };
             let mut in_flight = 0usize;
@@ -813,16 +803,22 @@ mod tests {
     fn a_queue_of_pipelined_requests_runs_from_one_thread() {
         let (server, mem, uri) = serve(false);
         let c = NbdClient::connect(&uri).unwrap();
-        let data = vec![0xA5u8; 4096];
+        let mut offsets = Vec::new();
+        let mut fill = |off: u64, b: &mut [u8]| {
+            offsets.push(off);
+            b.fill(0xA5)
+        };
         let mut k = 0u64;
         let n = c
-            .run_queue(8, 4096, Some(&data), std::time::Instant::now(), || {
+            .run_queue(8, 4096, Some(&mut fill), std::time::Instant::now(), || {
                 k += 1;
                 (k - 1) * 4096
             })
             .unwrap();
         // A deadline already past: exactly the first 8 requests are sent.
         assert_eq!(n, 8);
+        // Each write's data was asked for with its own offset.
+        assert_eq!(offsets, (0..8).map(|i| i * 4096).collect::<Vec<u64>>());
         assert!(mem.snapshot()[..8 * 4096].iter().all(|&b| b == 0xA5));
         assert_eq!(mem.snapshot()[8 * 4096], 0);
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(50);
@@ -901,7 +897,10 @@ mod tests {
             .run_queue(
                 127,
                 PIECE as u32,
-                Some(&data),
+                Some(&mut |off: u64, b: &mut [u8]| {
+                    let at = (off - PIECE) as usize;
+                    b.copy_from_slice(&data[at..at + PIECE as usize])
+                }),
                 std::time::Instant::now(),
                 || {
                     k += 1;

@@ -16,7 +16,7 @@
 //! cache, every read test starts with the file's cached pages written back
 //! and dropped, and every write test's time includes its flush.
 
-use super::{xorshift, Ctx, Series};
+use super::{xorshift, Ctx, Series, Writer};
 use anyhow::{bail, Context, Result};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -53,7 +53,7 @@ pub(super) fn run(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
                 .expect("char tests only run on file targets");
             Ok(vec![ctx.series(series, test, || {
                 if test == "char_write" {
-                    char_write(f, n, ctx.pattern.as_slice())
+                    char_write(f, n, &mut Writer::new(ctx.pattern))
                 } else {
                     ctx.t.drop_cache()?;
                     char_read(f, n)
@@ -82,16 +82,17 @@ fn char_file(ctx: &Ctx, test: &str, series: Series, path: &Path, n: u64) -> Resu
     if test == "char_write" {
         return ctx.series(series, test, || {
             let f = open(true)?;
-            char_write(&f, n, ctx.pattern.as_slice())
+            char_write(&f, n, &mut Writer::new(ctx.pattern))
         });
     }
     // char_read: the file written first (in blocks), then read back from
     // the medium a byte at a time.
     let f = open(true)?;
+    let mut w = Writer::new(ctx.pattern);
     let mut off = 0u64;
     while off < n {
-        let k = (n - off).min(ctx.pattern.as_slice().len() as u64) as usize;
-        std::os::unix::fs::FileExt::write_all_at(&f, &ctx.pattern.as_slice()[..k], off)?;
+        let k = (n - off).min(super::BLOCK as u64) as usize;
+        std::os::unix::fs::FileExt::write_all_at(&f, w.data(0, k, off), off)?;
         off += k as u64;
     }
     ctx.series(series, test, || {
@@ -100,14 +101,20 @@ fn char_file(ctx: &Ctx, test: &str, series: Series, path: &Path, n: u64) -> Resu
     })
 }
 
-fn char_write(mut f: &File, n: u64, pattern: &[u8]) -> Result<f64> {
+fn char_write(mut f: &File, n: u64, w: &mut Writer) -> Result<f64> {
     f.seek(SeekFrom::Start(0))?;
     let t0 = Instant::now();
-    for i in 0..n as usize {
-        // One system call per byte, as bonnie++'s per-character test.
-        if f.write(&pattern[i % pattern.len()..][..1])? != 1 {
-            bail!("short write in char_write");
+    let mut off = 0u64;
+    while off < n {
+        // The bytes of the next megabyte, stamped as any write's; then one
+        // system call per byte, as bonnie++'s per-character test.
+        let k = (n - off).min(super::BLOCK as u64) as usize;
+        for c in w.data(0, k, off).chunks(1) {
+            if f.write(c)? != 1 {
+                bail!("short write in char_write");
+            }
         }
+        off += k as u64;
     }
     f.sync_data()?;
     Ok(n as f64 / t0.elapsed().as_secs_f64() / 1e6)
@@ -134,7 +141,7 @@ fn block(ctx: &Ctx, test: &str) -> Result<f64> {
     let io = ctx.t.bonnie_io();
     let chunk = ctx.a.chunk as usize;
     let n = ctx.size / chunk as u64 * chunk as u64;
-    let pattern = ctx.pattern.as_slice();
+    let mut w = Writer::new(ctx.pattern);
     let mut buf = vec![0u8; chunk];
     if test != "block_write" {
         ctx.t.drop_cache()?;
@@ -144,8 +151,8 @@ fn block(ctx: &Ctx, test: &str) -> Result<f64> {
     while off < n {
         match test {
             "block_write" => {
-                let at = (off % pattern.len() as u64) as usize;
-                io.write_at(&pattern[at..at + chunk], off)?;
+                let at = (off % super::BLOCK as u64) as usize;
+                io.write_at(w.data(at, chunk, off), off)?;
             }
             "rewrite" => {
                 io.read_at(&mut buf, off)?;

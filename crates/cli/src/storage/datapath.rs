@@ -9,7 +9,7 @@
 //!   report 17% for two writers on md RAID-5: 24 MB/s each against 29);
 //! - mixed_rw: one copy in and one copy out at the same time.
 
-use super::{Aligned, Ctx, Series, BLOCK};
+use super::{Aligned, Ctx, Series, Writer, BLOCK};
 use anyhow::Result;
 use std::time::Instant;
 
@@ -21,13 +21,13 @@ const BUF: usize = 256 << 10;
 fn copy(ctx: &Ctx, write: bool, off: u64, len: u64, start: Instant) -> Result<f64> {
     let t = &ctx.t.main;
     let mut buf = Aligned::new(BUF);
+    let mut w = write.then(|| Writer::new(ctx.pattern));
     let mut o = off;
     while o < off + len {
         let n = BUF.min((off + len - o) as usize);
-        if write {
+        if let Some(w) = &mut w {
             let at = ((o - off) % BLOCK as u64) as usize;
-            let at = if at + n > BLOCK { 0 } else { at };
-            t.write_at(&ctx.pattern.as_slice()[at..at + n], o)?;
+            t.write_at(w.data(at, n, o), o)?;
         } else {
             t.read_at(&mut buf.as_mut_slice()[..n], o)?;
         }

@@ -20,6 +20,7 @@ use crate::units::human;
 use anyhow::{anyhow, bail, Context, Result};
 use raidkit_array::spec::{self, Spec};
 use raidkit_member::Member;
+use raidkit_nbd::client::FillWrite;
 use std::fs::{File, OpenOptions};
 use std::io::IsTerminal;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
@@ -151,7 +152,7 @@ trait Rw: Sync {
     fn queue(
         &self,
         _qd: usize,
-        _payload: Option<&[u8]>,
+        _write: Option<&mut FillWrite>,
         _deadline: Instant,
         _next: &mut dyn FnMut() -> u64,
     ) -> Option<Result<u64>> {
@@ -198,12 +199,12 @@ impl Rw for Arc<raidkit_nbd::NbdClient> {
     fn queue(
         &self,
         qd: usize,
-        payload: Option<&[u8]>,
+        write: Option<&mut FillWrite>,
         deadline: Instant,
         next: &mut dyn FnMut() -> u64,
     ) -> Option<Result<u64>> {
         Some(
-            self.run_queue(qd, SMALL as u32, payload, deadline, next)
+            self.run_queue(qd, SMALL as u32, write, deadline, next)
                 .map_err(|e| anyhow!("{}: {e}", self.name())),
         )
     }
@@ -430,6 +431,57 @@ fn fill_random(buf: &mut [u8], seed: u64) {
     }
 }
 
+/// Bytes in a sector, the unit each write's stamp covers.
+const SECTOR: usize = 512;
+
+/// Numbers the writers apart (the top bits of every stamp).
+static WRITERS: AtomicU64 = AtomicU64::new(1);
+
+/// The data one writer writes: a copy of the base pattern (pseudo-random,
+/// or the --data sample) in which, before every write, each 512-byte sector
+/// gets a stamp in its first 16 bytes: its offset on the target and a
+/// number no other write carries. This is what fio's `scramble_buffers`
+/// (on by default) does: the data stays incompressible, and no two sectors
+/// ever written are alike, so storage that deduplicates (ZFS with dedup,
+/// VDO, some SSD controllers) cannot store the writes as references to one
+/// block and look faster than it is. Without the stamps every 1 MiB
+/// sequential write would be the same megabyte, and 4 KiB random writes
+/// would cycle through 256 blocks.
+struct Writer {
+    buf: Aligned,
+    serial: u64,
+}
+
+impl Writer {
+    fn new(pattern: &Aligned) -> Writer {
+        let mut buf = Aligned::new(pattern.len);
+        buf.as_mut_slice().copy_from_slice(pattern.as_slice());
+        Writer {
+            buf,
+            serial: WRITERS.fetch_add(1, Ordering::Relaxed) << 40,
+        }
+    }
+
+    /// `len` bytes of the pattern from `at` (wrapping to the start when
+    /// they would run past its end), stamped for a write at `off`.
+    fn data(&mut self, at: usize, len: usize, off: u64) -> &[u8] {
+        let at = if at + len > self.buf.len { 0 } else { at };
+        self.serial += 1;
+        let b = &mut self.buf.as_mut_slice()[at..at + len];
+        stamp(b, off, self.serial);
+        b
+    }
+}
+
+/// Stamp each whole sector of `b` (to be written at `off`) with its own
+/// offset and `serial`.
+fn stamp(b: &mut [u8], off: u64, serial: u64) {
+    for (i, s) in b.chunks_exact_mut(SECTOR).enumerate() {
+        s[..8].copy_from_slice(&(off + (i * SECTOR) as u64).to_le_bytes());
+        s[8..16].copy_from_slice(&serial.to_le_bytes());
+    }
+}
+
 /// Progress shown on a terminal: one step per run of a test.
 pub(crate) struct Progress {
     bar: Option<indicatif::ProgressBar>,
@@ -500,14 +552,12 @@ impl Ctx<'_> {
     /// Write the pattern sequentially over `[off, off + len)` in `block`
     /// pieces; flushed.
     fn fill(&self, off: u64, len: u64, block: usize) -> Result<()> {
+        let mut w = Writer::new(self.pattern);
         let mut o = off;
         while o < off + len {
             let n = block.min((off + len - o) as usize);
             let at = (o % BLOCK as u64) as usize;
-            let at = if at + n > BLOCK { 0 } else { at };
-            self.t
-                .main
-                .write_at(&self.pattern.as_slice()[at..at + n], o)?;
+            self.t.main.write_at(w.data(at, n, o), o)?;
             o += n as u64;
         }
         self.t.main.flush()
@@ -829,10 +879,11 @@ fn dd_test(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
             };
             out.push(ctx.series(s, &label, || match test {
                 "seq_write" => {
+                    let mut w = Writer::new(ctx.pattern);
                     let t0 = Instant::now();
                     let mut off = z0;
                     while off < z0 + zone_len {
-                        t.main.write_at(ctx.pattern.as_slice(), off)?;
+                        t.main.write_at(w.data(0, BLOCK, off), off)?;
                         off += BLOCK as u64;
                     }
                     t.main.flush()?;
@@ -879,7 +930,13 @@ fn random_io(
     // Targets that pipeline: one thread keeps qd requests in flight.
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = || z0 + (xorshift(&mut x) % blocks) * SMALL as u64;
-    let payload = write.then(|| pattern.as_slice());
+    let mut w = Writer::new(pattern);
+    let mut k = 0usize;
+    let mut fill = |off: u64, b: &mut [u8]| {
+        k = (k + 1) % (BLOCK / SMALL);
+        b.copy_from_slice(w.data(k * SMALL, b.len(), off));
+    };
+    let payload: Option<&mut FillWrite> = if write { Some(&mut fill) } else { None };
     if let Some(n) = t.queue(qd, payload, t0 + deadline, &mut next) {
         let n = n?;
         if write {
@@ -895,13 +952,14 @@ fn random_io(
                 let ops = &ops;
                 sc.spawn(move || -> Result<()> {
                     let mut buf = Aligned::new(SMALL);
+                    let mut w = write.then(|| Writer::new(pattern));
                     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ ((i as u64 + 1) * 0x1234_5678);
                     while t0.elapsed() < deadline {
                         for _ in 0..16 {
                             let off = z0 + (xorshift(&mut x) % blocks) * SMALL as u64;
-                            if write {
+                            if let Some(w) = &mut w {
                                 let at = ((x >> 20) as usize % (BLOCK / SMALL)) * SMALL;
-                                t.write_at(&pattern.as_slice()[at..at + SMALL], off)?;
+                                t.write_at(w.data(at, SMALL, off), off)?;
                             } else {
                                 t.read_at(buf.as_mut_slice(), off)?;
                             }
