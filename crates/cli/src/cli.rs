@@ -53,7 +53,7 @@ pub enum Command {
     /// Benchmarks: `raidkit bench TARGET` measures any storage (a file, a
     /// block device, a directory, or array[...]); subcommands measure
     /// raidkit's own parts.
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -94,6 +94,9 @@ pub struct StorageBenchArgs {
     /// Seconds per random-I/O measurement.
     #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
+    /// Queue depths of randread_4k and randwrite_4k (comma-separated, 1 to 256).
+    #[arg(long, default_value = "1,32")]
+    pub qd: String,
     /// Measure seq_* and rand* over the whole working set (zone "all")
     /// instead of per outer/middle/inner third.
     #[arg(long)]

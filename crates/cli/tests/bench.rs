@@ -50,6 +50,23 @@ fn results_have_the_documented_shape_and_ram_targets_are_flagged() {
         !std::path::Path::new(&target).exists(),
         "the scratch file was left behind"
     );
+    // Other queue depths on request: one result per zone and depth.
+    let (v, _) = bench_json(&[
+        &target,
+        "--size",
+        "12M",
+        "--tests",
+        "randread_4k",
+        "--qd",
+        "4,16,128",
+    ]);
+    let qds: Vec<u64> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["qd"].as_u64().unwrap())
+        .collect();
+    assert_eq!(qds, [4, 16, 128, 4, 16, 128, 4, 16, 128], "{v}");
 }
 
 #[test]
@@ -143,6 +160,14 @@ fn bad_targets_and_options_get_clear_errors() {
     fails(
         &["bench", e, "--tests", "seq_read", "--chunk", "100"],
         "--chunk",
+    );
+    fails(
+        &["bench", e, "--tests", "randread_4k", "--qd", "0"],
+        "--qd 0: give queue depths from 1 to 256",
+    );
+    fails(
+        &["bench", e, "--tests", "randread_4k", "--qd", "1,x"],
+        "--qd 1,x: give queue depths",
     );
     fails(&["bench"], "give a TARGET");
     fails(

@@ -529,6 +529,8 @@ pub(crate) struct Ctx<'a> {
     size: u64,
     a: &'a StorageBenchArgs,
     pattern: &'a Aligned,
+    /// Queue depths of the random tests.
+    qds: Vec<usize>,
     progress: Progress,
     notes: Vec<String>,
 }
@@ -581,6 +583,7 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
     if a.files == 0 {
         bail!("--files must be at least 1");
     }
+    let qds = parse_qds(&a.qd)?;
     // The data written: incompressible by default.
     let mut pattern = Aligned::new(BLOCK);
     let data_source = match &a.data {
@@ -768,6 +771,7 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
             size,
             a: &a,
             pattern: &pattern,
+            qds: qds.clone(),
             progress: Progress::new(0),
             notes: Vec::new(),
         };
@@ -781,7 +785,7 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
             .iter()
             .map(|t| match *t {
                 "seq_write" | "seq_read" => zones(&a).len(),
-                "randwrite_4k" | "randread_4k" => zones(&a).len() * 2,
+                "randwrite_4k" | "randread_4k" => zones(&a).len() * qds.len(),
                 "file_create" => 6,
                 "streams_write" | "streams_read" => 2,
                 _ => 1,
@@ -846,6 +850,18 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
     )
 }
 
+/// `--qd`: comma-separated queue depths, 1 to 256 each.
+fn parse_qds(text: &str) -> Result<Vec<usize>> {
+    text.split(',')
+        .map(|q| match q.trim().parse::<usize>() {
+            Ok(n) if (1..=256).contains(&n) => Ok(n),
+            _ => Err(anyhow!(
+                "--qd {text}: give queue depths from 1 to 256, separated by commas (such as 1,32)"
+            )),
+        })
+        .collect()
+}
+
 fn zones(a: &StorageBenchArgs) -> &'static [&'static str] {
     if a.whole {
         &["all"]
@@ -864,11 +880,11 @@ fn dd_test(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
     let mut buf = Aligned::new(BLOCK);
     for (zi, &zone) in zs.iter().enumerate() {
         let z0 = zi as u64 * zone_len;
-        let qds: &[usize] = match test {
-            "seq_write" | "seq_read" => &[0],
-            _ => &[1, 32],
+        let qds: Vec<usize> = match test {
+            "seq_write" | "seq_read" => vec![0],
+            _ => ctx.qds.clone(),
         };
-        for &qd in qds {
+        for qd in qds {
             let mut s = Series::new(test, if qd == 0 { "MB/s" } else { "IOPS" });
             s.zone = Some(zone);
             s.qd = (qd > 0).then_some(qd);
