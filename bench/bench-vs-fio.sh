@@ -27,7 +27,11 @@
 # left 5 s of random writes behind that the disk-bound export was still
 # absorbing during qd32 (raidkit 0.84-0.89 of fio there, against 0.94-0.96
 # with --qd 32 alone).
-# Sequential and random figures should agree within 10%; raidkit's
+# raidkit bench draws new random offsets on every run (a seed of its own,
+# recorded in its JSON); fio's randrepeat=0 does the same, so that neither
+# reads back exactly the blocks a cache still holds from the previous job.
+# Sequential and random figures should agree within 10%, as the median of
+# the per-round ratios (side by side, as this machine's disk drifts); raidkit's
 # per-character and rewrite figures should lie within bonnie++'s range.
 #
 # usage: [PARTS="file nbd bonnie"] [BONNIE_MIB=N] [MEM_MIB=N] bench/bench-vs-fio.sh [DIR] [SIZE_MIB] [ROUNDS] [SECONDS]
@@ -99,10 +103,10 @@ PY
 declare -A FIO RKT QD SIDE MET
 FIO[seq_write]="--rw=write --bs=1M --ioengine=psync --end_fsync=1";  RKT[seq_write]=seq_write;    QD[seq_write]=;   SIDE[seq_write]=write; MET[seq_write]=bw
 FIO[seq_read]="--rw=read --bs=1M --ioengine=psync";                 RKT[seq_read]=seq_read;      QD[seq_read]=;    SIDE[seq_read]=read;   MET[seq_read]=bw
-FIO[randread_qd1]="--norandommap --rw=randread --bs=4k --ioengine=psync --time_based --runtime=$SECS";  RKT[randread_qd1]=randread_4k;  QD[randread_qd1]=1;  SIDE[randread_qd1]=read;  MET[randread_qd1]=iops
-FIO[randwrite_qd1]="--norandommap --rw=randwrite --bs=4k --ioengine=psync --time_based --runtime=$SECS --end_fsync=1"; RKT[randwrite_qd1]=randwrite_4k; QD[randwrite_qd1]=1; SIDE[randwrite_qd1]=write; MET[randwrite_qd1]=iops
-FIO[randread_qd32]="--norandommap --rw=randread --bs=4k --ioengine=libaio --iodepth=32 --time_based --runtime=$SECS";  RKT[randread_qd32]=randread_4k;  QD[randread_qd32]=32;  SIDE[randread_qd32]=read;  MET[randread_qd32]=iops
-FIO[randwrite_qd32]="--norandommap --rw=randwrite --bs=4k --ioengine=libaio --iodepth=32 --time_based --runtime=$SECS --end_fsync=1"; RKT[randwrite_qd32]=randwrite_4k; QD[randwrite_qd32]=32; SIDE[randwrite_qd32]=write; MET[randwrite_qd32]=iops
+FIO[randread_qd1]="--norandommap --randrepeat=0 --rw=randread --bs=4k --ioengine=psync --time_based --runtime=$SECS";  RKT[randread_qd1]=randread_4k;  QD[randread_qd1]=1;  SIDE[randread_qd1]=read;  MET[randread_qd1]=iops
+FIO[randwrite_qd1]="--norandommap --randrepeat=0 --rw=randwrite --bs=4k --ioengine=psync --time_based --runtime=$SECS --end_fsync=1"; RKT[randwrite_qd1]=randwrite_4k; QD[randwrite_qd1]=1; SIDE[randwrite_qd1]=write; MET[randwrite_qd1]=iops
+FIO[randread_qd32]="--norandommap --randrepeat=0 --rw=randread --bs=4k --ioengine=libaio --iodepth=32 --time_based --runtime=$SECS";  RKT[randread_qd32]=randread_4k;  QD[randread_qd32]=32;  SIDE[randread_qd32]=read;  MET[randread_qd32]=iops
+FIO[randwrite_qd32]="--norandommap --randrepeat=0 --rw=randwrite --bs=4k --ioengine=libaio --iodepth=32 --time_based --runtime=$SECS --end_fsync=1"; RKT[randwrite_qd32]=randwrite_4k; QD[randwrite_qd32]=32; SIDE[randwrite_qd32]=write; MET[randwrite_qd32]=iops
 JOBS=(seq_write seq_read randread_qd1 randwrite_qd1 randread_qd32 randwrite_qd32)
 
 measure() { # where target fio-target-args... ; appends "where job tool value" lines
@@ -221,6 +225,9 @@ for (w, j, t) in d:
     if (w, j) not in keys:
         keys.append((w, j))
 print("(fio CPU: the fio process's user+system time as % of one CPU, median)")
+print("(ratio: the median over rounds of each round's raidkit/fio ratio, the two measured")
+print(" side by side, which a drift of the machine between rounds cannot skew; the")
+print(" disk-bound figures here have halved within one run)")
 print(f"{'target':8} {'job':15} {'reference':>26} {'raidkit bench':>26} {'ratio':>6}  verdict")
 bad = 0
 for w, j in keys:
@@ -229,7 +236,8 @@ for w, j in keys:
     if not a or not b:
         print(f"{w:8} {j:15} missing figures"); bad += 1; continue
     ma, mb = statistics.median(a), statistics.median(b)
-    ratio = mb / ma
+    pr = paired.get((w, j)) or [mb / ma]
+    ratio = statistics.median(pr)
     if w == "bonnie":
         ok = min(a) <= mb <= max(a)
         off = "" if ok else f" ({(mb / (min(a) if mb < min(a) else max(a)) - 1) * 100:+.0f}% from its edge)"
@@ -244,9 +252,7 @@ for w, j in keys:
         verdict += f"; fio CPU {statistics.median(cpu):.0f}%"
         if statistics.median(cpu) >= 90:
             verdict += " (fio is CPU-bound: its figure is its own limit)"
-    pr = paired.get((w, j))
-    if pr:
-        verdict += f"; paired {statistics.median(pr):.2f}"
+    verdict += f"; ratio of medians {mb / ma:.2f}"
     print(f"{w:8} {j:15} {ref:>8} {fmt(ma, a):>17} {fmt(mb, b):>26} {ratio:6.2f}  {verdict}")
 print(f"\n{bad} comparison(s) outside the bounds")
 PY

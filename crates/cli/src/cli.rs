@@ -97,6 +97,11 @@ pub struct StorageBenchArgs {
     /// Queue depths of randread_4k and randwrite_4k (comma-separated, 1 to 256).
     #[arg(long, default_value = "1,32")]
     pub qd: String,
+    /// Seed of the random offsets and orders (default: a new one every
+    /// time, so that no run reads back exactly the blocks an earlier one
+    /// left in a cache; it is recorded with the results to repeat a run).
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Measure seq_* and rand* over the whole working set (zone "all")
     /// instead of per outer/middle/inner third.
     #[arg(long)]

@@ -385,3 +385,71 @@ fn written_data_cannot_be_deduplicated() {
     assert!(nonzero > 100, "NBD: only {nonzero} blocks written");
     assert_eq!(dups, 0, "NBD: {dups} of {nonzero} blocks alike");
 }
+
+/// Which 4 KiB blocks of the file at `p` are not all zero.
+fn written_blocks(p: &std::path::Path) -> std::collections::BTreeSet<usize> {
+    std::fs::read(p)
+        .unwrap()
+        .chunks(4096)
+        .enumerate()
+        .filter(|(_, b)| b.iter().any(|&x| x != 0))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Random offsets come from a seed recorded with the results: the same
+/// seed draws the same offsets, and by default every invocation draws new
+/// ones (so no run reads back exactly what a cache still holds).
+#[test]
+fn random_offsets_come_from_a_recorded_seed() {
+    let dir = tmp();
+    let run = |name: &str, seed: Option<&str>| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, vec![0u8; 64 << 20]).unwrap();
+        let fs = f.to_str().unwrap().to_string();
+        let mut a = vec![
+            "bench",
+            &fs,
+            "--destroy-data",
+            "--tests",
+            "randwrite_4k",
+            "--qd",
+            "1",
+            "--whole",
+            "--runs",
+            "1",
+            "--seconds",
+            "0.05",
+            "--json",
+        ];
+        if let Some(s) = seed {
+            a.extend(["--seed", s]);
+        }
+        let v: Value = serde_json::from_slice(&ok(&a).stdout).unwrap();
+        assert_eq!(v["config"]["qd"], serde_json::json!([1]));
+        (v["config"]["seed"].as_u64().unwrap(), written_blocks(&f))
+    };
+    let (s1, a) = run("a.img", Some("42"));
+    let (s2, b) = run("b.img", Some("42"));
+    assert_eq!((s1, s2), (42, 42));
+    // Runs of the same seed for different times: one set of blocks holds
+    // the other.
+    let (small, big) = if a.len() <= b.len() {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    assert!(small.len() > 100, "only {} blocks written", small.len());
+    assert!(small.is_subset(big), "the same seed drew other offsets");
+    // Another seed, and no seed at all: other offsets.
+    for (name, seed) in [("c.img", Some("43")), ("d.img", None)] {
+        let (s, c) = run(name, seed);
+        assert_ne!(s, 42);
+        let shared = c.intersection(&a).count();
+        assert!(
+            shared < c.len().min(a.len()) * 3 / 4,
+            "seed {s}: {shared} of {} blocks the same as seed 42's",
+            c.len()
+        );
+    }
+}

@@ -174,13 +174,14 @@ fn random_seeks(ctx: &Ctx) -> Result<f64> {
     let chunk = ctx.a.chunk as usize;
     let chunks = ctx.size / chunk as u64;
     ctx.t.drop_cache()?;
+    let seeds: Vec<u64> = (0..SEEKERS).map(|_| ctx.draw_seed() | 1).collect();
     let t0 = Instant::now();
     let errors: Vec<anyhow::Error> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..SEEKERS)
             .map(|p| {
+                let mut x = seeds[p];
                 sc.spawn(move || -> Result<()> {
                     let mut buf = vec![0u8; chunk];
-                    let mut x = 0x2545_F491_4F6C_DD1Du64 ^ ((p as u64 + 1) << 32);
                     let mine = SEEKS / SEEKERS + usize::from(p < SEEKS % SEEKERS);
                     for i in 0..mine {
                         let off = (xorshift(&mut x) % chunks) * chunk as u64;
@@ -231,7 +232,7 @@ fn rate(n: usize, t0: Instant) -> f64 {
 }
 
 /// One round of bonnie++ -n: six rates in the order of NAMES.
-fn file_round(d: &Path, n: usize, run: usize) -> Result<[f64; 6]> {
+fn file_round(d: &Path, n: usize, ctx: &Ctx) -> Result<[f64; 6]> {
     let mut r = [0.0; 6];
     let create = |i: usize| -> Result<()> {
         File::options()
@@ -267,20 +268,20 @@ fn file_round(d: &Path, n: usize, run: usize) -> Result<[f64; 6]> {
     sync_dir(d)?;
     r[2] = rate(listed.len(), t0);
     // Random: created, stat'ed and deleted in random orders.
-    let order = shuffled(n, 0x51ED + run as u64);
+    let order = shuffled(n, ctx.draw_seed());
     let t0 = Instant::now();
     for &i in &order {
         create(i)?;
     }
     sync_dir(d)?;
     r[3] = rate(n, t0);
-    let order = shuffled(n, 0xD1CE + run as u64);
+    let order = shuffled(n, ctx.draw_seed());
     let t0 = Instant::now();
     for &i in &order {
         std::fs::metadata(name(d, i))?;
     }
     r[4] = rate(n, t0);
-    let order = shuffled(n, 0xFACE + run as u64);
+    let order = shuffled(n, ctx.draw_seed());
     let t0 = Instant::now();
     for &i in &order {
         std::fs::remove_file(name(d, i))?;
@@ -312,7 +313,7 @@ fn file_create(ctx: &Ctx) -> Result<Vec<Series>> {
                 ctx.a.files,
                 run + 1
             ));
-            let r = file_round(&d, ctx.a.files, run)?;
+            let r = file_round(&d, ctx.a.files, ctx)?;
             for (s, v) in out.iter_mut().zip(r) {
                 s.values.push(v);
             }

@@ -415,6 +415,14 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// A well-mixed 64-bit value from `x` (SplitMix64's output function).
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// The next number of a xorshift64 sequence (state must not be zero).
 fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 13;
@@ -531,11 +539,22 @@ pub(crate) struct Ctx<'a> {
     pattern: &'a Aligned,
     /// Queue depths of the random tests.
     qds: Vec<usize>,
+    /// The run's seed, and how many seeds have been drawn from it.
+    seed: u64,
+    draws: AtomicU64,
     progress: Progress,
     notes: Vec<String>,
 }
 
 impl Ctx<'_> {
+    /// A seed of its own for the next measurement: each one draws other
+    /// offsets, so none reads exactly the blocks another just wrote (which
+    /// a controller's or host's cache would still hold).
+    fn draw_seed(&self) -> u64 {
+        let n = self.draws.fetch_add(1, Ordering::Relaxed);
+        splitmix64(self.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
     /// Run `f` --runs times into a series.
     fn series(
         &self,
@@ -584,6 +603,12 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
         bail!("--files must be at least 1");
     }
     let qds = parse_qds(&a.qd)?;
+    let seed = a.seed.unwrap_or_else(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        splitmix64(t.as_nanos() as u64 ^ (u64::from(std::process::id()) << 32))
+    });
     // The data written: incompressible by default.
     let mut pattern = Aligned::new(BLOCK);
     let data_source = match &a.data {
@@ -772,6 +797,8 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
             a: &a,
             pattern: &pattern,
             qds: qds.clone(),
+            seed,
+            draws: AtomicU64::new(0),
             progress: Progress::new(0),
             notes: Vec::new(),
         };
@@ -844,6 +871,8 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
             ram,
             cache_bound,
             ram_fs,
+            seed,
+            qds: &qds,
         },
         &series,
         &notes,
@@ -914,15 +943,7 @@ fn dd_test(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
                     }
                     Ok(zone_len as f64 / t0.elapsed().as_secs_f64() / 1e6)
                 }
-                _ => random_io(
-                    &*t.main,
-                    z0,
-                    zone_len,
-                    qd,
-                    test == "randwrite_4k",
-                    ctx.a.seconds,
-                    ctx.pattern,
-                ),
+                _ => random_io(ctx, z0, zone_len, qd, test == "randwrite_4k"),
             })?);
         }
     }
@@ -930,21 +951,16 @@ fn dd_test(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
 }
 
 /// 4 KiB random reads or writes within `[z0, z0 + len)` by `qd` threads
-/// for `secs` seconds (writes end with a flush inside the timing); IOPS.
-fn random_io(
-    t: &dyn Rw,
-    z0: u64,
-    len: u64,
-    qd: usize,
-    write: bool,
-    secs: f64,
-    pattern: &Aligned,
-) -> Result<f64> {
+/// for --seconds, at offsets drawn from a seed of their own (writes end
+/// with a flush inside the timing); IOPS.
+fn random_io(ctx: &Ctx, z0: u64, len: u64, qd: usize, write: bool) -> Result<f64> {
+    let (t, secs, pattern) = (&*ctx.t.main, ctx.a.seconds, ctx.pattern);
+    let seed = ctx.draw_seed();
     let blocks = len / SMALL as u64;
     let deadline = Duration::from_secs_f64(secs.max(0.05));
     let t0 = Instant::now();
     // Targets that pipeline: one thread keeps qd requests in flight.
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut x = seed | 1;
     let mut next = || z0 + (xorshift(&mut x) % blocks) * SMALL as u64;
     let mut w = Writer::new(pattern);
     let mut k = 0usize;
@@ -969,7 +985,7 @@ fn random_io(
                 sc.spawn(move || -> Result<()> {
                     let mut buf = Aligned::new(SMALL);
                     let mut w = write.then(|| Writer::new(pattern));
-                    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ ((i as u64 + 1) * 0x1234_5678);
+                    let mut x = splitmix64(seed ^ i as u64) | 1;
                     while t0.elapsed() < deadline {
                         for _ in 0..16 {
                             let off = z0 + (xorshift(&mut x) % blocks) * SMALL as u64;

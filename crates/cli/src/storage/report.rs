@@ -19,6 +19,8 @@ pub(super) struct Meta<'a> {
     pub ram: u64,
     pub cache_bound: bool,
     pub ram_fs: bool,
+    pub seed: u64,
+    pub qds: &'a [usize],
 }
 
 fn result_json(s: &Series) -> Value {
@@ -64,6 +66,8 @@ pub(super) fn emit(
         "chunk": a.chunk,
         "files": a.files,
         "zones": if a.whole { "whole" } else { "thirds" },
+        "qd": m.qds,
+        "seed": m.seed,
         "data": m.data_source,
         "tests": m.tests,
         "machine": {
@@ -129,13 +133,14 @@ pub(super) fn emit(
         return Ok(());
     }
     println!(
-        "raidkit bench {} ({}, {} working set, {} I/O, {} run(s), data {})",
+        "raidkit bench {} ({}, {} working set, {} I/O, {} run(s), data {}, seed {})",
         m.target_text,
         m.kind,
         human(m.size),
         if m.direct { "direct" } else { "buffered" },
         a.runs,
-        m.data_source
+        m.data_source,
+        m.seed
     );
     bonnie_table(m.size, a.files, &results);
     println!();
