@@ -229,7 +229,7 @@ print("(ratio: the median over rounds of each round's raidkit/fio ratio, the two
 print(" side by side, which a drift of the machine between rounds cannot skew; the")
 print(" disk-bound figures here have halved within one run)")
 print(f"{'target':8} {'job':15} {'reference':>26} {'raidkit bench':>26} {'ratio':>6}  verdict")
-bad = 0
+bad = bad_ram = 0
 for w, j in keys:
     ref = "bonnie++" if w == "bonnie" else "fio"
     a, b = d[(w, j, ref)], d[(w, j, "raidkit")]
@@ -246,6 +246,7 @@ for w, j in keys:
         ok = abs(ratio - 1) <= 0.10
         verdict = "within 10%" if ok else "OUTSIDE 10%"
     bad += not ok
+    bad_ram += (not ok) and w == "nbd-ram"
     fmt = lambda m, xs: f"{m:10.1f} ({min(xs):.1f}-{max(xs):.1f})"
     cpu = d.get((w, j, "fio-cpu"))
     if cpu:
@@ -254,5 +255,7 @@ for w, j in keys:
             verdict += " (fio is CPU-bound: its figure is its own limit)"
     verdict += f"; ratio of medians {mb / ma:.2f}"
     print(f"{w:8} {j:15} {ref:>8} {fmt(ma, a):>17} {fmt(mb, b):>26} {ratio:6.2f}  {verdict}")
-print(f"\n{bad} comparison(s) outside the bounds")
+print(f"\n{bad} comparison(s) outside the bounds"
+      + (f", {bad_ram} of them on the RAM-disk export, where the export costs almost nothing"
+         " and each client's own cost per request is what is measured" if bad_ram else ""))
 PY
