@@ -909,11 +909,11 @@ fn dd_test(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
     let mut buf = Aligned::new(BLOCK);
     for (zi, &zone) in zs.iter().enumerate() {
         let z0 = zi as u64 * zone_len;
-        let qds: Vec<usize> = match test {
-            "seq_write" | "seq_read" => vec![0],
-            _ => ctx.qds.clone(),
+        let qds: &[usize] = match test {
+            "seq_write" | "seq_read" => &[0],
+            _ => &ctx.qds,
         };
-        for qd in qds {
+        for &qd in qds {
             let mut s = Series::new(test, if qd == 0 { "MB/s" } else { "IOPS" });
             s.zone = Some(zone);
             s.qd = (qd > 0).then_some(qd);
@@ -958,17 +958,19 @@ fn random_io(ctx: &Ctx, z0: u64, len: u64, qd: usize, write: bool) -> Result<f64
     let seed = ctx.draw_seed();
     let blocks = len / SMALL as u64;
     let deadline = Duration::from_secs_f64(secs.max(0.05));
-    let t0 = Instant::now();
     // Targets that pipeline: one thread keeps qd requests in flight.
     let mut x = seed | 1;
     let mut next = || z0 + (xorshift(&mut x) % blocks) * SMALL as u64;
-    let mut w = Writer::new(pattern);
     let mut k = 0usize;
-    let mut fill = |off: u64, b: &mut [u8]| {
-        k = (k + 1) % (BLOCK / SMALL);
-        b.copy_from_slice(w.data(k * SMALL, b.len(), off));
-    };
-    let payload: Option<&mut FillWrite> = if write { Some(&mut fill) } else { None };
+    let mut fill = write.then(|| {
+        let mut w = Writer::new(pattern);
+        move |off: u64, b: &mut [u8]| {
+            k = (k + 1) % (BLOCK / SMALL);
+            b.copy_from_slice(w.data(k * SMALL, b.len(), off));
+        }
+    });
+    let payload = fill.as_mut().map(|f| f as &mut FillWrite);
+    let t0 = Instant::now();
     if let Some(n) = t.queue(qd, payload, t0 + deadline, &mut next) {
         let n = n?;
         if write {
