@@ -979,16 +979,21 @@ fn random_io(ctx: &Ctx, z0: u64, len: u64, qd: usize, write: bool) -> Result<f64
         return Ok(n as f64 / t0.elapsed().as_secs_f64());
     }
     let ops = AtomicU64::new(0);
+    // Each thread's buffers made before the clock starts.
+    let kits: Vec<(Aligned, Option<Writer>)> = (0..qd)
+        .map(|_| (Aligned::new(SMALL), write.then(|| Writer::new(pattern))))
+        .collect();
     let t0 = Instant::now();
     let errors: Vec<anyhow::Error> = std::thread::scope(|sc| {
-        let handles: Vec<_> = (0..qd)
-            .map(|i| {
+        let handles: Vec<_> = kits
+            .into_iter()
+            .enumerate()
+            .map(|(i, (mut buf, mut w))| {
                 let ops = &ops;
                 sc.spawn(move || -> Result<()> {
-                    let mut buf = Aligned::new(SMALL);
-                    let mut w = write.then(|| Writer::new(pattern));
                     let mut x = splitmix64(seed ^ i as u64) | 1;
-                    while t0.elapsed() < deadline {
+                    // At least one batch, however late the thread starts.
+                    loop {
                         for _ in 0..16 {
                             let off = z0 + (xorshift(&mut x) % blocks) * SMALL as u64;
                             if let Some(w) = &mut w {
@@ -999,6 +1004,9 @@ fn random_io(ctx: &Ctx, z0: u64, len: u64, qd: usize, write: bool) -> Result<f64
                             }
                         }
                         ops.fetch_add(16, Ordering::Relaxed);
+                        if t0.elapsed() >= deadline {
+                            break;
+                        }
                     }
                     Ok(())
                 })
