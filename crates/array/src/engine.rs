@@ -873,6 +873,7 @@ impl Array {
                 Some(e) if std::ptr::eq(e.file, file) && e.offset + e.len == at => e.len += p.len,
                 _ => ext.push(FileExtent {
                     file,
+                    mapper: d.member.as_mapper(),
                     offset: at,
                     len: p.len,
                 }),

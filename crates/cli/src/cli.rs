@@ -387,6 +387,11 @@ pub struct ServeArgs {
     /// server saves), always, or never.
     #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
     pub zero_copy: String,
+    /// Do not send large reads of cached data straight from mappings of the
+    /// member files (one copy in the server instead of two); read them into
+    /// a buffer first, as for uncached data.
+    #[arg(long)]
+    pub no_mapped_reads: bool,
     /// Rebuild speed while clients are busy, bytes/s (K/M/G; 0: no limit),
     /// as md's speed_limit_min. Changeable at run time (raidkit speed).
     #[arg(long, value_name = "RATE", default_value = "16M", value_parser = rate)]

@@ -85,6 +85,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 "never" => ZeroCopy::Never,
                 _ => ZeroCopy::Auto,
             },
+            mapped_reads: !a.no_mapped_reads,
         },
     );
     let mut endpoints = Vec::new();
@@ -276,6 +277,7 @@ fn status_fields(
             "write_zeroes": c(&stats.zeroes),
             "merged_writes": c(&stats.merged_writes),
             "zero_copy_reads": c(&stats.zero_copy_reads),
+            "mapped_reads": c(&stats.mapped_reads),
             "errors": c(&stats.errors),
         },
         "connections": {

@@ -132,17 +132,26 @@ fn qemu_io_patterns(dir: &Path, ms: &[String], extra: &[&str]) {
     assert!(!out.contains("Pattern verification failed"), "{out}");
     assert!(!out.contains("failed"), "{out}");
     assert_eq!(out.matches("read ").count(), 7, "{out}");
+    // The reads of 64 KiB and more (three) are spliced, or else sent from
+    // mappings of the (cached) member files.
     if !extra.is_empty() {
         assert!(zero_copy_reads(&s) >= 3, "{extra:?}");
+    } else {
+        assert_eq!(zero_copy_reads(&s), 0);
+        assert!(io_count(&s, "mapped_reads") >= 3);
     }
     assert_eq!(s.stop().code(), Some(0));
 }
 
 fn zero_copy_reads(s: &Served) -> u64 {
+    io_count(s, "zero_copy_reads")
+}
+
+fn io_count(s: &Served, what: &str) -> u64 {
     let ctl = s.control.display().to_string();
     let st: Value =
         serde_json::from_slice(&ok(&["status", "--control", &ctl, "--json"]).stdout).unwrap();
-    st["io"]["zero_copy_reads"].as_u64().unwrap()
+    st["io"][what].as_u64().unwrap()
 }
 
 #[test]
@@ -163,26 +172,41 @@ fn nbdcopy_64mib_round_trip_on_raid5() {
     tool("nbdcopy", &[&s.uri, back.to_str().unwrap()]);
     let got = std::fs::read(&back).unwrap();
     assert!(got[..data.len()] == data[..], "nbdcopy data differs");
-    // The client is on this machine: no zero-copy reads by default.
+    // The client is on this machine: no zero-copy reads by default, but
+    // the cached data is sent from mappings of the member files.
     assert_eq!(zero_copy_reads(&s), 0);
+    assert!(io_count(&s, "mapped_reads") > 0);
     assert_eq!(s.stop().code(), Some(0));
-    // Zero-copy reads (splice from the member files), healthy and then
-    // degraded, where requests that touch the missing member (here, with
-    // 64 KiB chunks, nearly all of nbdcopy's 256 KiB ones) are rebuilt.
+    // Zero-copy reads (splice from the member files), mapped reads and
+    // reads into a buffer, healthy and then degraded, where requests that
+    // touch the missing member (here, with 64 KiB chunks, nearly all of
+    // nbdcopy's 256 KiB ones) are rebuilt.
     for present in [&ms[..], &ms[1..]] {
-        let mut s = Served::start(dir.path(), present, &["--zero-copy", "always"]);
-        std::fs::remove_file(&back).unwrap();
-        tool("nbdcopy", &[&s.uri, back.to_str().unwrap()]);
-        let got = std::fs::read(&back).unwrap();
-        let n = present.len();
-        assert!(
-            got[..data.len()] == data[..],
-            "zero-copy data differs ({n} members)"
-        );
-        if n == ms.len() {
-            assert!(zero_copy_reads(&s) > 0);
+        for (how, extra) in [
+            ("zero_copy_reads", &["--zero-copy", "always"][..]),
+            ("mapped_reads", &[][..]),
+            ("none", &["--no-mapped-reads"][..]),
+        ] {
+            let mut s = Served::start(dir.path(), present, extra);
+            std::fs::remove_file(&back).unwrap();
+            tool("nbdcopy", &[&s.uri, back.to_str().unwrap()]);
+            let got = std::fs::read(&back).unwrap();
+            let n = present.len();
+            assert!(
+                got[..data.len()] == data[..],
+                "{how}: data differs ({n} members)"
+            );
+            let (spliced, mapped) = (zero_copy_reads(&s), io_count(&s, "mapped_reads"));
+            match how {
+                "zero_copy_reads" => assert_eq!(mapped, 0),
+                "mapped_reads" => assert_eq!(spliced, 0),
+                _ => assert_eq!((spliced, mapped), (0, 0)),
+            }
+            if n == ms.len() && how != "none" {
+                assert!(spliced + mapped > 0, "{how}");
+            }
+            assert_eq!(s.stop().code(), Some(0));
         }
-        assert_eq!(s.stop().code(), Some(0));
     }
     // Offline read agrees and parity is consistent with the data.
     let off = ok(&args(&["read", "--offset", "0", "--length", "64M"], &ms));

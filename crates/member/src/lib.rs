@@ -15,10 +15,12 @@
 //! ```
 
 pub mod fault;
+pub mod map;
 pub mod powercut;
 pub mod sim;
 
 pub use fault::{FaultConfig, FaultMember};
+pub use map::{MappedRange, Mapper};
 pub use powercut::{CutRng, PowerCutMember};
 pub use sim::{SimConfig, SimDisk};
 
@@ -123,6 +125,11 @@ pub trait Member: Send + Sync + fmt::Debug {
     fn as_file(&self) -> Option<&File> {
         None
     }
+    /// Mapped windows of the file `as_file` gives, for replies sent
+    /// straight from the page cache (see [`map`]).
+    fn as_mapper(&self) -> Option<&Mapper> {
+        None
+    }
     /// Zero-copy reads (splice): when `[offset, offset + len)` can be read
     /// straight from plain files with no redundancy work, call `f` with the
     /// pieces in order, while they are sure to stay open, and return what
@@ -141,7 +148,12 @@ pub trait Member: Send + Sync + fmt::Debug {
         if end > self.len() {
             return None;
         }
-        Some(f(&[FileExtent { file, offset, len }]))
+        Some(f(&[FileExtent {
+            file,
+            mapper: self.as_mapper(),
+            offset,
+            len,
+        }]))
     }
 }
 
@@ -150,6 +162,8 @@ pub trait Member: Send + Sync + fmt::Debug {
 #[derive(Debug, Clone, Copy)]
 pub struct FileExtent<'a> {
     pub file: &'a File,
+    /// The file's mapped windows, if it has them.
+    pub mapper: Option<&'a Mapper>,
     pub offset: u64,
     pub len: u64,
 }
@@ -179,6 +193,8 @@ pub fn check_range(name: &str, op: Op, offset: u64, len: u64, size: u64) -> Resu
 #[derive(Debug)]
 pub struct FileMember {
     file: File,
+    /// None where a duplicate descriptor could not be had.
+    mapper: Option<Mapper>,
     path: PathBuf,
     name: String,
     len: u64,
@@ -202,6 +218,7 @@ impl FileMember {
         }
         let len = file_len(&file).map_err(|e| MemberError::new(&name, Op::Open, 0, 0, e))?;
         Ok(FileMember {
+            mapper: Mapper::new(&file, len).ok(),
             file,
             path: path.to_path_buf(),
             name,
@@ -223,6 +240,7 @@ impl FileMember {
         file.set_len(len)
             .map_err(|e| MemberError::new(&name, Op::Write, 0, len, e))?;
         Ok(FileMember {
+            mapper: Mapper::new(&file, len).ok(),
             file,
             path: path.to_path_buf(),
             name,
@@ -293,6 +311,10 @@ impl Member for FileMember {
 
     fn as_file(&self) -> Option<&File> {
         Some(&self.file)
+    }
+
+    fn as_mapper(&self) -> Option<&Mapper> {
+        self.mapper.as_ref()
     }
 }
 

@@ -949,6 +949,8 @@ mod tests {
     struct Striped {
         files: Vec<std::fs::File>,
         bad: Option<std::fs::File>,
+        /// Mapped windows of the files (of `bad` instead, if it is there).
+        mappers: Vec<raidkit_member::Mapper>,
         len: u64,
         read_ats: std::sync::atomic::AtomicU64,
         offers: std::sync::atomic::AtomicU64,
@@ -1008,6 +1010,7 @@ mod tests {
                 .into_iter()
                 .map(|(i, offset, len)| raidkit_member::FileExtent {
                     file: self.bad.as_ref().unwrap_or(&self.files[i]),
+                    mapper: self.mappers.get(i).or(self.mappers.first()),
                     offset,
                     len,
                 })
@@ -1017,7 +1020,7 @@ mod tests {
     }
 
     #[test]
-    fn large_reads_spliced_from_files_match_the_data_and_fall_back_when_they_cannot_be() {
+    fn large_reads_spliced_or_mapped_from_files_match_the_data_and_fall_back_when_they_cannot_be() {
         use std::io::Write as _;
         let dir = tempfile::tempdir().unwrap();
         let n = 3usize;
@@ -1040,13 +1043,31 @@ mod tests {
             .write(true)
             .open(dir.path().join("m0"))
             .unwrap();
-        use crate::ZeroCopy::{Always, Auto};
+        use crate::ZeroCopy::{Always, Auto, Never};
         // Auto: the client is on this machine (loopback), so no splicing.
-        for (bad, zero_copy) in [(None, Always), (Some(bad), Always), (None, Auto)] {
+        // The bad file is open for writing only: neither splice nor a
+        // mapping can read it.
+        let try_bad = || Some(bad.try_clone().unwrap());
+        for (bad, zero_copy, mapped_reads) in [
+            (None, Always, false),
+            (try_bad(), Always, false),
+            (None, Auto, false),
+            (None, Never, true),
+            (try_bad(), Never, true),
+        ] {
             let broken = bad.is_some();
+            let mappers = match (&bad, mapped_reads) {
+                (_, false) => Vec::new(),
+                (Some(b), true) => vec![raidkit_member::Mapper::new(b, per).unwrap()],
+                (None, true) => files
+                    .iter()
+                    .map(|f| raidkit_member::Mapper::new(f, per).unwrap())
+                    .collect(),
+            };
             let m = Arc::new(Striped {
                 files: files.iter().map(|f| f.try_clone().unwrap()).collect(),
                 bad,
+                mappers,
                 len: n as u64 * per,
                 read_ats: Default::default(),
                 offers: Default::default(),
@@ -1060,6 +1081,7 @@ mod tests {
                 },
                 crate::Config {
                     zero_copy,
+                    mapped_reads,
                     ..crate::Config::default()
                 },
             );
@@ -1090,8 +1112,20 @@ mod tests {
             // Our own reads of `want` count as read_ats too: one per read.
             let served_by_read_at = m.read_ats.load(Ordering::Relaxed) - reads.len() as u64;
             let spliced = server.stats().zero_copy_reads.load(Ordering::Relaxed);
-            // Every read was served once, one way or the other.
-            assert_eq!(spliced + served_by_read_at, reads.len() as u64);
+            let mapped = server.stats().mapped_reads.load(Ordering::Relaxed);
+            // Every read was served once, one way or another.
+            assert_eq!(spliced + mapped + served_by_read_at, reads.len() as u64);
+            if mapped_reads {
+                // Every read was offered; the files were just written, so
+                // their pages are cached and all can be sent from mappings
+                // (none is too large), unless the file cannot be mapped.
+                assert_eq!((offers, spliced), (reads.len() as u64, 0));
+                assert_eq!(mapped, if broken { 0 } else { reads.len() as u64 });
+                drop(c);
+                server.shutdown();
+                continue;
+            }
+            assert_eq!(mapped, 0);
             if zero_copy == Auto {
                 assert_eq!((offers, spliced), (0, 0));
                 drop(c);

@@ -8,6 +8,7 @@
 //! a connection together.
 
 pub mod client;
+mod mapped;
 pub mod proto;
 pub mod server;
 mod splice;

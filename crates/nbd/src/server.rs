@@ -2,6 +2,7 @@
 //! concurrently (each connection has its own workers; replies may leave out
 //! of order), for any [`Member`] — in raidkit, an array.
 
+use crate::mapped::MappedReads;
 use crate::proto::*;
 use crate::splice::Splicer;
 use crate::stream::Stream;
@@ -48,6 +49,9 @@ pub struct Config {
     pub merge_align: u64,
     /// When large reads are answered with splice(2) (see `ZeroCopy`).
     pub zero_copy: ZeroCopy,
+    /// Large reads of cached data not spliced are sent straight from
+    /// mappings of the member files (see `mapped.rs`).
+    pub mapped_reads: bool,
 }
 
 /// Zero-copy read replies: the data goes from the member files to the
@@ -74,6 +78,7 @@ impl Default for Config {
             merge_writes: false,
             merge_align: 0,
             zero_copy: ZeroCopy::Auto,
+            mapped_reads: true,
         }
     }
 }
@@ -92,6 +97,8 @@ pub struct Stats {
     pub merged_writes: AtomicU64,
     /// Reads answered with splice(2), file to socket, never copied here.
     pub zero_copy_reads: AtomicU64,
+    /// Reads sent from mappings of the member files' cached pages.
+    pub mapped_reads: AtomicU64,
     pub errors: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_active: AtomicU64,
@@ -459,6 +466,7 @@ impl Server {
         let mut buf = Vec::new();
         let mut merged: Vec<Request> = Vec::new();
         let mut splicer = Splicer::new(zero_copy);
+        let mut mapped = MappedReads::new(self.config.mapped_reads);
         let size = self.export.device.len();
         let mut used = 0usize;
         loop {
@@ -510,9 +518,17 @@ impl Server {
             } else {
                 first
             };
-            let result = self.execute(&whole, &payload[..used], neg, &mut buf, &mut splicer);
+            let result = self.execute(
+                &whole,
+                &payload[..used],
+                neg,
+                &mut buf,
+                (&mut splicer, &mut mapped),
+            );
             let data_len = if splicer.loaded > 0 {
                 splicer.loaded
+            } else if mapped.loaded > 0 {
+                mapped.loaded
             } else {
                 buf.len()
             };
@@ -538,6 +554,11 @@ impl Server {
                             splicer.send(out.get_ref().as_fd())?;
                             continue;
                         }
+                        if mapped.loaded > 0 {
+                            out.flush()?;
+                            mapped.send(out.get_ref().as_fd(), &header)?;
+                            continue;
+                        }
                         if buf.len() >= LARGE_REPLY {
                             // Header and data in one system call, no copy.
                             out.flush()?;
@@ -553,6 +574,7 @@ impl Server {
                 Ok(())
             })();
             splicer.discard();
+            mapped.discard();
             let last = c.replying.fetch_sub(1, Ordering::AcqRel) == 1;
             let sent = sent.and_then(|()| if last { out.flush() } else { Ok(()) });
             if sent.is_err() {
@@ -570,7 +592,7 @@ impl Server {
         payload: &[u8],
         neg: Negotiated,
         buf: &mut Vec<u8>,
-        splicer: &mut Splicer,
+        (splicer, mapped): (&mut Splicer, &mut MappedReads),
     ) -> Result<(), (u32, String)> {
         let dev = &self.export.device;
         let size = dev.len();
@@ -608,6 +630,11 @@ impl Server {
                             if splicer.load(dev.as_ref(), r.offset, r.len as usize) {
                                 buf.clear();
                                 inc(&st.zero_copy_reads, 1);
+                            } else if r.len as usize >= LARGE_REPLY
+                                && mapped.load(dev.as_ref(), r.offset, r.len as usize)
+                            {
+                                buf.clear();
+                                inc(&st.mapped_reads, 1);
                             } else {
                                 buf.resize(r.len as usize, 0);
                                 dev.read_at(buf, r.offset).map_err(io_err)?;
