@@ -3,6 +3,9 @@
 # against nbdkit's file plugin and qemu-nbd serving a plain RAM-disk file of
 # the same size, with the same fio jobs (ioengine=nbd) alternating in one
 # run; then a RAID-5 of four RAM-disk members against the one-member figure.
+# A second, identical raidkit export runs in the same rotation as a control:
+# its ratio to the first shows how far apart two identical servers measure
+# on this machine, the noise any other ratio has to be read against.
 #
 # usage: bench/nbd-serve.sh [ROUNDS] [SECONDS_PER_JOB]
 # Prints one line per measurement and a table of medians (with min-max).
@@ -25,8 +28,9 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 100); do nbdinfo --size "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "server at $1 did not come up" >&2; exit 1; }
 
-# raidkit: linear array of one 1 GiB member.
+# raidkit: linear array of one 1 GiB member (and the control, another).
 "$R" create --level linear --size 1G --name one "$W/one.img" >/dev/null
+"$R" create --level linear --size 1G --name again "$W/again.img" >/dev/null
 SIZE=$("$R" detail --json "$W/one.img" | python3 -c 'import json,sys; print(json.load(sys.stdin)["size"])')
 # RAID-5 of four members, each as big as the single one.
 "$R" create --level 5 --size 1G --name r5 "$W"/r5-{0,1,2,3}.img >/dev/null
@@ -36,16 +40,18 @@ truncate -s "$SIZE" "$W/plain.img"
 P1=$(free_port); "$R" serve --listen 127.0.0.1:$P1 --control "$W/c1" "$W/one.img" >/dev/null 2>&1 & PIDS+=($!)
 P2=$(free_port); "$R" serve --listen 127.0.0.1:$P2 --control "$W/c2" "$W"/r5-{0,1,2,3}.img >/dev/null 2>&1 & PIDS+=($!)
 P3=$(free_port); nbdkit -f -i 127.0.0.1 -p $P3 file file="$W/plain.img" & PIDS+=($!)
+P5=$(free_port); "$R" serve --listen 127.0.0.1:$P5 --control "$W/c5" "$W/again.img" >/dev/null 2>&1 & PIDS+=($!)
 P4=$(free_port); qemu-nbd -f raw -b 127.0.0.1 -p $P4 -t -e 8 "$W/plain.img" & PIDS+=($!)
 declare -A URI=(
   [raidkit]="nbd://127.0.0.1:$P1/"
   [raidkit-raid5x4]="nbd://127.0.0.1:$P2/"
+  [raidkit-control]="nbd://127.0.0.1:$P5/"
   [nbdkit-file]="nbd://127.0.0.1:$P3/"
   [qemu-nbd]="nbd://127.0.0.1:$P4/"
 )
 for s in "${!URI[@]}"; do wait_port "${URI[$s]}"; done
 # Fill the exports once so reads do not hit holes.
-for s in raidkit raidkit-raid5x4 nbdkit-file; do
+for s in raidkit raidkit-raid5x4 raidkit-control nbdkit-file; do
   fio --name=fill --ioengine=nbd --uri="${URI[$s]}" --rw=write --bs=1M --iodepth=8 --size=512M >/dev/null
 done
 fio --name=fill --ioengine=nbd --uri="${URI[qemu-nbd]}" --rw=write --bs=1M --iodepth=8 --size=512M >/dev/null
@@ -70,7 +76,7 @@ PY
 }
 
 JOBS=(randread_4k_qd32 randwrite_4k_qd32 seqread_1m seqwrite_1m)
-SERVERS=(raidkit nbdkit-file qemu-nbd raidkit-raid5x4)
+SERVERS=(raidkit nbdkit-file qemu-nbd raidkit-raid5x4 raidkit-control)
 RES="$W/results.txt"
 : > "$RES"
 for r in $(seq "$ROUNDS"); do
@@ -121,4 +127,8 @@ r5p = statistics.median(x["raidkit-raid5x4"] / x["raidkit"]
                         for (jj, _), x in by_round.items() if jj == "seqwrite_1m")
 print(f"\nRAID-5 of 4 members, 1 MiB sequential write / one member: {r5:.2f} (paired by round: {r5p:.2f})")
 print("raidkit/best: ratio of the medians; paired: median of the rounds' own ratios")
+print("\ncontrol (a second, identical raidkit export) / raidkit, paired by round: median (min-max)")
+for j in jobs:
+    c = [x["raidkit-control"] / x["raidkit"] for (jj, _), x in by_round.items() if jj == j]
+    print(f"  {j:<20}{statistics.median(c):>6.2f} ({min(c):.2f}-{max(c):.2f})")
 PY
