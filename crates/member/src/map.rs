@@ -130,7 +130,8 @@ impl Mapper {
     }
 
     /// How many windows are mapped now.
-    pub fn windows(&self) -> usize {
+    #[cfg(test)]
+    fn windows(&self) -> usize {
         self.slots.lock().expect("mapper").held.len()
     }
 }
