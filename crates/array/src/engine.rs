@@ -886,6 +886,61 @@ impl Array {
         Some(self.timed_all(&disks, || f(&ext)))
     }
 
+    /// Writes placed straight into member files: for a level with no
+    /// redundancy (linear, RAID-0), where writing a range is only writing
+    /// its pieces to the members that hold them, call `f` with those files'
+    /// ranges in order (see `Member::with_write_extents`), after what every
+    /// write does first (the array marked dirty). None: use `write` (a
+    /// redundant level, a member that is not a plain file or is being
+    /// replaced, a failed array, an error to report).
+    ///
+    /// `f` is not under the members' stall watch: what it writes usually
+    /// comes from a network client, whose pace says nothing of the member's.
+    pub fn with_write_extents(
+        &self,
+        offset: u64,
+        len: u64,
+        f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
+    ) -> Option<std::io::Result<()>> {
+        if len == 0
+            || self.geom.level.has_redundancy()
+            || self.bitmap.is_some()
+            || self.check(offset, len).is_err()
+            || !self.alive.load(Ordering::Acquire)
+            || self.begin_write().is_err()
+        {
+            return None;
+        }
+        let v = self.view.load();
+        let pieces = self.geom.pieces(offset, len);
+        let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
+        for p in &pieces {
+            let [(role, dev)] = p.copies[..] else {
+                return None;
+            };
+            let rv = &v.roles[role];
+            let d = rv.disk.as_ref()?;
+            if rv.replacement.is_some() || rv.sync.is_some() {
+                return None;
+            }
+            let file = d.member.as_file()?;
+            let mapper = d.member.as_mapper().filter(|m| m.writable())?;
+            let at = d.data_offset + dev;
+            match ext.last_mut() {
+                Some(e) if std::ptr::eq(e.file, file) && e.offset + e.len == at => e.len += p.len,
+                _ => ext.push(FileExtent {
+                    file,
+                    mapper: Some(mapper),
+                    offset: at,
+                    len: p.len,
+                }),
+            }
+        }
+        self.fg_ops.fetch_add(1, Ordering::Relaxed);
+        let _writing = Busy::enter(&self.writing);
+        Some(f(&ext))
+    }
+
     /// A large read: the pieces of each member read by its own thread, so
     /// that members work at once (disks in parallel).
     fn read_parallel(&self, v: &View, pieces: &[Piece], buf: &mut [u8], offset: u64) -> Result<()> {
@@ -1202,6 +1257,22 @@ impl Array {
         self.writing.load(Ordering::Acquire) >= cores()
     }
 
+    /// Whether every member in service is a plain file (or block device),
+    /// written through the page cache: a write there is a copy that does
+    /// not wait for the device, so handing member writes to other threads
+    /// buys no overlap and costs hand-offs, and idle pool threads that spin
+    /// looking for work before they sleep. Measured on a RAID-5 of four
+    /// RAM-disk members, 1 MiB writes from one client on two cores: 814
+    /// against 737 us of server CPU per MiB, 1622 against 1830 MB/s.
+    fn page_cache_only(v: &View) -> bool {
+        v.roles.iter().all(|r| {
+            r.disk
+                .iter()
+                .chain(r.replacement.iter().map(|x| &x.0))
+                .all(|d| d.member.as_file().is_some())
+        })
+    }
+
     /// Whether one stripe's pieces rewrite the same columns of every data chunk.
     fn full_stripe(&self, pieces: &[Piece]) -> bool {
         pieces.len() == self.geom.data_members()
@@ -1451,8 +1522,9 @@ impl Array {
         }
         let mut pbuf = scratch::take(len);
         let mut qbuf = sm.q.map(|_| scratch::take(len));
-        let done = if self.cores_busy() {
-            // Other writes keep the cores busy: no hand-offs. Column by
+        let done = if self.cores_busy() || Self::page_cache_only(v) {
+            // Other writes keep the cores busy, or the member writes are
+            // only copies into the page cache: no hand-offs. Column by
             // column, the data goes to the members and then feeds P and Q
             // while still in cache, so parity costs no second trip to memory.
             let mut at = 0;
@@ -1775,5 +1847,14 @@ impl Member for Array {
         f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
     ) -> Option<std::io::Result<()>> {
         Array::with_file_extents(self, offset, len, f)
+    }
+
+    fn with_write_extents(
+        &self,
+        offset: u64,
+        len: u64,
+        f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
+    ) -> Option<std::io::Result<()>> {
+        Array::with_write_extents(self, offset, len, f)
     }
 }

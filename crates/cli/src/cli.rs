@@ -392,6 +392,12 @@ pub struct ServeArgs {
     /// a buffer first, as for uncached data.
     #[arg(long)]
     pub no_mapped_reads: bool,
+    /// Do not receive large writes to cached pages straight into mappings
+    /// of the member files (linear and RAID-0 arrays of plain files: one
+    /// copy in the server instead of two); receive them into a buffer
+    /// first, as for other levels.
+    #[arg(long)]
+    pub no_mapped_writes: bool,
     /// Rebuild speed while clients are busy, bytes/s (K/M/G; 0: no limit),
     /// as md's speed_limit_min. Changeable at run time (raidkit speed).
     #[arg(long, value_name = "RATE", default_value = "16M", value_parser = rate)]

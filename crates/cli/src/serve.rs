@@ -86,6 +86,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 _ => ZeroCopy::Auto,
             },
             mapped_reads: !a.no_mapped_reads,
+            mapped_writes: !a.no_mapped_writes,
         },
     );
     let mut endpoints = Vec::new();
@@ -278,6 +279,7 @@ fn status_fields(
             "merged_writes": c(&stats.merged_writes),
             "zero_copy_reads": c(&stats.zero_copy_reads),
             "mapped_reads": c(&stats.mapped_reads),
+            "mapped_writes": c(&stats.mapped_writes),
             "errors": c(&stats.errors),
         },
         "connections": {

@@ -121,14 +121,7 @@ fn qemu_io_patterns(dir: &Path, ms: &[String], extra: &[&str]) {
         "write -P 0x33 2097151 1",
         "read -P 0x33 2097151 1",
     ];
-    let mut a = vec!["-f", "raw"];
-    for c in &cmds {
-        a.push("-c");
-        a.push(c);
-    }
-    a.push(&s.uri);
-    let o = tool("qemu-io", &a);
-    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    let out = qemu_io(&s.uri, &cmds);
     assert!(!out.contains("Pattern verification failed"), "{out}");
     assert!(!out.contains("failed"), "{out}");
     assert_eq!(out.matches("read ").count(), 7, "{out}");
@@ -141,6 +134,18 @@ fn qemu_io_patterns(dir: &Path, ms: &[String], extra: &[&str]) {
         assert!(io_count(&s, "mapped_reads") >= 3);
     }
     assert_eq!(s.stop().code(), Some(0));
+}
+
+/// Run qemu-io's commands on `uri`; its output (stdout and stderr).
+fn qemu_io(uri: &str, cmds: &[&str]) -> String {
+    let mut a = vec!["-f", "raw"];
+    for c in cmds {
+        a.push("-c");
+        a.push(c);
+    }
+    a.push(uri);
+    let o = tool("qemu-io", &a);
+    String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
 }
 
 fn zero_copy_reads(s: &Served) -> u64 {
@@ -217,6 +222,60 @@ fn nbdcopy_64mib_round_trip_on_raid5() {
         &without,
     ));
     assert!(off.stdout == data, "degraded read after NBD writes differs");
+}
+
+#[test]
+fn writes_to_cached_pages_of_raid0_go_straight_into_the_members() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("0", &ms, "16M");
+    let gen = |seed: u64| -> Vec<u8> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        (0..32 << 20).map(|_| rng.gen()).collect()
+    };
+    let src = dir.path().join("src.bin");
+    let back = dir.path().join("back.bin");
+    // The members start sparse: the first pass finds no cached pages and
+    // writes the ordinary way; the second finds them all cached (mapped);
+    // the third is told not to map.
+    for (pass, extra) in [
+        (0u64, &[][..]),
+        (1, &[][..]),
+        (2, &["--no-mapped-writes"][..]),
+    ] {
+        let data = gen(pass);
+        std::fs::write(&src, &data).unwrap();
+        let mut s = Served::start(dir.path(), &ms, extra);
+        tool("nbdcopy", &[src.to_str().unwrap(), &s.uri]);
+        let mapped = io_count(&s, "mapped_writes");
+        let writes = io_count(&s, "writes");
+        match pass {
+            0 | 2 => assert_eq!(mapped, 0, "pass {pass}"),
+            _ => assert_eq!(mapped, writes, "pass {pass}: every write mapped"),
+        }
+        let _ = std::fs::remove_file(&back);
+        tool("nbdcopy", &[&s.uri, back.to_str().unwrap()]);
+        assert!(std::fs::read(&back).unwrap()[..data.len()] == data[..]);
+        assert_eq!(s.stop().code(), Some(0));
+        let off = ok(&args(&["read", "--offset", "0", "--length", "32M"], &ms));
+        assert!(off.stdout == data, "pass {pass}: offline read differs");
+    }
+    // Unaligned writes across chunks, with FUA, and small ones beside them.
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let cmds = [
+        "write -P 0x5a 12345 300000",
+        "write -f -P 0x6b 1000001 700001",
+        "write -P 0x7c 312345 100",
+        "read -P 0x5a 12345 300000",
+        "read -P 0x6b 1000001 700001",
+        "read -P 0x7c 312345 100",
+    ];
+    let out = qemu_io(&s.uri, &cmds);
+    assert!(!out.contains("failed"), "{out}");
+    assert_eq!(out.matches("read ").count(), 3, "{out}");
+    assert_eq!(io_count(&s, "mapped_writes"), 2);
+    assert_eq!(s.stop().code(), Some(0));
 }
 
 #[test]

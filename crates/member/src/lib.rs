@@ -155,6 +155,25 @@ pub trait Member: Send + Sync + fmt::Debug {
             len,
         }]))
     }
+    /// Writes placed straight into plain files: when writing
+    /// `[offset, offset + len)` is nothing more than writing the same bytes
+    /// at the extents of plain files open for writing (no redundancy to
+    /// update, no copy to keep in step), call `f` with the extents in order
+    /// and return what it returns. What `f` writes there, through the file
+    /// or its mapping, is written to the member. None: use `write_at`. If
+    /// `f` fails part-way, the caller writes the rest with `write_at`, which
+    /// deals with whatever is wrong.
+    fn with_write_extents(
+        &self,
+        offset: u64,
+        len: u64,
+        f: &mut dyn FnMut(&[FileExtent<'_>]) -> io::Result<()>,
+    ) -> Option<io::Result<()>> {
+        if !self.as_mapper()?.writable() {
+            return None;
+        }
+        self.with_file_extents(offset, len, f)
+    }
 }
 
 /// `len` bytes at `offset` in `file`: where a piece of a member's contents
@@ -218,7 +237,7 @@ impl FileMember {
         }
         let len = file_len(&file).map_err(|e| MemberError::new(&name, Op::Open, 0, 0, e))?;
         Ok(FileMember {
-            mapper: Mapper::new(&file, len).ok(),
+            mapper: Mapper::new(&file, len, !read_only).ok(),
             file,
             path: path.to_path_buf(),
             name,
@@ -240,7 +259,7 @@ impl FileMember {
         file.set_len(len)
             .map_err(|e| MemberError::new(&name, Op::Write, 0, len, e))?;
         Ok(FileMember {
-            mapper: Mapper::new(&file, len).ok(),
+            mapper: Mapper::new(&file, len, true).ok(),
             file,
             path: path.to_path_buf(),
             name,

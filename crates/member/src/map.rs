@@ -1,8 +1,11 @@
-//! Read-only mappings of a member file, for replies sent straight from the
-//! page cache: a large read that is already cached is written to the socket
-//! from the mapping, one copy (cache → socket) instead of two (cache →
-//! buffer → socket). Over loopback, where zero-copy splicing makes the
-//! client copy from cold cache pages, this is the cheaper way.
+//! Mappings of a member file, for data moved straight between the page
+//! cache and a socket: a large read that is already cached is written to
+//! the socket from the mapping, one copy (cache → socket) instead of two
+//! (cache → buffer → socket); over loopback, where zero-copy splicing makes
+//! the client copy from cold cache pages, this is the cheaper way. A large
+//! write whose pages are cached is received from the socket straight into
+//! the mapping (socket → cache, where a buffer costs socket → buffer →
+//! cache), when the member is open for writing.
 //!
 //! A member keeps a few windows of its file mapped (not the whole file: the
 //! page tables of a mapping that ends up touched across a multi-terabyte
@@ -10,10 +13,11 @@
 //! memmap2 maps and unmaps; `mincore(2)`, which it does not offer, tells
 //! whether a range is cached, through libc.
 //!
-//! Only cached ranges are offered. The data is then read by the kernel
-//! (send, writev) and never by this program, so a range that changes or
-//! disappears under it (a concurrent write, a truncated file) gives at
-//! worst mixed data or an `EFAULT` from the system call, never a signal.
+//! Only cached ranges are offered. The data is then read or written by the
+//! kernel (writev, recv) and never by this program, so a range that changes
+//! or disappears under it (a concurrent write, a truncated file, a page the
+//! file system cannot back) gives at worst mixed data or an `EFAULT` from
+//! the system call, never a signal.
 
 use memmap2::{MmapOptions, MmapRaw};
 use std::fs::File;
@@ -31,6 +35,8 @@ const PAGE: u64 = 4096;
 pub struct Mapper {
     file: File,
     len: u64,
+    /// Windows are mapped for writing too (the file is open for writing).
+    writable: bool,
     slots: Mutex<Slots>,
 }
 
@@ -49,29 +55,60 @@ pub struct MappedRange {
     pub len: usize,
 }
 
-// SAFETY: the pointer is into a read-only shared mapping that the range
-// itself keeps mapped; it is only handed to the kernel, never dereferenced
-// here, so sharing it between threads cannot race with anything.
+// SAFETY: the pointer is into a shared mapping that the range itself keeps
+// mapped; it is only handed to the kernel, never dereferenced here, so
+// sharing it between threads cannot race with anything in this program.
 unsafe impl Send for MappedRange {}
 // SAFETY: as for Send: nothing reads through the pointer in this program.
 unsafe impl Sync for MappedRange {}
 
 impl Mapper {
-    /// Windows of `file` (`len` bytes), mapped when first asked for. The
-    /// file descriptor is duplicated so that the mapper stands alone.
-    pub fn new(file: &File, len: u64) -> io::Result<Mapper> {
+    /// Windows of `file` (`len` bytes), mapped when first asked for, for
+    /// writing too if `writable` (the file must then be open for writing).
+    /// The file descriptor is duplicated so that the mapper stands alone.
+    pub fn new(file: &File, len: u64, writable: bool) -> io::Result<Mapper> {
         Ok(Mapper {
             file: file.try_clone()?,
             len,
+            writable,
             slots: Mutex::default(),
         })
     }
 
+    /// Whether ranges may be written through (see [`Mapper::cached_for_write`]).
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+
     /// The ranges of the mappings that hold `[offset, offset + len)`, in
-    /// order, if every page of it is in the page cache now. `Ok(None)`:
+    /// order, if every page of it is in the page cache now. `Ok(false)`:
     /// some page is not (read it the ordinary way, which also deals with
     /// errors). `Err`: the mapping could not be made.
     pub fn cached(&self, offset: u64, len: u64, out: &mut Vec<MappedRange>) -> io::Result<bool> {
+        self.ranges(offset, len, out)
+    }
+
+    /// As [`Mapper::cached`], for ranges the kernel may write into (recv):
+    /// `Ok(false)` also when the file is not open for writing. Requiring
+    /// the pages to be cached means that writing through the mapping needs
+    /// no read from the disk and, on a RAM disk, allocates nothing (a hole
+    /// is written the ordinary way, where a full file system is an error
+    /// and not a fault). Whatever still faults (a file system refusing to
+    /// back a page) makes the system call fail with `EFAULT`: the caller
+    /// then writes the rest the ordinary way.
+    pub fn cached_for_write(
+        &self,
+        offset: u64,
+        len: u64,
+        out: &mut Vec<MappedRange>,
+    ) -> io::Result<bool> {
+        if !self.writable {
+            return Ok(false);
+        }
+        self.ranges(offset, len, out)
+    }
+
+    fn ranges(&self, offset: u64, len: u64, out: &mut Vec<MappedRange>) -> io::Result<bool> {
         let end = match offset.checked_add(len) {
             Some(e) if e <= self.len && len > 0 => e,
             _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
@@ -111,12 +148,13 @@ impl Mapper {
         }
         let start = index * WINDOW;
         let len = WINDOW.min(self.len - start) as usize;
-        let map = Arc::new(
-            MmapOptions::new()
-                .offset(start)
-                .len(len)
-                .map_raw_read_only(&self.file)?,
-        );
+        let mut opts = MmapOptions::new();
+        opts.offset(start).len(len);
+        let map = Arc::new(if self.writable {
+            opts.map_raw(&self.file)?
+        } else {
+            opts.map_raw_read_only(&self.file)?
+        });
         if s.held.len() >= WINDOWS {
             // The least recently used goes; replies still sending from it
             // keep it mapped until they are done.
@@ -183,7 +221,7 @@ mod tests {
         let data: Vec<u8> = (0..(2u32 << 20)).map(|i| (i * 7 + 3) as u8).collect();
         let at = WINDOW - (1 << 20);
         f.write_all_at(&data, at).unwrap();
-        let m = Mapper::new(&f, len).unwrap();
+        let m = Mapper::new(&f, len, false).unwrap();
         let mut out = Vec::new();
         assert!(m.cached(at + 5, (2 << 20) - 5, &mut out).unwrap());
         assert_eq!(out.len(), 2, "split at the window boundary");
@@ -198,7 +236,7 @@ mod tests {
         let f = tempfile::tempfile().unwrap();
         f.set_len(8 << 20).unwrap();
         f.write_all_at(&[1u8; 4096], 0).unwrap();
-        let m = Mapper::new(&f, 8 << 20).unwrap();
+        let m = Mapper::new(&f, 8 << 20, false).unwrap();
         let mut out = Vec::new();
         assert!(m.cached(0, 4096, &mut out).unwrap());
         out.clear();
@@ -210,7 +248,7 @@ mod tests {
         let f = tempfile::tempfile().unwrap();
         let len = WINDOW * (WINDOWS as u64 + 2);
         f.set_len(len).unwrap();
-        let m = Mapper::new(&f, len).unwrap();
+        let m = Mapper::new(&f, len, false).unwrap();
         for i in 0..WINDOWS as u64 + 2 {
             f.write_all_at(&[9u8; 4096], i * WINDOW).unwrap();
             let mut out = Vec::new();

@@ -1058,10 +1058,10 @@ mod tests {
             let broken = bad.is_some();
             let mappers = match (&bad, mapped_reads) {
                 (_, false) => Vec::new(),
-                (Some(b), true) => vec![raidkit_member::Mapper::new(b, per).unwrap()],
+                (Some(b), true) => vec![raidkit_member::Mapper::new(b, per, false).unwrap()],
                 (None, true) => files
                     .iter()
-                    .map(|f| raidkit_member::Mapper::new(f, per).unwrap())
+                    .map(|f| raidkit_member::Mapper::new(f, per, false).unwrap())
                     .collect(),
             };
             let m = Arc::new(Striped {

@@ -2,7 +2,7 @@
 //! concurrently (each connection has its own workers; replies may leave out
 //! of order), for any [`Member`] — in raidkit, an array.
 
-use crate::mapped::MappedReads;
+use crate::mapped::{MappedReads, MappedWrites};
 use crate::proto::*;
 use crate::splice::Splicer;
 use crate::stream::Stream;
@@ -52,6 +52,10 @@ pub struct Config {
     /// Large reads of cached data not spliced are sent straight from
     /// mappings of the member files (see `mapped.rs`).
     pub mapped_reads: bool,
+    /// Large writes to cached pages of plain-file members of a level with
+    /// no redundancy are received straight into mappings of the member
+    /// files (see `mapped.rs`).
+    pub mapped_writes: bool,
 }
 
 /// Zero-copy read replies: the data goes from the member files to the
@@ -79,6 +83,7 @@ impl Default for Config {
             merge_align: 0,
             zero_copy: ZeroCopy::Auto,
             mapped_reads: true,
+            mapped_writes: true,
         }
     }
 }
@@ -99,6 +104,9 @@ pub struct Stats {
     pub zero_copy_reads: AtomicU64,
     /// Reads sent from mappings of the member files' cached pages.
     pub mapped_reads: AtomicU64,
+    /// Writes received from the socket straight into the member files'
+    /// cached pages.
+    pub mapped_writes: AtomicU64,
     pub errors: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_active: AtomicU64,
@@ -467,8 +475,11 @@ impl Server {
         let mut merged: Vec<Request> = Vec::new();
         let mut splicer = Splicer::new(zero_copy);
         let mut mapped = MappedReads::new(self.config.mapped_reads);
+        let mut mapped_writes = MappedWrites::new(self.config.mapped_writes);
         let size = self.export.device.len();
         let mut used = 0usize;
+        // Bytes of the payload already written to the device on arrival.
+        let mut placed = 0usize;
         loop {
             merged.clear();
             {
@@ -476,15 +487,30 @@ impl Server {
                 if c.closing.load(Ordering::Acquire) {
                     return;
                 }
-                let got = read_request(&mut r, &mut payload).and_then(|req| {
+                let got = read_header(&mut r).and_then(|req| {
                     if let Some(req) = req {
                         merged.push(req);
-                        used = if req.kind == CMD_WRITE {
-                            req.len as usize
-                        } else {
-                            0
-                        };
-                        if req.kind == CMD_WRITE && self.config.merge_writes {
+                        used = 0;
+                        placed = 0;
+                        if req.kind != CMD_WRITE {
+                            return Ok(());
+                        }
+                        let len = req.len as usize;
+                        ensure_len(&mut payload, len);
+                        let mut have = 0;
+                        if self.may_place(&req) {
+                            let got = mapped_writes.receive(
+                                &mut r,
+                                self.export.device.as_ref(),
+                                req.offset,
+                                &mut payload[..len],
+                            )?;
+                            placed = got.placed;
+                            have = got.have;
+                        }
+                        read_payload(&mut r, &mut payload[have..len])?;
+                        used = len;
+                        if placed == 0 && self.config.merge_writes {
                             merge_writes(
                                 &mut r,
                                 &mut payload,
@@ -520,11 +546,14 @@ impl Server {
             };
             let result = self.execute(
                 &whole,
-                &payload[..used],
+                (&payload[..used], placed),
                 neg,
                 &mut buf,
                 (&mut splicer, &mut mapped),
             );
+            if placed == used && used > 0 && result.is_ok() {
+                inc(&self.stats.mapped_writes, 1);
+            }
             let data_len = if splicer.loaded > 0 {
                 splicer.loaded
             } else if mapped.loaded > 0 {
@@ -584,12 +613,27 @@ impl Server {
         }
     }
 
+    /// Whether a write's payload may be received straight into the device
+    /// (`mapped.rs`): large, valid, and allowed. Invalid requests are left
+    /// to `execute`, which answers them.
+    fn may_place(&self, r: &Request) -> bool {
+        self.config.mapped_writes
+            && r.len as usize >= LARGE_REPLY
+            && r.len <= MAX_PAYLOAD
+            && !self.export.read_only
+            && r.flags & !CMD_FLAG_FUA == 0
+            && r.offset
+                .checked_add(r.len as u64)
+                .is_some_and(|e| e <= self.export.device.len())
+    }
+
     /// Serve one request; returns the reply header (and for a successful
-    /// read, leaves the data in `buf`).
+    /// read, leaves the data in `buf`). A write's payload comes with the
+    /// number of its first bytes already written on arrival.
     fn execute(
         &self,
         r: &Request,
-        payload: &[u8],
+        (payload, placed): (&[u8], usize),
         neg: Negotiated,
         buf: &mut Vec<u8>,
         (splicer, mapped): (&mut Splicer, &mut MappedReads),
@@ -655,7 +699,10 @@ impl Server {
                     }
                     match r.kind {
                         CMD_WRITE => {
-                            dev.write_at(payload, r.offset).map_err(io_err)?;
+                            if placed < payload.len() {
+                                dev.write_at(&payload[placed..], r.offset + placed as u64)
+                                    .map_err(io_err)?;
+                            }
                             inc(&st.writes, 1);
                             inc(&st.bytes_written, r.len as u64);
                         }
@@ -883,9 +930,9 @@ fn ensure_len(buf: &mut Vec<u8>, n: usize) {
     }
 }
 
-/// Read one request (and a write's payload, into `payload`, whose buffer
-/// is reused from request to request). `Ok(None)`: DISC or a clean EOF.
-fn read_request(r: &mut BufReader<Stream>, payload: &mut Vec<u8>) -> io::Result<Option<Request>> {
+/// Read one request's header (a write's payload is left in the stream,
+/// checked not to exceed the maximum). `Ok(None)`: DISC or a clean EOF.
+fn read_header(r: &mut BufReader<Stream>) -> io::Result<Option<Request>> {
     let mut hb = [0u8; REQUEST_LEN];
     match r.read_exact(&mut hb) {
         Ok(()) => {}
@@ -897,19 +944,15 @@ fn read_request(r: &mut BufReader<Stream>, payload: &mut Vec<u8>) -> io::Result<
     if req.kind == CMD_DISC {
         return Ok(None);
     }
-    if req.kind == CMD_WRITE {
-        if req.len > MAX_PAYLOAD {
-            // The payload cannot be skipped safely: end the connection.
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "write of {} bytes exceeds the maximum {MAX_PAYLOAD}",
-                    req.len
-                ),
-            ));
-        }
-        ensure_len(payload, req.len as usize);
-        read_payload(r, &mut payload[..req.len as usize])?;
+    if req.kind == CMD_WRITE && req.len > MAX_PAYLOAD {
+        // The payload cannot be skipped safely: end the connection.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "write of {} bytes exceeds the maximum {MAX_PAYLOAD}",
+                req.len
+            ),
+        ));
     }
     Ok(Some(req))
 }
