@@ -775,6 +775,17 @@ impl Array {
         }
     }
 
+    /// The members in service, loaded again once a write holds its
+    /// stripe (or chunk) lock. The view the write started with may be
+    /// older than a rebuild that has since passed this stripe under the
+    /// same lock: a member added meanwhile, already rebuilt here, would
+    /// miss the write (left stale, and the stripe's redundancy
+    /// inconsistent). Under the lock the rebuild cannot pass it, so the
+    /// view now is the one to write to.
+    fn view_under_lock(&self) -> Arc<View> {
+        self.view.load_full()
+    }
+
     /// Whether `role` has a member that takes writes.
     /// Every role served by its own member, in sync, nothing being
     /// replaced: full-stripe updates may then log their intent only.
@@ -1194,14 +1205,14 @@ impl Array {
                     None => {
                         let group: Small<(&Piece, &[u8])> =
                             pieces[i..j].iter().map(|p| (p, src(p))).collect();
-                        self.write_stripe(&v, stripe, &group)?;
+                        self.write_stripe(stripe, &group)?;
                     }
                     Some(_) if self.full_stripe(&pieces[i..j]) && Self::whole(&v) => {
                         // The whole stripe rewritten: one intent record, no
                         // windows needed.
                         let group: Small<(&Piece, &[u8])> =
                             pieces[i..j].iter().map(|p| (p, src(p))).collect();
-                        self.write_stripe(&v, stripe, &group)?;
+                        self.write_stripe(stripe, &group)?;
                     }
                     Some(w) => {
                         // Journaled: one record per column window.
@@ -1220,7 +1231,7 @@ impl Array {
                             if !clipped.is_empty() {
                                 let group: Small<(&Piece, &[u8])> =
                                     clipped.iter().map(|p| (p, src(p))).collect();
-                                self.write_stripe(&v, stripe, &group)?;
+                                self.write_stripe(stripe, &group)?;
                             }
                             ws += w;
                         }
@@ -1232,7 +1243,7 @@ impl Array {
         }
         let mirrored = matches!(self.geom.level, Level::Raid1 | Level::Raid10);
         if mirrored && buf.len() >= PARALLEL_IO && pieces.len() > 1 {
-            return self.write_mirrored_parallel(&v, &pieces, &src);
+            return self.write_mirrored_parallel(&pieces, &src);
         }
         if buf.len() >= PARALLEL_IO && pieces.len() > 1 {
             // Large writes: each member's pieces by its own thread.
@@ -1286,7 +1297,6 @@ impl Array {
     /// its own thread: one stream per disk, no seeking between copies.
     fn write_mirrored_parallel<'a>(
         &self,
-        v: &View,
         pieces: &'a [Piece],
         src: &dyn Fn(&'a Piece) -> &'a [u8],
     ) -> Result<()> {
@@ -1297,6 +1307,7 @@ impl Array {
             first.logical / chunk,
             (last.logical + last.len - 1) / chunk + 1,
         );
+        let v: &View = &self.view_under_lock();
         let mut per_role: Vec<Vec<(u64, &[u8])>> =
             (0..self.geom.members()).map(|_| Vec::new()).collect();
         for p in pieces {
@@ -1330,8 +1341,12 @@ impl Array {
 
     /// Write one piece of a non-parity level to every copy.
     fn write_copies(&self, v: &View, p: &Piece, data: &[u8], mirrored: bool) -> Result<()> {
+        #[cfg(test)]
+        tests::before_stripe_lock();
         // Mirrors must not diverge under concurrent writes to one chunk.
         let _g = mirrored.then(|| self.lock(p.logical / self.geom.chunk));
+        let now = mirrored.then(|| self.view_under_lock());
+        let v: &View = now.as_deref().unwrap_or(v);
         let targets: Small<(usize, u64)> = p
             .copies
             .iter()
@@ -1360,8 +1375,11 @@ impl Array {
     /// Update one stripe: read-modify-write or reconstruct-write, whichever
     /// reads less (md's handle_stripe_dirtying), or no reads at all for a
     /// full-stripe write.
-    fn write_stripe(&self, v: &View, stripe: u64, pieces: &[(&Piece, &[u8])]) -> Result<()> {
+    fn write_stripe(&self, stripe: u64, pieces: &[(&Piece, &[u8])]) -> Result<()> {
+        #[cfg(test)]
+        tests::before_stripe_lock();
         let _g = self.lock(stripe);
+        let v: &View = &self.view_under_lock();
         let sm = self.geom.stripe_map(stripe);
         let k = sm.data.len();
         let chunk = self.geom.chunk;
@@ -1856,5 +1874,104 @@ impl Member for Array {
         f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
     ) -> Option<std::io::Result<()>> {
         Array::with_write_extents(self, offset, len, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::create::{create, CreateOptions, Policy};
+    use crate::spec::{self, Spec};
+    use std::cell::RefCell;
+
+    thread_local! {
+        static BEFORE_STRIPE_LOCK: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+    }
+
+    /// Run this thread's hook, once, where a stripe write is about to take
+    /// its lock (its view of the members already loaded).
+    pub(super) fn before_stripe_lock() {
+        if let Some(f) = BEFORE_STRIPE_LOCK.with(|h| h.borrow_mut().take()) {
+            f();
+        }
+    }
+
+    #[test]
+    fn a_write_that_waited_for_its_stripe_writes_to_a_member_rebuilt_meanwhile() {
+        // RAID-5: stripe 0's parity is on the last member; RAID-1: the
+        // second copy.
+        for (level, n) in [(Level::Raid5, 4), (Level::Raid1, 2)] {
+            waited_write_reaches_a_member_rebuilt_meanwhile(level, n);
+        }
+    }
+
+    fn waited_write_reaches_a_member_rebuilt_meanwhile(level: Level, n: usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let chunk = 16u64 << 10;
+        let members: Vec<String> = (0..n)
+            .map(|i| dir.path().join(format!("m{i}")).display().to_string())
+            .collect();
+        let opts = CreateOptions {
+            level,
+            layout: level.default_layout(),
+            chunk,
+            size: Some((2 << 20) + 16 * chunk),
+            name: "r".into(),
+            force: false,
+            assume_clean: false,
+            bitmap_region: 64 << 10,
+            policy: Policy::Bitmap,
+            spares: Vec::new(),
+        };
+        let specs: Vec<Spec> = members.iter().map(|m| Spec::File(m.clone())).collect();
+        create(&specs, &opts, |_, _| {}).unwrap();
+        let asm = crate::assemble::assemble(spec::open_all(&specs, false).unwrap()).unwrap();
+        let a = Array::open(asm, "r", false).unwrap();
+        let mut model: Vec<u8> = (0..a.capacity()).map(|i| (i * 131 % 251) as u8).collect();
+        a.write(&model, 0).unwrap();
+        let last = (n - 1).to_string();
+        if level == Level::Raid5 {
+            assert_eq!(a.geometry().stripe_map(0).p, n - 1);
+        }
+        a.fail_member(&last, false).unwrap();
+        a.remove_member(&last).unwrap();
+        let (reached_tx, reached_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let new = vec![0xABu8; 4096];
+        std::thread::scope(|sc| {
+            let writer = sc.spawn(|| {
+                BEFORE_STRIPE_LOCK.with(|h| {
+                    *h.borrow_mut() = Some(Box::new(move || {
+                        reached_tx.send(()).unwrap();
+                        go_rx.recv().unwrap();
+                    }))
+                });
+                a.write(&new, 4096)
+            });
+            // The write has seen the array without its last member and
+            // waits at its stripe; meanwhile a new member is added and
+            // rebuilt.
+            reached_rx.recv().unwrap();
+            let fresh = dir.path().join("fresh").display().to_string();
+            std::fs::File::create(&fresh)
+                .unwrap()
+                .set_len(std::fs::metadata(&members[0]).unwrap().len())
+                .unwrap();
+            a.add_member(&fresh, false).unwrap();
+            a.recover_all().unwrap();
+            assert_eq!(a.health(), Health::Optimal);
+            go_tx.send(()).unwrap();
+            writer.join().unwrap().unwrap();
+        });
+        model[4096..8192].copy_from_slice(&new);
+        assert_eq!(
+            a.count_mismatches().unwrap(),
+            0,
+            "{level}: redundancy left stale"
+        );
+        let mut back = vec![0u8; model.len()];
+        a.read(&mut back, 0).unwrap();
+        assert!(back == model);
+        a.close().unwrap();
     }
 }
