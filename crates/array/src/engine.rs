@@ -1303,6 +1303,8 @@ impl Array {
         let chunk = self.geom.chunk;
         let first = pieces.first().expect("pieces");
         let last = pieces.last().expect("pieces");
+        #[cfg(test)]
+        tests::before_stripe_lock();
         let _locks = self.lock_range(
             first.logical / chunk,
             (last.logical + last.len - 1) / chunk + 1,
@@ -1900,12 +1902,16 @@ mod tests {
     fn a_write_that_waited_for_its_stripe_writes_to_a_member_rebuilt_meanwhile() {
         // RAID-5: stripe 0's parity is on the last member; RAID-1: the
         // second copy.
+        // A write of 4 KiB, and one of 1 MiB (RAID-1: each member's
+        // copies by its own thread).
         for (level, n) in [(Level::Raid5, 4), (Level::Raid1, 2)] {
-            waited_write_reaches_a_member_rebuilt_meanwhile(level, n);
+            for len in [4096, 1 << 20] {
+                waited_write_reaches_a_member_rebuilt_meanwhile(level, n, len);
+            }
         }
     }
 
-    fn waited_write_reaches_a_member_rebuilt_meanwhile(level: Level, n: usize) {
+    fn waited_write_reaches_a_member_rebuilt_meanwhile(level: Level, n: usize, len: usize) {
         let dir = tempfile::tempdir().unwrap();
         let chunk = 16u64 << 10;
         let members: Vec<String> = (0..n)
@@ -1937,7 +1943,7 @@ mod tests {
         a.remove_member(&last).unwrap();
         let (reached_tx, reached_rx) = std::sync::mpsc::channel();
         let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let new = vec![0xABu8; 4096];
+        let new = vec![0xABu8; len];
         std::thread::scope(|sc| {
             let writer = sc.spawn(|| {
                 BEFORE_STRIPE_LOCK.with(|h| {
@@ -1963,7 +1969,7 @@ mod tests {
             go_tx.send(()).unwrap();
             writer.join().unwrap().unwrap();
         });
-        model[4096..8192].copy_from_slice(&new);
+        model[4096..4096 + len].copy_from_slice(&new);
         assert_eq!(
             a.count_mismatches().unwrap(),
             0,
