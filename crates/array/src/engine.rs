@@ -879,16 +879,13 @@ impl Array {
                 .copy_order(p)
                 .find_map(|(role, dev)| Self::readable(&v, role, dev, p.len).map(|d| (d, dev)))?;
             let file = d.member.as_file()?;
-            let at = d.data_offset + dev;
-            match ext.last_mut() {
-                Some(e) if std::ptr::eq(e.file, file) && e.offset + e.len == at => e.len += p.len,
-                _ => ext.push(FileExtent {
-                    file,
-                    mapper: d.member.as_mapper(),
-                    offset: at,
-                    len: p.len,
-                }),
-            }
+            push_extent(
+                &mut ext,
+                file,
+                d.member.as_mapper(),
+                d.data_offset + dev,
+                p.len,
+            );
             if !disks.iter().any(|x| std::ptr::eq(*x, &**d)) {
                 disks.push(d);
             }
@@ -913,9 +910,9 @@ impl Array {
         len: u64,
         f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
     ) -> Option<std::io::Result<()>> {
+        // (No redundancy also means no bitmap, rebuild or replacement.)
         if len == 0
             || self.geom.level.has_redundancy()
-            || self.bitmap.is_some()
             || self.check(offset, len).is_err()
             || !self.alive.load(Ordering::Acquire)
             || self.begin_write().is_err()
@@ -929,23 +926,10 @@ impl Array {
             let [(role, dev)] = p.copies[..] else {
                 return None;
             };
-            let rv = &v.roles[role];
-            let d = rv.disk.as_ref()?;
-            if rv.replacement.is_some() || rv.sync.is_some() {
-                return None;
-            }
+            let d = v.roles[role].disk.as_ref()?;
             let file = d.member.as_file()?;
             let mapper = d.member.as_mapper().filter(|m| m.writable())?;
-            let at = d.data_offset + dev;
-            match ext.last_mut() {
-                Some(e) if std::ptr::eq(e.file, file) && e.offset + e.len == at => e.len += p.len,
-                _ => ext.push(FileExtent {
-                    file,
-                    mapper: Some(mapper),
-                    offset: at,
-                    len: p.len,
-                }),
-            }
+            push_extent(&mut ext, file, Some(mapper), d.data_offset + dev, p.len);
         }
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
         let _writing = Busy::enter(&self.writing);
@@ -1793,6 +1777,26 @@ impl Array {
 /// The part of a piece within columns `[lo, hi)` of its chunk.
 /// P (and Q) of one column of a full stripe, from each data chunk's
 /// `cols` (by data index), into the same columns of `p` and `q`.
+/// Append `len` bytes at `at` of `file` to `ext`, as part of the last
+/// extent where they continue it.
+fn push_extent<'a>(
+    ext: &mut Vec<FileExtent<'a>>,
+    file: &'a std::fs::File,
+    mapper: Option<&'a raidkit_member::Mapper>,
+    at: u64,
+    len: u64,
+) {
+    match ext.last_mut() {
+        Some(e) if std::ptr::eq(e.file, file) && e.offset + e.len == at => e.len += len,
+        _ => ext.push(FileExtent {
+            file,
+            mapper,
+            offset: at,
+            len,
+        }),
+    }
+}
+
 fn column_parity(
     sm: &StripeMap,
     by_dd: &[&[u8]],

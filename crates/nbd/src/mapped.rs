@@ -94,7 +94,6 @@ impl MappedReads {
 #[derive(Debug, Default)]
 pub(crate) struct MappedWrites {
     ranges: Vec<MappedRange>,
-    enabled: bool,
 }
 
 /// How much of a write's payload `MappedWrites::receive` dealt with.
@@ -108,13 +107,6 @@ pub(crate) struct Received {
 }
 
 impl MappedWrites {
-    pub(crate) fn new(enabled: bool) -> MappedWrites {
-        MappedWrites {
-            enabled,
-            ..MappedWrites::default()
-        }
-    }
-
     /// Take the payload of a write of `buf.len()` bytes at `offset` of
     /// `dev`, as far as possible straight into the member files: the bytes
     /// `r` has already buffered with `pwrite`, the rest with `recv` into
@@ -131,9 +123,6 @@ impl MappedWrites {
         buf: &mut [u8],
     ) -> io::Result<Received> {
         let mut got = Received::default();
-        if !self.enabled {
-            return Ok(got);
-        }
         let len = buf.len();
         let ranges = &mut self.ranges;
         let mut socket = Ok(());
@@ -326,7 +315,7 @@ mod tests {
         let at = 12_345u64;
         let mut r = reader_with(&payload, 5000);
         let mut buf = vec![0u8; payload.len()];
-        let mut w = MappedWrites::new(true);
+        let mut w = MappedWrites::default();
         let got = w.receive(&mut r, &m, at, &mut buf).unwrap();
         assert_eq!((got.placed, got.have), (payload.len(), payload.len()));
         let mut want = pattern(len, 1);
@@ -346,7 +335,7 @@ mod tests {
             let m = FileMember::open(&path, read_only).unwrap();
             let mut r = reader_with(&payload, 0);
             let mut buf = vec![0u8; payload.len()];
-            let got = MappedWrites::new(true)
+            let got = MappedWrites::default()
                 .receive(&mut r, &m, offset, &mut buf)
                 .unwrap();
             assert_eq!(got, Received::default(), "read-only {read_only}");

@@ -475,7 +475,7 @@ impl Server {
         let mut merged: Vec<Request> = Vec::new();
         let mut splicer = Splicer::new(zero_copy);
         let mut mapped = MappedReads::new(self.config.mapped_reads);
-        let mut mapped_writes = MappedWrites::new(self.config.mapped_writes);
+        let mut mapped_writes = MappedWrites::default();
         let size = self.export.device.len();
         let mut used = 0usize;
         // Bytes of the payload already written to the device on arrival.
@@ -619,7 +619,6 @@ impl Server {
     fn may_place(&self, r: &Request) -> bool {
         self.config.mapped_writes
             && r.len as usize >= LARGE_REPLY
-            && r.len <= MAX_PAYLOAD
             && !self.export.read_only
             && r.flags & !CMD_FLAG_FUA == 0
             && r.offset
