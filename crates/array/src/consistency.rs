@@ -73,6 +73,53 @@ impl Array {
         encode: impl FnOnce(uuid::Uuid, u64) -> Vec<u8>,
     ) -> Result<Slot<'a>> {
         let slot = j.reserve(size, |seq| self.journal_checkpoint(seq))?;
+        self.journal_write(j, slot, v, stripe, dev, encode)
+    }
+
+    /// Intent records for the whole stripes `s0..s1` (each `len` bytes
+    /// from the start of its chunks), written together for a caller that
+    /// holds them all until the stripes are written. None: no journal.
+    pub(crate) fn journal_intents(
+        &self,
+        v: &View,
+        s0: u64,
+        s1: u64,
+        len: u64,
+    ) -> Result<Option<Vec<Slot<'_>>>> {
+        let Some(j) = &self.journal else {
+            return Ok(None);
+        };
+        let chunk = self.geom.chunk;
+        let Some(slots) = j.reserve_many((s1 - s0) as usize, journal::HEADER as u64, |seq| {
+            self.journal_checkpoint(seq)
+        })?
+        else {
+            return Err(Error::Invalid(
+                "too many intent records for the journal".into(),
+            ));
+        };
+        (s0..s1)
+            .zip(slots)
+            .map(|(s, slot)| {
+                self.journal_write(j, slot, v, s, s * chunk, |uuid, seq| {
+                    journal::encode_intent(uuid, seq, s, s * chunk, len)
+                })
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
+    /// Write a record into its reserved slot on `redundancy + 1` members
+    /// (spread by stripe) and make it durable there.
+    fn journal_write<'a>(
+        &'a self,
+        j: &'a journal::Journal,
+        slot: Slot<'a>,
+        v: &View,
+        stripe: u64,
+        dev: u64,
+        encode: impl FnOnce(uuid::Uuid, u64) -> Vec<u8>,
+    ) -> Result<Slot<'a>> {
         let uuid = self.meta.lock().expect("meta lock").sb.array_uuid;
         let rec = encode(uuid, slot.seq);
         // Copies on redundancy + 1 members, spread by stripe.

@@ -911,6 +911,9 @@ impl Array {
         f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
     ) -> Option<std::io::Result<()>> {
         // (No redundancy also means no bitmap, rebuild or replacement.)
+        if self.geom.level.is_parity() {
+            return self.with_stripe_extents(offset, len, f);
+        }
         if len == 0
             || self.geom.level.has_redundancy()
             || self.check(offset, len).is_err()
@@ -934,6 +937,231 @@ impl Array {
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
         let _writing = Busy::enter(&self.writing);
         Some(f(&ext))
+    }
+
+    /// `with_write_extents` for parity levels: whole stripes only, every
+    /// member in service and in sync, the data members plain files. Each
+    /// stripe's intent is logged (or its bitmap region marked) and the
+    /// stripes are locked before `f` writes the data chunks in place; then
+    /// P (and Q) are computed from what the data members hold and written,
+    /// whatever `f` managed to write: the stripes are consistent again
+    /// before the locks go. A crash in between leaves stripes that the
+    /// intent log (or the bitmap) has the parity of recomputed; every data
+    /// chunk of them belongs to the interrupted write, so no data outside
+    /// it can be lost (no write hole).
+    ///
+    /// `f` returning `ErrorKind::WouldBlock` means it wrote nothing: the
+    /// parity is then left alone.
+    fn with_stripe_extents(
+        &self,
+        offset: u64,
+        len: u64,
+        f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
+    ) -> Option<std::io::Result<()>> {
+        let chunk = self.geom.chunk;
+        let width = chunk * self.geom.data_members() as u64;
+        if len == 0
+            || !offset.is_multiple_of(width)
+            || !len.is_multiple_of(width)
+            || self.check(offset, len).is_err()
+            || !self.alive.load(Ordering::Acquire)
+            || !Self::whole(&self.view.load())
+            || self.begin_write().is_err()
+        {
+            return None;
+        }
+        let (s0, s1) = (offset / width, (offset + len) / width);
+        let pieces = self.geom.pieces(offset, len);
+        let _bits = match &self.bitmap {
+            Some(b) => {
+                let (lo, hi) = self.dev_span(&pieces);
+                let ws = self.view.load().writable();
+                let (guard, failed) =
+                    b.start_write(lo, hi, &|| ws.iter().map(|d| d.member.clone()).collect());
+                for (i, e) in failed {
+                    self.fail_disk_by_ptr(&ws[i], &format!("writing the bitmap: {e}"));
+                }
+                Some(guard)
+            }
+            None => None,
+        };
+        let _locks = self.lock_range(s0, s1);
+        let v = self.view_under_lock();
+        if !self.alive.load(Ordering::Acquire) || !Self::whole(&v) {
+            return None;
+        }
+        let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
+        for p in &pieces {
+            let (role, dev) = p.copies[0];
+            let d = v.roles[role].disk.as_ref()?;
+            let file = d.member.as_file()?;
+            let mapper = d.member.as_mapper().filter(|m| m.writable())?;
+            push_extent(&mut ext, file, Some(mapper), d.data_offset + dev, p.len);
+        }
+        let Ok(slots) = self.journal_intents(&v, s0, s1, chunk) else {
+            return None;
+        };
+        self.fg_ops.fetch_add(1, Ordering::Relaxed);
+        let _writing = Busy::enter(&self.writing);
+        let r = f(&ext);
+        if matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
+            return Some(r);
+        }
+        let parity = (s0..s1).try_for_each(|s| {
+            if self.parity_in_place(&v, s) {
+                Ok(())
+            } else {
+                self.parity_from_members(&v, s)
+            }
+        });
+        drop(slots);
+        Some(match parity {
+            Ok(()) => r,
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        })
+    }
+
+    /// Compute stripe `stripe`'s P (and Q) straight from the data chunks in
+    /// the members' mappings into the parity chunks' mappings: no copy in
+    /// or out, where `parity_from_members` reads the chunks back and writes
+    /// the parity. Call with the stripe locked (nothing else in this
+    /// program touches its chunks). false: a chunk is not cached or not in
+    /// one mapped window, or a page faulted (a member file truncated or
+    /// failing under the server; whatever was written is then overwritten
+    /// by `parity_from_members`, which also reports the error).
+    fn parity_in_place(&self, v: &View, stripe: u64) -> bool {
+        let sm = self.geom.stripe_map(stripe);
+        let k = sm.data.len();
+        let chunk = self.geom.chunk;
+        let dev = stripe * chunk;
+        let outs: Small<usize> = std::iter::once(sm.p).chain(sm.q).collect();
+        let mut ranges = Vec::with_capacity(k + outs.len());
+        for (role, write) in sm
+            .data
+            .iter()
+            .map(|&r| (r, false))
+            .chain(outs.iter().map(|&r| (r, true)))
+        {
+            let Some(d) = &v.roles[role].disk else {
+                return false;
+            };
+            let Some(m) = d.member.as_mapper() else {
+                return false;
+            };
+            let had = ranges.len();
+            let at = d.data_offset + dev;
+            let cached = if write {
+                m.cached_for_write(at, chunk, &mut ranges)
+            } else {
+                m.cached(at, chunk, &mut ranges)
+            };
+            if !matches!(cached, Ok(true)) || ranges.len() != had + 1 {
+                return false;
+            }
+        }
+        #[cfg(test)]
+        tests::before_parity_in_place();
+        let isa = parity::Isa::best();
+        let mut refs: Small<&[u8]> = smallvec![&[][..]; k];
+        for (dd, r) in ranges[..k].iter().enumerate() {
+            // SAFETY: read inside `guarded` below; the stripe lock keeps
+            // every writer in this program off the chunk.
+            refs[sm.syndrome[dd]] = unsafe { r.bytes() };
+        }
+        // SAFETY: as above; P and Q are other members' chunks than the
+        // data, so these are the only slices of their bytes.
+        let (p, mut q) = unsafe {
+            (
+                ranges[k].bytes_mut(),
+                ranges.get(k + 1).map(|r| r.bytes_mut()),
+            )
+        };
+        // SAFETY: the closure only runs the parity kernels over slices set
+        // up beforehand, which allocate nothing and hold no guards.
+        let done = unsafe {
+            raidkit_member::guarded(&mut || match q.as_deref_mut() {
+                Some(q) => parity::gen_pq_with(isa, &refs, p, q),
+                None => parity::gen_p_with(isa, &refs, p),
+            })
+        };
+        #[cfg(test)]
+        tests::note_parity_in_place(done.is_ok());
+        done.is_ok()
+    }
+
+    /// Compute stripe `stripe`'s P (and Q) from its data chunks as the
+    /// members hold them, column by column (each column read into buffers
+    /// that stay in cache), and write them. Call with the stripe locked.
+    /// A data chunk that cannot be read fails its member: the parity
+    /// cannot be had, and the error is returned.
+    fn parity_from_members(&self, v: &View, stripe: u64) -> Result<()> {
+        let sm = self.geom.stripe_map(stripe);
+        let k = sm.data.len();
+        let chunk = self.geom.chunk as usize;
+        let dev = stripe * chunk as u64;
+        let col = COLUMN.min(chunk);
+        // Buffers of the sizes this needs, not ones of other sizes from the
+        // shared scratch pool, which would be zero-filled to size each time.
+        thread_local! {
+            static BUFS: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let mut bufs = BUFS.with(|b| std::mem::take(&mut *b.borrow_mut()));
+        bufs.resize_with(k + 2, Vec::new);
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let want = if i < k { col } else { chunk };
+            if b.len() != want {
+                b.resize(want, 0);
+            }
+        }
+        let mut qbuf = bufs.pop().filter(|_| sm.q.is_some());
+        let mut pbuf = bufs.pop().expect("P buffer");
+        let mut rows = bufs;
+        let mut done = Ok(());
+        let mut at = 0;
+        'columns: while at < chunk {
+            let n = col.min(chunk - at);
+            for (dd, row) in rows.iter_mut().enumerate() {
+                let role = sm.data[dd];
+                match self.member_read(v, role, &mut row[..n], dev + at as u64) {
+                    Some(Ok(())) => {}
+                    failed => {
+                        let why = match failed {
+                            Some(Err(e)) => e.to_string(),
+                            _ => "not readable".into(),
+                        };
+                        if let Some(d) = &v.roles[role].disk {
+                            self.fail_disk_by_ptr(d, &format!("reading back a stripe: {why}"));
+                        }
+                        done = Err(Error::Unavailable {
+                            offset: self.geom.stripe_data_offset(stripe, dd) + at as u64,
+                            detail: format!("reading back role {role}: {why}"),
+                        });
+                        break 'columns;
+                    }
+                }
+            }
+            let by_dd: Small<&[u8]> = rows.iter().map(|r| &r[..n]).collect();
+            let mut refs: Small<&[u8]> = smallvec![&[][..]; k];
+            for (dd, d) in by_dd.iter().enumerate() {
+                refs[sm.syndrome[dd]] = d;
+            }
+            match qbuf.as_mut() {
+                Some(q) => parity::gen_pq(&refs, &mut pbuf[at..at + n], &mut q[at..at + n]),
+                None => parity::gen_p(&refs, &mut pbuf[at..at + n]),
+            }
+            at += n;
+        }
+        let done = done
+            .and_then(|()| self.member_write(v, sm.p, &pbuf, dev))
+            .and_then(|()| match (sm.q, &qbuf) {
+                (Some(role), Some(q)) => self.member_write(v, role, q, dev),
+                _ => Ok(()),
+            });
+        let mut bufs = rows;
+        bufs.push(pbuf);
+        bufs.push(qbuf.unwrap_or_default());
+        BUFS.with(|b| *b.borrow_mut() = bufs);
+        done
     }
 
     /// A large read: the pieces of each member read by its own thread, so
@@ -1892,6 +2120,29 @@ mod tests {
 
     thread_local! {
         static BEFORE_STRIPE_LOCK: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+        static BEFORE_PARITY_IN_PLACE: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+        /// Stripes whose parity this thread computed in place, and those
+        /// where a fault cut that short.
+        static IN_PLACE: std::cell::Cell<(u32, u32)> = const { std::cell::Cell::new((0, 0)) };
+    }
+
+    /// Run this thread's hook, once, where `parity_in_place` has the
+    /// mappings of a stripe and is about to compute over them.
+    pub(super) fn before_parity_in_place() {
+        if let Some(f) = BEFORE_PARITY_IN_PLACE.with(|h| h.borrow_mut().take()) {
+            f();
+        }
+    }
+
+    pub(super) fn note_parity_in_place(done: bool) {
+        IN_PLACE.with(|c| {
+            let (ok, faulted) = c.get();
+            c.set(if done {
+                (ok + 1, faulted)
+            } else {
+                (ok, faulted + 1)
+            });
+        });
     }
 
     /// Run this thread's hook, once, where a stripe write is about to take
@@ -1918,27 +2169,14 @@ mod tests {
     fn waited_write_reaches_a_member_rebuilt_meanwhile(level: Level, n: usize, len: usize) {
         let dir = tempfile::tempdir().unwrap();
         let chunk = 16u64 << 10;
-        let members: Vec<String> = (0..n)
-            .map(|i| dir.path().join(format!("m{i}")).display().to_string())
-            .collect();
-        let opts = CreateOptions {
+        let (a, members, mut model) = file_array(
+            dir.path(),
             level,
-            layout: level.default_layout(),
+            n,
             chunk,
-            size: Some((2 << 20) + 16 * chunk),
-            name: "r".into(),
-            force: false,
-            assume_clean: false,
-            bitmap_region: 64 << 10,
-            policy: Policy::Bitmap,
-            spares: Vec::new(),
-        };
-        let specs: Vec<Spec> = members.iter().map(|m| Spec::File(m.clone())).collect();
-        create(&specs, &opts, |_, _| {}).unwrap();
-        let asm = crate::assemble::assemble(spec::open_all(&specs, false).unwrap()).unwrap();
-        let a = Array::open(asm, "r", false).unwrap();
-        let mut model: Vec<u8> = (0..a.capacity()).map(|i| (i * 131 % 251) as u8).collect();
-        a.write(&model, 0).unwrap();
+            (2 << 20) + 16 * chunk,
+            Policy::Bitmap,
+        );
         let last = (n - 1).to_string();
         if level == Level::Raid5 {
             assert_eq!(a.geometry().stripe_map(0).p, n - 1);
@@ -1982,6 +2220,119 @@ mod tests {
         let mut back = vec![0u8; model.len()];
         a.read(&mut back, 0).unwrap();
         assert!(back == model);
+        a.close().unwrap();
+    }
+
+    /// An array of `n` file members of `size` bytes each, holding a
+    /// pattern (returned), with every page of its members cached (just
+    /// written).
+    fn file_array(
+        dir: &std::path::Path,
+        level: Level,
+        n: usize,
+        chunk: u64,
+        size: u64,
+        policy: Policy,
+    ) -> (Array, Vec<String>, Vec<u8>) {
+        let members: Vec<String> = (0..n)
+            .map(|i| dir.join(format!("m{i}")).display().to_string())
+            .collect();
+        let opts = CreateOptions {
+            level,
+            layout: level.default_layout(),
+            chunk,
+            size: Some(size),
+            name: "r".into(),
+            force: false,
+            assume_clean: false,
+            bitmap_region: 64 << 10,
+            policy,
+            spares: Vec::new(),
+        };
+        let specs: Vec<Spec> = members.iter().map(|m| Spec::File(m.clone())).collect();
+        create(&specs, &opts, |_, _| {}).unwrap();
+        let asm = crate::assemble::assemble(spec::open_all(&specs, false).unwrap()).unwrap();
+        let a = Array::open(asm, "r", false).unwrap();
+        let model: Vec<u8> = (0..a.capacity()).map(|i| (i * 131 % 251) as u8).collect();
+        a.write(&model, 0).unwrap();
+        (a, members, model)
+    }
+
+    /// Write `data` at `offset` through `with_write_extents`, the way the
+    /// server's mapped writes do (here with `pwrite` into the extents).
+    fn write_in_place(a: &Array, offset: u64, data: &[u8]) -> Option<std::io::Result<()>> {
+        use std::os::unix::fs::FileExt;
+        a.with_write_extents(offset, data.len() as u64, &mut |ext| {
+            let mut at = 0;
+            for e in ext {
+                e.file
+                    .write_all_at(&data[at..at + e.len as usize], e.offset)?;
+                at += e.len as usize;
+            }
+            Ok(())
+        })
+    }
+
+    #[test]
+    fn whole_stripes_written_in_place_get_their_parity_from_the_mappings() {
+        for (level, n) in [(Level::Raid5, 4), (Level::Raid6, 5)] {
+            let dir = tempfile::tempdir().unwrap();
+            let (a, _, mut model) =
+                file_array(dir.path(), level, n, 16 << 10, 2 << 20, Policy::Journal);
+            let width = a.geometry().chunk * a.geometry().data_members() as u64;
+            // Not whole stripes: refused, nothing written.
+            assert!(write_in_place(&a, width, &vec![1u8; width as usize + 4096]).is_none());
+            assert!(write_in_place(&a, 4096, &vec![1u8; width as usize]).is_none());
+            IN_PLACE.with(|c| c.set((0, 0)));
+            let new: Vec<u8> = (0..3 * width).map(|i| (i * 7 % 253) as u8).collect();
+            write_in_place(&a, 2 * width, &new).unwrap().unwrap();
+            assert_eq!(IN_PLACE.with(|c| c.get()), (3, 0), "{level}");
+            model[2 * width as usize..5 * width as usize].copy_from_slice(&new);
+            assert_eq!(a.count_mismatches().unwrap(), 0, "{level}: parity");
+            let mut back = vec![0u8; model.len()];
+            a.read(&mut back, 0).unwrap();
+            assert!(back == model, "{level}: data");
+            a.close().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_member_truncated_under_parity_in_place_faults_without_killing_the_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, members, _) = file_array(
+            dir.path(),
+            Level::Raid5,
+            4,
+            16 << 10,
+            2 << 20,
+            Policy::Journal,
+        );
+        let width = a.geometry().chunk * a.geometry().data_members() as u64;
+        let stripe = 5;
+        let p = a.geometry().stripe_map(stripe).p;
+        let at = {
+            let v = a.view.load();
+            v.roles[p].disk.as_ref().unwrap().data_offset + stripe * a.geometry().chunk
+        };
+        // Once the mappings are set up, P's member loses its file from the
+        // stripe's parity chunk on: computing into it faults (SIGBUS).
+        let path = members[p].clone();
+        BEFORE_PARITY_IN_PLACE.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move || {
+                let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                f.set_len(at).unwrap();
+            }))
+        });
+        IN_PLACE.with(|c| c.set((0, 0)));
+        let new = vec![0x5Au8; width as usize];
+        let r = write_in_place(&a, stripe * width, &new).unwrap();
+        assert_eq!(IN_PLACE.with(|c| c.get()), (0, 1), "the fault was caught");
+        // The ordinary path took over and wrote the parity (extending the
+        // file again); the data is what was written.
+        r.unwrap();
+        let mut back = vec![0u8; width as usize];
+        a.read(&mut back, stripe * width).unwrap();
+        assert!(back == new);
         a.close().unwrap();
     }
 }

@@ -296,8 +296,34 @@ impl Journal {
         len: u64,
         checkpoint: impl FnOnce(u64) -> Result<(), E>,
     ) -> Result<Slot<'_>, E> {
+        Ok(self.take(1, len, checkpoint)?.pop().expect("one slot"))
+    }
+
+    /// `count` slots of `len` bytes each, one after the other, all at once:
+    /// for a caller that holds them together (reserving them one by one
+    /// could wait for itself, when the log wraps). None: they would not fit
+    /// in the log at all.
+    pub fn reserve_many<E>(
+        &self,
+        count: usize,
+        len: u64,
+        checkpoint: impl FnOnce(u64) -> Result<(), E>,
+    ) -> Result<Option<Vec<Slot<'_>>>, E> {
+        if len * count as u64 > self.size {
+            return Ok(None);
+        }
+        self.take(count, len, checkpoint).map(Some)
+    }
+
+    fn take<E>(
+        &self,
+        count: usize,
+        len: u64,
+        checkpoint: impl FnOnce(u64) -> Result<(), E>,
+    ) -> Result<Vec<Slot<'_>>, E> {
+        let total = len * count as u64;
         let mut st = self.state.lock().expect("journal");
-        if st.pos + len > self.size {
+        if st.pos + total > self.size {
             while st.inflight > 0 {
                 st = self.idle.wait(st).expect("journal");
             }
@@ -305,15 +331,18 @@ impl Journal {
             checkpoint(st.seq)?;
             st.pos = 0;
         }
-        st.seq += 1;
-        st.inflight += 1;
-        let slot = Slot {
-            journal: self,
-            seq: st.seq,
-            at: st.pos,
-        };
-        st.pos += len;
-        Ok(slot)
+        let mut slots = Vec::with_capacity(count);
+        for _ in 0..count {
+            st.seq += 1;
+            st.inflight += 1;
+            slots.push(Slot {
+                journal: self,
+                seq: st.seq,
+                at: st.pos,
+            });
+            st.pos += len;
+        }
+        Ok(slots)
     }
 
     /// Continue numbering after `seq` (records found at replay).

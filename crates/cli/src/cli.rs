@@ -393,9 +393,9 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_mapped_reads: bool,
     /// Do not receive large writes to cached pages straight into mappings
-    /// of the member files (linear and RAID-0 arrays of plain files: one
-    /// copy in the server instead of two); receive them into a buffer
-    /// first, as for other levels.
+    /// of the member files (plain files of linear, RAID-0 and, by whole
+    /// stripes, RAID-4/5/6 arrays: one copy in the server instead of two);
+    /// receive them into a buffer first, as for mirrored levels.
     #[arg(long)]
     pub no_mapped_writes: bool,
     /// Rebuild speed while clients are busy, bytes/s (K/M/G; 0: no limit),

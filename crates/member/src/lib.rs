@@ -15,11 +15,13 @@
 //! ```
 
 pub mod fault;
+pub mod guard;
 pub mod map;
 pub mod powercut;
 pub mod sim;
 
 pub use fault::{FaultConfig, FaultMember};
+pub use guard::{guarded, Fault};
 pub use map::{MappedRange, Mapper};
 pub use powercut::{CutRng, PowerCutMember};
 pub use sim::{SimConfig, SimDisk};
@@ -156,13 +158,17 @@ pub trait Member: Send + Sync + fmt::Debug {
         }]))
     }
     /// Writes placed straight into plain files: when writing
-    /// `[offset, offset + len)` is nothing more than writing the same bytes
-    /// at the extents of plain files open for writing (no redundancy to
-    /// update, no copy to keep in step), call `f` with the extents in order
-    /// and return what it returns. What `f` writes there, through the file
-    /// or its mapping, is written to the member. None: use `write_at`. If
-    /// `f` fails part-way, the caller writes the rest with `write_at`, which
-    /// deals with whatever is wrong.
+    /// `[offset, offset + len)` comes down to writing the same bytes at the
+    /// extents of plain files open for writing (no copy to keep in step),
+    /// call `f` with the extents in order and return what it returns. What
+    /// `f` writes there, through the file or its mapping, is written to the
+    /// member. A parity array offers whole stripes and, once `f` returns,
+    /// brings their parity up to date from what the data extents hold
+    /// (unless `f` returned `ErrorKind::WouldBlock`, which says it wrote
+    /// nothing); an error of its own there comes back as
+    /// `ErrorKind::Other`. None: use `write_at`. If `f` fails part-way, the
+    /// caller writes the rest with `write_at`, which deals with whatever is
+    /// wrong.
     fn with_write_extents(
         &self,
         offset: u64,

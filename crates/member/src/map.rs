@@ -14,10 +14,12 @@
 //! whether a range is cached, through libc.
 //!
 //! Only cached ranges are offered. The data is then read or written by the
-//! kernel (writev, recv) and never by this program, so a range that changes
-//! or disappears under it (a concurrent write, a truncated file, a page the
-//! file system cannot back) gives at worst mixed data or an `EFAULT` from
-//! the system call, never a signal.
+//! kernel (writev, recv), so a range that changes or disappears under it (a
+//! concurrent write, a truncated file, a page the file system cannot back)
+//! gives at worst mixed data or an `EFAULT` from the system call, never a
+//! signal; or by this program (a RAID-5 computing parity over the chunks it
+//! just received in place) only inside [`crate::guarded`], which turns the
+//! signal such a page raises into an error.
 
 use memmap2::{MmapOptions, MmapRaw};
 use std::fs::File;
@@ -53,13 +55,55 @@ pub struct MappedRange {
     _map: Arc<MmapRaw>,
     pub ptr: *const u8,
     pub len: usize,
+    /// From [`Mapper::cached_for_write`]: the mapping may be written.
+    writable: bool,
+}
+
+impl MappedRange {
+    /// `len` bytes of this range from `skip` on (both within it).
+    pub fn sub(&self, skip: usize, len: usize) -> MappedRange {
+        assert!(skip + len <= self.len, "a sub-range lies within its range");
+        MappedRange {
+            _map: self._map.clone(),
+            // SAFETY: within the range, checked above.
+            ptr: unsafe { self.ptr.add(skip) },
+            len,
+            writable: self.writable,
+        }
+    }
+
+    /// The range's bytes, for this program to read.
+    ///
+    /// # Safety
+    /// Only read them inside [`crate::guarded`] (a page the file no longer
+    /// backs faults), and while nothing in this program writes them.
+    pub unsafe fn bytes(&self) -> &[u8] {
+        // SAFETY: the range lies in a mapping it keeps alive; the caller
+        // sees to faults and to concurrent writers.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The range's bytes, for this program to write: a range from
+    /// [`Mapper::cached_for_write`] only (panics otherwise).
+    ///
+    /// # Safety
+    /// As [`MappedRange::bytes`], and nothing else in this program may read
+    /// or write them meanwhile (no other slice of the same bytes).
+    #[allow(clippy::mut_from_ref)] // the bytes are the file's, not `self`'s
+    pub unsafe fn bytes_mut(&self) -> &mut [u8] {
+        assert!(self.writable, "writing a range mapped for reading");
+        // SAFETY: a writable shared mapping the range keeps alive; the
+        // caller sees to faults and to exclusive use.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast_mut(), self.len) }
+    }
 }
 
 // SAFETY: the pointer is into a shared mapping that the range itself keeps
-// mapped; it is only handed to the kernel, never dereferenced here, so
-// sharing it between threads cannot race with anything in this program.
+// mapped; it is handed to the kernel, or read and written here only through
+// the unsafe `bytes`/`bytes_mut`, whose callers exclude concurrent writers,
+// so sharing it between threads races with nothing in this program.
 unsafe impl Send for MappedRange {}
-// SAFETY: as for Send: nothing reads through the pointer in this program.
+// SAFETY: as for Send.
 unsafe impl Sync for MappedRange {}
 
 impl Mapper {
@@ -85,7 +129,7 @@ impl Mapper {
     /// some page is not (read it the ordinary way, which also deals with
     /// errors). `Err`: the mapping could not be made.
     pub fn cached(&self, offset: u64, len: u64, out: &mut Vec<MappedRange>) -> io::Result<bool> {
-        self.ranges(offset, len, out)
+        self.ranges(offset, len, out, false)
     }
 
     /// As [`Mapper::cached`], for ranges the kernel may write into (recv):
@@ -105,10 +149,16 @@ impl Mapper {
         if !self.writable {
             return Ok(false);
         }
-        self.ranges(offset, len, out)
+        self.ranges(offset, len, out, true)
     }
 
-    fn ranges(&self, offset: u64, len: u64, out: &mut Vec<MappedRange>) -> io::Result<bool> {
+    fn ranges(
+        &self,
+        offset: u64,
+        len: u64,
+        out: &mut Vec<MappedRange>,
+        writable: bool,
+    ) -> io::Result<bool> {
         let end = match offset.checked_add(len) {
             Some(e) if e <= self.len && len > 0 => e,
             _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
@@ -131,6 +181,7 @@ impl Mapper {
                 _map: map,
                 ptr,
                 len: n as usize,
+                writable,
             });
             at += n;
         }

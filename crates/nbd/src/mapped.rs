@@ -13,11 +13,13 @@
 //! and nothing else (no redundancy to update), its payload is received from
 //! the socket straight into the mappings: one copy where a buffer costs two.
 
+use crate::proto::{parse_request, Request, REQUEST_LEN};
 use crate::stream::Stream;
 use raidkit_member::{FileExtent, MappedRange, Member};
-use std::io::{self, BufRead, BufReader};
+use std::io::{self, BufRead, BufReader, Read};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
+use std::sync::MutexGuard;
 
 /// One worker's mapped ranges waiting to be sent.
 #[derive(Debug, Default)]
@@ -96,58 +98,161 @@ pub(crate) struct MappedWrites {
     ranges: Vec<MappedRange>,
 }
 
-/// How much of a write's payload `MappedWrites::receive` dealt with.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// How much of a run of writes' payloads `MappedWrites::receive` dealt
+/// with. Positions count payload bytes from the start of the run.
+#[derive(Debug, Default)]
 pub(crate) struct Received {
     /// The first `placed` bytes are written to the device.
     pub(crate) placed: usize,
-    /// The payload's bytes from `placed` up to `have` are in the caller's
-    /// buffer, still to be written; the rest is still in the socket.
+    /// The bytes from `placed` up to `have` are in the caller's buffer,
+    /// still to be written; the rest of the requests taken is still in the
+    /// socket.
     pub(crate) have: usize,
+    /// The end of the last request whose header was taken (the first
+    /// request's header is the caller's).
+    pub(crate) end: usize,
+    /// Writing the device failed after the payloads were placed (a parity
+    /// array could not bring the stripes up to date): every request taken
+    /// fails.
+    pub(crate) error: Option<String>,
 }
 
 impl MappedWrites {
-    /// Take the payload of a write of `buf.len()` bytes at `offset` of
-    /// `dev`, as far as possible straight into the member files: the bytes
-    /// `r` has already buffered with `pwrite`, the rest with `recv` into
-    /// the mappings. Stops at the first thing that goes wrong with a member
-    /// (a page not cached, a refused mapping, a fault while receiving), and
-    /// says how far it got; the caller reads and writes the rest the
-    /// ordinary way, which also reports the error. `Err`: the connection
-    /// failed.
+    /// Take the payloads of `run`, contiguous writes whose headers have all
+    /// arrived (the first one's already taken from `r`, the others only
+    /// peeked at), as far as possible straight into the member files of
+    /// `dev` (`Member::with_write_extents`): the bytes `r` has already
+    /// buffered with `pwrite`, the rest with `recv` into the mappings. The
+    /// headers of the later requests are taken from `r` on the way and
+    /// added to `taken`. Stops at the first thing that goes wrong with a
+    /// member (a page not cached, a refused mapping, a fault while
+    /// receiving) and says how far it got; the caller reads and writes the
+    /// rest the ordinary way, which also reports the error. `Err`: the
+    /// connection failed.
     pub(crate) fn receive(
         &mut self,
-        r: &mut BufReader<Stream>,
+        reader: &mut Option<MutexGuard<'_, BufReader<Stream>>>,
         dev: &dyn Member,
-        offset: u64,
+        run: &[Request],
         buf: &mut [u8],
+        taken: &mut Vec<Request>,
     ) -> io::Result<Received> {
-        let mut got = Received::default();
-        let len = buf.len();
+        let Some(first) = run.first() else {
+            return Ok(Received::default());
+        };
+        let mut got = Received {
+            end: first.len as usize,
+            ..Received::default()
+        };
         let ranges = &mut self.ranges;
         let mut socket = Ok(());
-        let _ = dev.with_write_extents(offset, len as u64, &mut |ext| {
+        let mut all_placed = false;
+        let outcome = dev.with_write_extents(first.offset, buf.len() as u64, &mut |ext| {
+            let r = reader.as_mut().expect("reader held");
             ranges.clear();
             for e in ext {
                 let Some(m) = e.mapper else {
                     return Err(io::ErrorKind::Unsupported.into());
                 };
-                if !m.cached_for_write(e.offset, e.len, ranges)? {
+                // Not cached, or no mapping to be had: nothing is written
+                // (see `Member::with_write_extents`).
+                if !matches!(m.cached_for_write(e.offset, e.len, ranges), Ok(true)) {
                     return Err(io::ErrorKind::WouldBlock.into());
                 }
             }
-            match place(r, ext, ranges, buf, &mut got) {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(io::ErrorKind::Other.into()),
-                Err(e) => {
-                    socket = Err(e);
-                    Err(io::ErrorKind::Other.into())
+            let mut pos = 0;
+            for (i, req) in run.iter().enumerate() {
+                let n = req.len as usize;
+                if i > 0 {
+                    let mut hb = [0u8; REQUEST_LEN];
+                    if let Err(e) = r.read_exact(&mut hb) {
+                        socket = Err(e);
+                        return Err(io::ErrorKind::Interrupted.into());
+                    }
+                    // The bytes peeked at before: the same request.
+                    debug_assert_eq!(parse_request(&hb).ok(), Some(*req));
+                    taken.push(*req);
+                    got.end = pos + n;
                 }
+                let sub_ext = window(
+                    ext,
+                    pos as u64,
+                    n as u64,
+                    |e| e.len,
+                    |e, skip, len| FileExtent {
+                        offset: e.offset + skip,
+                        len,
+                        ..*e
+                    },
+                );
+                let sub_ranges = window(
+                    ranges,
+                    pos as u64,
+                    n as u64,
+                    |m| m.len as u64,
+                    |m, skip, len| m.sub(skip as usize, len as usize),
+                );
+                let mut one = Received::default();
+                match place(r, &sub_ext, &sub_ranges, &mut buf[pos..pos + n], &mut one) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        got.placed = pos + one.placed;
+                        got.have = pos + one.have;
+                        return Err(io::ErrorKind::Interrupted.into());
+                    }
+                    Err(e) => {
+                        socket = Err(e);
+                        return Err(io::ErrorKind::Interrupted.into());
+                    }
+                }
+                pos += n;
+                got.placed = pos;
+                got.have = pos;
             }
+            all_placed = true;
+            // Every payload is in: other workers may take the next requests
+            // while the device finishes these (a parity array's parity).
+            reader.take();
+            Ok(())
         });
         ranges.clear();
-        socket.map(|()| got)
+        socket?;
+        if let Some(Err(e)) = outcome {
+            // The device's own work after the placing failed (our stops
+            // are Interrupted, WouldBlock or Unsupported).
+            if e.kind() == io::ErrorKind::Other {
+                got.error = Some(e.to_string());
+            } else {
+                debug_assert!(!all_placed);
+            }
+        }
+        Ok(got)
     }
+}
+
+/// The part `[pos, pos + n)` of a list of pieces laid end to end, cut with
+/// `cut(piece, skip, len)`.
+fn window<T>(
+    items: &[T],
+    pos: u64,
+    n: u64,
+    len_of: impl Fn(&T) -> u64,
+    cut: impl Fn(&T, u64, u64) -> T,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for it in items {
+        let l = len_of(it);
+        let (a, b) = (pos.max(at), (pos + n).min(at + l));
+        if a < b {
+            out.push(cut(it, a - at, b - a));
+        }
+        at += l;
+        if at >= pos + n {
+            break;
+        }
+    }
+    out
 }
 
 /// Place a write's payload, `buf.len()` bytes, in `ext` (the file extents
@@ -288,6 +393,16 @@ mod tests {
             .collect()
     }
 
+    fn write(offset: u64, len: usize) -> Request {
+        Request {
+            flags: 0,
+            kind: crate::proto::CMD_WRITE,
+            cookie: offset,
+            offset,
+            len: len as u32,
+        }
+    }
+
     /// A connection whose reader has `buffered` bytes of `payload` in its
     /// buffer and the rest still in the socket.
     fn reader_with(payload: &[u8], buffered: usize) -> BufReader<Stream> {
@@ -304,6 +419,25 @@ mod tests {
         r
     }
 
+    /// `MappedWrites::receive` as a connection's worker calls it, holding
+    /// the reader's lock; the reader back, and whether the lock was let go.
+    fn receive(
+        r: BufReader<Stream>,
+        dev: &dyn Member,
+        run: &[Request],
+        buf: &mut [u8],
+    ) -> (Received, Vec<Request>, BufReader<Stream>, bool) {
+        let lock = std::sync::Mutex::new(r);
+        let mut reader = Some(lock.lock().unwrap());
+        let mut taken = Vec::new();
+        let got = MappedWrites::default()
+            .receive(&mut reader, dev, run, buf, &mut taken)
+            .unwrap();
+        let released = reader.is_none();
+        drop(reader);
+        (got, taken, lock.into_inner().unwrap(), released)
+    }
+
     #[test]
     fn writes_land_in_the_file_through_its_mapping_with_a_buffered_head() {
         let dir = tempfile::tempdir().unwrap();
@@ -313,14 +447,52 @@ mod tests {
         let m = FileMember::open(&path, false).unwrap();
         let payload = pattern(3 << 20, 7);
         let at = 12_345u64;
-        let mut r = reader_with(&payload, 5000);
+        let r = reader_with(&payload, 5000);
         let mut buf = vec![0u8; payload.len()];
-        let mut w = MappedWrites::default();
-        let got = w.receive(&mut r, &m, at, &mut buf).unwrap();
+        let (got, taken, _, released) = receive(r, &m, &[write(at, payload.len())], &mut buf);
+        assert!(taken.is_empty() && got.error.is_none() && released);
         assert_eq!((got.placed, got.have), (payload.len(), payload.len()));
         let mut want = pattern(len, 1);
         want[at as usize..at as usize + payload.len()].copy_from_slice(&payload);
         assert!(std::fs::read(&path).unwrap() == want);
+    }
+
+    #[test]
+    fn a_run_of_writes_takes_the_later_headers_on_the_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m");
+        let len = 4usize << 20;
+        std::fs::write(&path, pattern(len, 1)).unwrap();
+        let m = FileMember::open(&path, false).unwrap();
+        let run = [
+            write(1 << 20, 300_000),
+            write((1 << 20) + 300_000, 65_536),
+            write((1 << 20) + 365_536, 100_003),
+        ];
+        let total: usize = run.iter().map(|q| q.len as usize).sum();
+        let payload = pattern(total, 9);
+        // On the wire: the first payload (its header taken already), then
+        // each later request's header and payload.
+        let mut wire = payload[..run[0].len as usize].to_vec();
+        let mut at = run[0].len as usize;
+        for q in &run[1..] {
+            wire.extend_from_slice(&crate::proto::encode_request(q));
+            wire.extend_from_slice(&payload[at..at + q.len as usize]);
+            at += q.len as usize;
+        }
+        wire.extend_from_slice(b"after");
+        let r = reader_with(&wire, 1000);
+        let mut buf = vec![0u8; total];
+        let (got, taken, mut r, released) = receive(r, &m, &run, &mut buf);
+        assert_eq!(taken, run[1..]);
+        assert_eq!((got.placed, got.have, got.end), (total, total, total));
+        assert!(got.error.is_none() && released);
+        let mut want = pattern(len, 1);
+        want[1 << 20..(1 << 20) + total].copy_from_slice(&payload);
+        assert!(std::fs::read(&path).unwrap() == want);
+        let mut rest = [0u8; 5];
+        std::io::Read::read_exact(&mut r, &mut rest).unwrap();
+        assert_eq!(&rest, b"after");
     }
 
     #[test]
@@ -333,12 +505,12 @@ mod tests {
         let payload = pattern(1 << 20, 3);
         for (read_only, offset) in [(false, 2u64 << 20), (true, 0)] {
             let m = FileMember::open(&path, read_only).unwrap();
-            let mut r = reader_with(&payload, 0);
+            let r = reader_with(&payload, 0);
             let mut buf = vec![0u8; payload.len()];
-            let got = MappedWrites::default()
-                .receive(&mut r, &m, offset, &mut buf)
-                .unwrap();
-            assert_eq!(got, Received::default(), "read-only {read_only}");
+            let (got, taken, mut r, released) =
+                receive(r, &m, &[write(offset, buf.len())], &mut buf);
+            assert_eq!((got.placed, got.have), (0, 0), "read-only {read_only}");
+            assert!(taken.is_empty() && !released);
             // Nothing was taken from the socket.
             let mut rest = vec![0u8; payload.len()];
             std::io::Read::read_exact(&mut r, &mut rest).unwrap();

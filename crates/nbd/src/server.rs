@@ -478,51 +478,67 @@ impl Server {
         let mut mapped_writes = MappedWrites::default();
         let size = self.export.device.len();
         let mut used = 0usize;
-        // Bytes of the payload already written to the device on arrival.
+        // Bytes of the payload already written to the device on arrival,
+        // and whether the device failed them afterwards.
         let mut placed = 0usize;
+        let mut failed: Option<String> = None;
         loop {
             merged.clear();
             {
-                let mut r = c.reader.lock().expect("reader");
+                // Held while taking requests from the socket; a write whose
+                // payloads all went straight into the device lets go of it
+                // before the device finishes (see `MappedWrites::receive`).
+                let mut reader = Some(c.reader.lock().expect("reader"));
                 if c.closing.load(Ordering::Acquire) {
                     return;
                 }
-                let got = read_header(&mut r).and_then(|req| {
-                    if let Some(req) = req {
-                        merged.push(req);
-                        used = 0;
-                        placed = 0;
-                        if req.kind != CMD_WRITE {
-                            return Ok(());
-                        }
-                        let len = req.len as usize;
-                        ensure_len(&mut payload, len);
-                        let mut have = 0;
-                        if self.may_place(&req) {
-                            let got = mapped_writes.receive(
-                                &mut r,
-                                self.export.device.as_ref(),
-                                req.offset,
-                                &mut payload[..len],
-                            )?;
-                            placed = got.placed;
-                            have = got.have;
-                        }
-                        read_payload(&mut r, &mut payload[have..len])?;
-                        used = len;
-                        if placed == 0 && self.config.merge_writes {
-                            merge_writes(
-                                &mut r,
-                                &mut payload,
-                                &mut used,
-                                &mut merged,
-                                size,
-                                self.config.merge_align,
-                            )?;
-                        }
+                let got = (|| -> io::Result<()> {
+                    let r = reader.as_mut().expect("reader held");
+                    let Some(req) = read_header(r)? else {
+                        return Ok(());
+                    };
+                    merged.push(req);
+                    used = 0;
+                    placed = 0;
+                    failed = None;
+                    if req.kind != CMD_WRITE {
+                        return Ok(());
+                    }
+                    used = req.len as usize;
+                    let mut have = 0;
+                    let run = self.placeable_run(r, req);
+                    if !run.is_empty() {
+                        let total = run.iter().map(|q| q.len as usize).sum();
+                        ensure_len(&mut payload, total);
+                        let got = mapped_writes.receive(
+                            &mut reader,
+                            self.export.device.as_ref(),
+                            &run,
+                            &mut payload[..total],
+                            &mut merged,
+                        )?;
+                        placed = got.placed;
+                        have = got.have;
+                        used = got.end;
+                        failed = got.error;
+                    }
+                    let Some(r) = reader.as_mut() else {
+                        return Ok(()); // all placed
+                    };
+                    ensure_len(&mut payload, used);
+                    read_payload(r, &mut payload[have..used])?;
+                    if merged.len() == 1 && placed == 0 && self.config.merge_writes {
+                        merge_writes(
+                            r,
+                            &mut payload,
+                            &mut used,
+                            &mut merged,
+                            size,
+                            self.config.merge_align,
+                        )?;
                     }
                     Ok(())
-                });
+                })();
                 if let Err(e) = got {
                     c.closing.store(true, Ordering::Release);
                     *c.error.lock().expect("error") = Some(e);
@@ -544,15 +560,30 @@ impl Server {
             } else {
                 first
             };
-            let result = self.execute(
-                &whole,
-                (&payload[..used], placed),
-                neg,
-                &mut buf,
-                (&mut splicer, &mut mapped),
-            );
-            if placed == used && used > 0 && result.is_ok() {
-                inc(&self.stats.mapped_writes, 1);
+            let result = match failed.take() {
+                Some(msg) => {
+                    inc(&self.stats.errors, 1);
+                    Err((EIO, msg))
+                }
+                None => self.execute(
+                    &whole,
+                    (&payload[..used], placed),
+                    neg,
+                    &mut buf,
+                    (&mut splicer, &mut mapped),
+                ),
+            };
+            if placed > 0 && result.is_ok() {
+                // Requests wholly written on arrival.
+                let mut at = 0;
+                let whole_ones = merged
+                    .iter()
+                    .take_while(|q| {
+                        at += q.len as usize;
+                        at <= placed
+                    })
+                    .count();
+                inc(&self.stats.mapped_writes, whole_ones as u64);
             }
             let data_len = if splicer.loaded > 0 {
                 splicer.loaded
@@ -611,6 +642,51 @@ impl Server {
                 c.closing.store(true, Ordering::Release);
             }
         }
+    }
+
+    /// The run of writes, starting with `first` (whose header is taken),
+    /// whose payloads to try receiving straight into the device: `first`
+    /// alone; for a parity array, `first` and the contiguous writes after
+    /// it whose headers have arrived already (peeked at past the payloads,
+    /// not taken) up to a stripe boundary, as whole stripes are all such an
+    /// array takes. Empty: none.
+    fn placeable_run(&self, r: &BufReader<Stream>, first: Request) -> Vec<Request> {
+        if !self.may_place(&first) {
+            return Vec::new();
+        }
+        let align = self.config.merge_align;
+        if align == 0 {
+            return vec![first];
+        }
+        if !first.offset.is_multiple_of(align) {
+            return Vec::new();
+        }
+        let mut run = vec![first];
+        let mut end = first.offset + first.len as u64;
+        let mut total = first.len as usize;
+        // Socket bytes before the next header: the payload not buffered.
+        let mut skip = total - r.buffer().len().min(total);
+        while !end.is_multiple_of(align) {
+            let mut hb = [0u8; REQUEST_LEN];
+            if total >= MERGE_MAX_ALIGNED || !r.get_ref().peek_at(skip, &mut hb) {
+                return Vec::new();
+            }
+            let Ok(next) = parse_request(&hb) else {
+                return Vec::new();
+            };
+            if next.kind != CMD_WRITE
+                || next.flags != first.flags
+                || next.offset != end
+                || !self.may_place(&next)
+            {
+                return Vec::new();
+            }
+            run.push(next);
+            end += next.len as u64;
+            total += next.len as usize;
+            skip += REQUEST_LEN + next.len as usize;
+        }
+        run
     }
 
     /// Whether a write's payload may be received straight into the device

@@ -44,6 +44,45 @@ impl Stream {
         )
     }
 
+    /// Peek at `buf.len()` bytes that arrive `skip` bytes after what the
+    /// next read returns, if they are there already (never waits): with
+    /// `SO_PEEK_OFF` (Unix sockets; TCP since Linux 6.9), which nix does
+    /// not wrap. false also where the kernel lacks it. The peek offset is
+    /// switched off again, so that other peeks start at the front.
+    pub(crate) fn peek_at(&self, skip: usize, buf: &mut [u8]) -> bool {
+        use std::os::fd::AsRawFd;
+        let fd = self.as_fd().as_raw_fd();
+        let Ok(off) = libc::c_int::try_from(skip) else {
+            return false;
+        };
+        let set = |v: libc::c_int| {
+            // SAFETY: a valid socket and a c_int option value of the right size.
+            unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_PEEK_OFF,
+                    (&v as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            }
+        };
+        if set(off) != 0 {
+            return false;
+        }
+        // SAFETY: `buf` is writable for its length.
+        let got = unsafe {
+            libc::recv(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        set(-1);
+        got == buf.len() as isize
+    }
+
     pub(crate) fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         use std::os::fd::AsFd;
         match self {
