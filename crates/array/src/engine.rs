@@ -939,6 +939,20 @@ impl Array {
         Some(f(&ext))
     }
 
+    /// Mark the bitmap regions that `pieces` write to as dirty (None: no
+    /// bitmap), failing any member of `v` the bitmap cannot be written to.
+    fn mark_bitmap(&self, v: &View, pieces: &[Piece]) -> Option<crate::bitmap::WriteGuard<'_>> {
+        let b = self.bitmap.as_ref()?;
+        let (lo, hi) = self.dev_span(pieces);
+        let ws = v.writable();
+        let (guard, failed) =
+            b.start_write(lo, hi, &|| ws.iter().map(|d| d.member.clone()).collect());
+        for (i, e) in failed {
+            self.fail_disk_by_ptr(&ws[i], &format!("writing the bitmap: {e}"));
+        }
+        Some(guard)
+    }
+
     /// `with_write_extents` for parity levels: whole stripes only, every
     /// member in service and in sync, the data members plain files. Each
     /// stripe's intent is logged (or its bitmap region marked) and the
@@ -972,19 +986,7 @@ impl Array {
         }
         let (s0, s1) = (offset / width, (offset + len) / width);
         let pieces = self.geom.pieces(offset, len);
-        let _bits = match &self.bitmap {
-            Some(b) => {
-                let (lo, hi) = self.dev_span(&pieces);
-                let ws = self.view.load().writable();
-                let (guard, failed) =
-                    b.start_write(lo, hi, &|| ws.iter().map(|d| d.member.clone()).collect());
-                for (i, e) in failed {
-                    self.fail_disk_by_ptr(&ws[i], &format!("writing the bitmap: {e}"));
-                }
-                Some(guard)
-            }
-            None => None,
-        };
+        let _bits = self.mark_bitmap(&self.view.load(), &pieces);
         let _locks = self.lock_range(s0, s1);
         let v = self.view_under_lock();
         if !self.alive.load(Ordering::Acquire) || !Self::whole(&v) {
@@ -1385,20 +1387,11 @@ impl Array {
         let _writing = Busy::enter(&self.writing);
         let v = self.view.load();
         let pieces = self.geom.pieces(offset, buf.len() as u64);
-        let _bits = match &self.bitmap {
-            Some(b) => {
-                let (lo, hi) = self.dev_span(&pieces);
-                let ws = v.writable();
-                let (guard, failed) =
-                    b.start_write(lo, hi, &|| ws.iter().map(|d| d.member.clone()).collect());
-                for (i, e) in failed {
-                    self.fail_disk_by_ptr(&ws[i], &format!("writing the bitmap: {e}"));
-                }
-                self.ensure_alive(offset)?;
-                Some(guard)
-            }
-            None => None,
-        };
+        // Held until the write is done.
+        let bits = self.mark_bitmap(&v, &pieces);
+        if bits.is_some() {
+            self.ensure_alive(offset)?;
+        }
         // A member failed while marking the bitmap is out of this view too.
         let v = self.view.load();
         let src = |p: &Piece| {

@@ -10,8 +10,11 @@
 //! over a network.
 //!
 //! Writes: when a large write goes to cached pages of plain-file members
-//! and nothing else (no redundancy to update), its payload is received from
-//! the socket straight into the mappings: one copy where a buffer costs two.
+//! and nothing else (no copy to keep in step; a parity array takes whole
+//! stripes and computes their parity afterwards), its payload is received
+//! from the socket straight into the mappings: one copy where a buffer
+//! costs two. A run of pipelined writes can go together (a parity array's
+//! stripes are often larger than one write).
 
 use crate::proto::{parse_request, Request, REQUEST_LEN};
 use crate::stream::Stream;
