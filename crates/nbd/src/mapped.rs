@@ -124,8 +124,10 @@ impl MappedWrites {
     /// Take the payloads of `run`, contiguous writes whose headers have all
     /// arrived (the first one's already taken from `r`, the others only
     /// peeked at), as far as possible straight into the member files of
-    /// `dev` (`Member::with_write_extents`): the bytes `r` has already
-    /// buffered with `pwrite`, the rest with `recv` into the mappings. The
+    /// `dev` (`Member::with_write_extents`): the first `have` bytes, which
+    /// the caller has already read into `buf` (at most the first payload),
+    /// and those `r` has buffered with `pwrite`, the rest with `recv` into
+    /// the mappings. The
     /// headers of the later requests are taken from `r` on the way and
     /// added to `taken`. Stops at the first thing that goes wrong with a
     /// member (a page not cached, a refused mapping, a fault while
@@ -138,13 +140,16 @@ impl MappedWrites {
         dev: &dyn Member,
         run: &[Request],
         buf: &mut [u8],
+        have: usize,
         taken: &mut Vec<Request>,
     ) -> io::Result<Received> {
         let Some(first) = run.first() else {
             return Ok(Received::default());
         };
+        debug_assert!(have <= first.len as usize);
         let mut got = Received {
             end: first.len as usize,
+            have,
             ..Received::default()
         };
         let ranges = &mut self.ranges;
@@ -196,7 +201,15 @@ impl MappedWrites {
                     |m, skip, len| m.sub(skip as usize, len as usize),
                 );
                 let mut one = Received::default();
-                match place(r, &sub_ext, &sub_ranges, &mut buf[pos..pos + n], &mut one) {
+                let head = have.saturating_sub(pos);
+                match place(
+                    r,
+                    &sub_ext,
+                    &sub_ranges,
+                    &mut buf[pos..pos + n],
+                    head,
+                    &mut one,
+                ) {
                     Ok(true) => {}
                     Ok(false) => {
                         got.placed = pos + one.placed;
@@ -259,22 +272,26 @@ fn window<T>(
 }
 
 /// Place a write's payload, `buf.len()` bytes, in `ext` (the file extents
-/// it goes to, in order; `ranges`: their mappings, in order): the bytes `r`
-/// has already buffered by `pwrite` (through `buf`, so that they are not
-/// lost if that fails), the rest by `recv` into the mappings. Says how far
-/// it got in `got`. `Ok(false)`: a member refused (a write error, a fault
-/// in a mapping); `Err`: the connection failed.
+/// it goes to, in order; `ranges`: their mappings, in order): the first
+/// `have` bytes, already in `buf`, and those `r` has buffered by `pwrite`
+/// (through `buf`, so that they are not lost if that fails), the rest by
+/// `recv` into the mappings. Says how far it got in `got`. `Ok(false)`: a
+/// member refused (a write error, a fault in a mapping); `Err`: the
+/// connection failed.
 fn place(
     r: &mut BufReader<Stream>,
     ext: &[FileExtent<'_>],
     ranges: &[MappedRange],
     buf: &mut [u8],
+    have: usize,
     got: &mut Received,
 ) -> io::Result<bool> {
     let len = buf.len();
-    let head = r.buffer().len().min(len);
-    buf[..head].copy_from_slice(&r.buffer()[..head]);
-    r.consume(head);
+    let have = have.min(len);
+    let more = r.buffer().len().min(len - have);
+    buf[have..have + more].copy_from_slice(&r.buffer()[..more]);
+    r.consume(more);
+    let head = have + more;
     got.have = head;
     let mut at = 0;
     for e in ext {
@@ -429,12 +446,13 @@ mod tests {
         dev: &dyn Member,
         run: &[Request],
         buf: &mut [u8],
+        have: usize,
     ) -> (Received, Vec<Request>, BufReader<Stream>, bool) {
         let lock = std::sync::Mutex::new(r);
         let mut reader = Some(lock.lock().unwrap());
         let mut taken = Vec::new();
         let got = MappedWrites::default()
-            .receive(&mut reader, dev, run, buf, &mut taken)
+            .receive(&mut reader, dev, run, buf, have, &mut taken)
             .unwrap();
         let released = reader.is_none();
         drop(reader);
@@ -452,7 +470,7 @@ mod tests {
         let at = 12_345u64;
         let r = reader_with(&payload, 5000);
         let mut buf = vec![0u8; payload.len()];
-        let (got, taken, _, released) = receive(r, &m, &[write(at, payload.len())], &mut buf);
+        let (got, taken, _, released) = receive(r, &m, &[write(at, payload.len())], &mut buf, 0);
         assert!(taken.is_empty() && got.error.is_none() && released);
         assert_eq!((got.placed, got.have), (payload.len(), payload.len()));
         let mut want = pattern(len, 1);
@@ -462,6 +480,14 @@ mod tests {
 
     #[test]
     fn a_run_of_writes_takes_the_later_headers_on_the_way() {
+        // The first payload still on the wire, or already read by the
+        // caller (`have`).
+        for first_read in [false, true] {
+            run_of_writes(first_read);
+        }
+    }
+
+    fn run_of_writes(first_read: bool) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m");
         let len = 4usize << 20;
@@ -474,9 +500,12 @@ mod tests {
         ];
         let total: usize = run.iter().map(|q| q.len as usize).sum();
         let payload = pattern(total, 9);
-        // On the wire: the first payload (its header taken already), then
-        // each later request's header and payload.
-        let mut wire = payload[..run[0].len as usize].to_vec();
+        let mut buf = vec![0u8; total];
+        let have = if first_read { run[0].len as usize } else { 0 };
+        buf[..have].copy_from_slice(&payload[..have]);
+        // On the wire: the first payload (its header taken already) unless
+        // read, then each later request's header and payload.
+        let mut wire = payload[have..run[0].len as usize].to_vec();
         let mut at = run[0].len as usize;
         for q in &run[1..] {
             wire.extend_from_slice(&crate::proto::encode_request(q));
@@ -485,8 +514,7 @@ mod tests {
         }
         wire.extend_from_slice(b"after");
         let r = reader_with(&wire, 1000);
-        let mut buf = vec![0u8; total];
-        let (got, taken, mut r, released) = receive(r, &m, &run, &mut buf);
+        let (got, taken, mut r, released) = receive(r, &m, &run, &mut buf, have);
         assert_eq!(taken, run[1..]);
         assert_eq!((got.placed, got.have, got.end), (total, total, total));
         assert!(got.error.is_none() && released);
@@ -506,18 +534,22 @@ mod tests {
         f.set_len(4 << 20).unwrap();
         f.write_all_at(&[5u8; 1 << 20], 0).unwrap();
         let payload = pattern(1 << 20, 3);
-        for (read_only, offset) in [(false, 2u64 << 20), (true, 0)] {
+        // The third: the first 4 KiB already read by the caller.
+        for (read_only, offset, have) in
+            [(false, 2u64 << 20, 0), (true, 0, 0), (false, 3 << 20, 4096)]
+        {
             let m = FileMember::open(&path, read_only).unwrap();
-            let r = reader_with(&payload, 0);
+            let r = reader_with(&payload[have..], 0);
             let mut buf = vec![0u8; payload.len()];
+            buf[..have].copy_from_slice(&payload[..have]);
             let (got, taken, mut r, released) =
-                receive(r, &m, &[write(offset, buf.len())], &mut buf);
-            assert_eq!((got.placed, got.have), (0, 0), "read-only {read_only}");
+                receive(r, &m, &[write(offset, buf.len())], &mut buf, have);
+            assert_eq!((got.placed, got.have), (0, have), "read-only {read_only}");
             assert!(taken.is_empty() && !released);
             // Nothing was taken from the socket.
-            let mut rest = vec![0u8; payload.len()];
+            let mut rest = vec![0u8; payload.len() - have];
             std::io::Read::read_exact(&mut r, &mut rest).unwrap();
-            assert!(rest == payload);
+            assert!(rest == payload[have..]);
         }
     }
 
@@ -549,7 +581,7 @@ mod tests {
         }];
         let mut buf = vec![0u8; len as usize];
         let mut got = Received::default();
-        assert!(!place(&mut r, &ext, &ranges, &mut buf, &mut got).unwrap());
+        assert!(!place(&mut r, &ext, &ranges, &mut buf, 0, &mut got).unwrap());
         // The socket gives up whole packets only: the one with the fault
         // stays, possibly with some bytes before the new end.
         let placed = got.placed;
@@ -586,7 +618,7 @@ mod tests {
         }];
         let mut buf = vec![0u8; 1 << 20];
         let mut got = Received::default();
-        assert!(!place(&mut r, &ext, &ranges, &mut buf, &mut got).unwrap());
+        assert!(!place(&mut r, &ext, &ranges, &mut buf, 0, &mut got).unwrap());
         assert_eq!((got.placed, got.have), (0, 1000));
         assert!(buf[..1000] == payload[..1000]);
         let mut rest = vec![0u8; payload.len() - 1000];

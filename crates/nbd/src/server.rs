@@ -506,8 +506,18 @@ impl Server {
                     }
                     used = req.len as usize;
                     let mut have = 0;
-                    let run = self.placeable_run(r, req);
-                    if !run.is_empty() {
+                    let mut run = self.placeable_run(r, req, 0);
+                    if run == Err(true) {
+                        // The rest of the run has not arrived yet, and will
+                        // most likely have once this payload is in: take it,
+                        // and look again (it is then written from the
+                        // buffer, the rest of the run straight in).
+                        ensure_len(&mut payload, used);
+                        read_payload(r, &mut payload[..used])?;
+                        have = used;
+                        run = self.placeable_run(r, req, have);
+                    }
+                    if let Ok(run) = run {
                         let total = run.iter().map(|q| q.len as usize).sum();
                         ensure_len(&mut payload, total);
                         let got = mapped_writes.receive(
@@ -515,6 +525,7 @@ impl Server {
                             self.export.device.as_ref(),
                             &run,
                             &mut payload[..total],
+                            have,
                             &mut merged,
                         )?;
                         placed = got.placed;
@@ -644,49 +655,64 @@ impl Server {
         }
     }
 
-    /// The run of writes, starting with `first` (whose header is taken),
-    /// whose payloads to try receiving straight into the device: `first`
-    /// alone; for a parity array, `first` and the contiguous writes after
-    /// it whose headers have arrived already (peeked at past the payloads,
-    /// not taken) up to a stripe boundary, as whole stripes are all such an
-    /// array takes. Empty: none.
-    fn placeable_run(&self, r: &BufReader<Stream>, first: Request) -> Vec<Request> {
+    /// The run of writes, starting with `first` (whose header is taken, and
+    /// the first `have` bytes of its payload too), whose payloads to try
+    /// receiving straight into the device: `first` alone; for a parity
+    /// array, `first` and the contiguous writes after it whose headers have
+    /// arrived already (peeked at past the payloads, not taken) up to a
+    /// stripe boundary, as whole stripes are all such an array takes.
+    /// `Err(true)`: none, but there may be one once more has arrived (a
+    /// header is missing); `Err(false)`: none.
+    fn placeable_run(
+        &self,
+        r: &BufReader<Stream>,
+        first: Request,
+        have: usize,
+    ) -> Result<Vec<Request>, bool> {
         if !self.may_place(&first) {
-            return Vec::new();
+            return Err(false);
         }
         let align = self.config.merge_align;
         if align == 0 {
-            return vec![first];
+            return Ok(vec![first]);
         }
         if !first.offset.is_multiple_of(align) {
-            return Vec::new();
+            return Err(false);
         }
         let mut run = vec![first];
         let mut end = first.offset + first.len as u64;
         let mut total = first.len as usize;
         // Socket bytes before the next header: the payload not buffered.
-        let mut skip = total - r.buffer().len().min(total);
+        let unread = total - have.min(total);
+        if unread == 0 && !r.buffer().is_empty() {
+            // The next header is in the reader's buffer: too rare to peek.
+            return Err(false);
+        }
+        let mut skip = unread - r.buffer().len().min(unread);
         while !end.is_multiple_of(align) {
             let mut hb = [0u8; REQUEST_LEN];
-            if total >= MERGE_MAX_ALIGNED || !r.get_ref().peek_at(skip, &mut hb) {
-                return Vec::new();
+            if total >= MERGE_MAX_ALIGNED {
+                return Err(false);
+            }
+            if !r.get_ref().peek_at(skip, &mut hb) {
+                return Err(true);
             }
             let Ok(next) = parse_request(&hb) else {
-                return Vec::new();
+                return Err(false);
             };
             if next.kind != CMD_WRITE
                 || next.flags != first.flags
                 || next.offset != end
                 || !self.may_place(&next)
             {
-                return Vec::new();
+                return Err(false);
             }
             run.push(next);
             end += next.len as u64;
             total += next.len as usize;
             skip += REQUEST_LEN + next.len as usize;
         }
-        run
+        Ok(run)
     }
 
     /// Whether a write's payload may be received straight into the device
