@@ -127,9 +127,8 @@ impl MappedWrites {
     /// `dev` (`Member::with_write_extents`): the first `have` bytes, which
     /// the caller has already read into `buf` (at most the first payload),
     /// and those `r` has buffered with `pwrite`, the rest with `recv` into
-    /// the mappings. The
-    /// headers of the later requests are taken from `r` on the way and
-    /// added to `taken`. Stops at the first thing that goes wrong with a
+    /// the mappings. The headers of the later requests are taken from `r`
+    /// on the way and added to `taken`. Stops at the first thing that goes wrong with a
     /// member (a page not cached, a refused mapping, a fault while
     /// receiving) and says how far it got; the caller reads and writes the
     /// rest the ordinary way, which also reports the error. `Err`: the
