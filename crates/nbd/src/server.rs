@@ -684,11 +684,12 @@ impl Server {
         let mut total = first.len as usize;
         // Socket bytes before the next header: the payload not buffered.
         let unread = total - have.min(total);
-        if unread == 0 && !r.buffer().is_empty() {
-            // The next header is in the reader's buffer: too rare to peek.
+        if r.buffer().len() > unread {
+            // The next header is (partly) in the reader's buffer, not in
+            // the socket: too rare to look for there.
             return Err(false);
         }
-        let mut skip = unread - r.buffer().len().min(unread);
+        let mut skip = unread - r.buffer().len();
         while !end.is_multiple_of(align) {
             let mut hb = [0u8; REQUEST_LEN];
             if total >= MERGE_MAX_ALIGNED {
