@@ -280,6 +280,7 @@ fn status_fields(
             "zero_copy_reads": c(&stats.zero_copy_reads),
             "mapped_reads": c(&stats.mapped_reads),
             "mapped_writes": c(&stats.mapped_writes),
+            "run_waits": c(&stats.run_waits),
             "errors": c(&stats.errors),
         },
         "connections": {

@@ -13,7 +13,7 @@ use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Largest read or write payload accepted (advertised as the maximum block size).
 pub const MAX_PAYLOAD: u32 = 32 << 20;
@@ -22,6 +22,12 @@ pub const PREFERRED_BLOCK: u32 = 4096;
 /// Socket read buffer per connection. Payloads at least this big bypass it
 /// (no extra copy) when it is empty.
 const READ_BUFFER: usize = 32 << 10;
+
+/// How long a parity array's run of writes waits at most for a missing
+/// header while other requests of the connection are being served, and
+/// how long each wait for it lasts before looking again.
+const RUN_WAIT: Duration = Duration::from_millis(2);
+const RUN_WAIT_STEP: Duration = Duration::from_micros(200);
 /// How long a client may take over each handshake step.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -107,6 +113,9 @@ pub struct Stats {
     /// Writes received from the socket straight into the member files'
     /// cached pages.
     pub mapped_writes: AtomicU64,
+    /// Runs of writes to a parity array waited for (a header was missing
+    /// while others were being served) and then placed whole.
+    pub run_waits: AtomicU64,
     pub errors: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_active: AtomicU64,
@@ -440,6 +449,7 @@ impl Server {
             reader: Mutex::new(BufReader::with_capacity(READ_BUFFER, s.try_clone()?)),
             writer: Mutex::new(BufWriter::with_capacity(256 << 10, s.try_clone()?)),
             replying: AtomicUsize::new(0),
+            serving: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             error: Mutex::new(None),
         });
@@ -497,6 +507,7 @@ impl Server {
                     let Some(req) = read_header(r)? else {
                         return Ok(());
                     };
+                    c.serving.fetch_add(1, Ordering::AcqRel);
                     merged.push(req);
                     used = 0;
                     placed = 0;
@@ -507,11 +518,14 @@ impl Server {
                     used = req.len as usize;
                     let mut have = 0;
                     let mut run = self.placeable_run(r, req, 0);
-                    if run == Err(true) {
-                        // The rest of the run has not arrived yet, and will
-                        // most likely have once this payload is in: take it,
-                        // and look again (it is then written from the
-                        // buffer, the rest of the run straight in).
+                    if let Err(Some(need)) = run {
+                        run = self.wait_for_run(c, r, req, need);
+                    }
+                    if matches!(run, Err(Some(_))) {
+                        // Still not there: take this payload, which lets
+                        // the client send more, and look again (what was
+                        // taken is then written from the buffer, the rest
+                        // of the run straight in).
                         ensure_len(&mut payload, used);
                         read_payload(r, &mut payload[..used])?;
                         have = used;
@@ -648,6 +662,7 @@ impl Server {
             mapped.discard();
             let last = c.replying.fetch_sub(1, Ordering::AcqRel) == 1;
             let sent = sent.and_then(|()| if last { out.flush() } else { Ok(()) });
+            c.serving.fetch_sub(1, Ordering::AcqRel);
             if sent.is_err() {
                 // The client is gone; the next read sees it too.
                 c.closing.store(true, Ordering::Release);
@@ -661,23 +676,24 @@ impl Server {
     /// array, `first` and the contiguous writes after it whose headers have
     /// arrived already (peeked at past the payloads, not taken) up to a
     /// stripe boundary, as whole stripes are all such an array takes.
-    /// `Err(true)`: none, but there may be one once more has arrived (a
-    /// header is missing); `Err(false)`: none.
+    /// `Err(Some(n))`: none, but there may be one once more has arrived (a
+    /// header is missing, which is in once the socket holds `n` bytes);
+    /// `Err(None)`: none.
     fn placeable_run(
         &self,
         r: &BufReader<Stream>,
         first: Request,
         have: usize,
-    ) -> Result<Vec<Request>, bool> {
+    ) -> Result<Vec<Request>, Option<usize>> {
         if !self.may_place(&first) {
-            return Err(false);
+            return Err(None);
         }
         let align = self.config.merge_align;
         if align == 0 {
             return Ok(vec![first]);
         }
         if !first.offset.is_multiple_of(align) {
-            return Err(false);
+            return Err(None);
         }
         let mut run = vec![first];
         let mut end = first.offset + first.len as u64;
@@ -687,26 +703,26 @@ impl Server {
         if r.buffer().len() > unread {
             // The next header is (partly) in the reader's buffer, not in
             // the socket: too rare to look for there.
-            return Err(false);
+            return Err(None);
         }
         let mut skip = unread - r.buffer().len();
         while !end.is_multiple_of(align) {
             let mut hb = [0u8; REQUEST_LEN];
             if total >= MERGE_MAX_ALIGNED {
-                return Err(false);
+                return Err(None);
             }
             if !r.get_ref().peek_at(skip, &mut hb) {
-                return Err(true);
+                return Err(Some(skip + REQUEST_LEN));
             }
             let Ok(next) = parse_request(&hb) else {
-                return Err(false);
+                return Err(None);
             };
             if next.kind != CMD_WRITE
                 || next.flags != first.flags
                 || next.offset != end
                 || !self.may_place(&next)
             {
-                return Err(false);
+                return Err(None);
             }
             run.push(next);
             end += next.len as u64;
@@ -714,6 +730,45 @@ impl Server {
             skip += REQUEST_LEN + next.len as usize;
         }
         Ok(run)
+    }
+
+    /// A run starting with `first` (nothing of its payload taken yet) whose
+    /// next header is missing, until the socket holds `need` bytes: while
+    /// other requests of this connection are being served, the client is
+    /// most likely only waiting for their replies to send the rest, so wait
+    /// for it a little (a stripe written in part costs reading the rest of
+    /// it back and logging the data, besides a second copy). A client that
+    /// sends no more until this write is answered is not kept waiting:
+    /// nothing else is in flight then, or not for long.
+    fn wait_for_run(
+        &self,
+        c: &Conn,
+        r: &BufReader<Stream>,
+        first: Request,
+        mut need: usize,
+    ) -> Result<Vec<Request>, Option<usize>> {
+        let since = Instant::now();
+        // What the socket can hold before the client must wait for this
+        // worker to read (taken as half the buffer, the rest being the
+        // kernel's overhead): more cannot arrive.
+        let room = r.get_ref().receive_buffer() / 2;
+        loop {
+            // This worker serves `first`: others are more than one.
+            if need > room || c.serving.load(Ordering::Acquire) <= 1 || since.elapsed() >= RUN_WAIT
+            {
+                return Err(Some(need));
+            }
+            r.get_ref().wait_for_bytes(need, RUN_WAIT_STEP);
+            match self.placeable_run(r, first, 0) {
+                Err(Some(n)) => need = n,
+                run => {
+                    if run.is_ok() {
+                        inc(&self.stats.run_waits, 1);
+                    }
+                    return run;
+                }
+            }
+        }
     }
 
     /// Whether a write's payload may be received straight into the device
@@ -896,6 +951,8 @@ struct Conn {
     writer: Mutex<BufWriter<Stream>>,
     /// Workers with a reply ready or being written; the last one flushes.
     replying: AtomicUsize,
+    /// Workers that have taken a request and not yet answered it.
+    serving: AtomicUsize,
     /// Set on DISC, EOF, a malformed request or a dead client.
     closing: AtomicBool,
     error: Mutex<Option<io::Error>>,

@@ -83,6 +83,45 @@ impl Stream {
         got == buf.len() as isize
     }
 
+    /// Wait until `n` bytes have arrived (counted from what the next read
+    /// returns), for at most `limit`. On TCP the kernel wakes the wait when
+    /// they are there (`SO_RCVLOWAT`, which nix does not wrap); on a Unix
+    /// socket, whose poll ignores the low mark, this only sleeps a little.
+    /// Reading is unchanged afterwards.
+    pub(crate) fn wait_for_bytes(&self, n: usize, limit: Duration) {
+        use nix::poll::{ppoll, PollFd, PollFlags};
+        use std::os::fd::AsRawFd;
+        let fd = self.as_fd();
+        let lowat = |v: libc::c_int| {
+            // SAFETY: a valid socket and a c_int option value of the right size.
+            unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVLOWAT,
+                    (&v as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            }
+        };
+        let Ok(want) = libc::c_int::try_from(n) else {
+            return;
+        };
+        if !self.is_tcp() || lowat(want) != 0 {
+            std::thread::sleep(limit.min(Duration::from_micros(50)));
+            return;
+        }
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        let _ = ppoll(&mut fds, Some(limit.into()), None);
+        lowat(1);
+    }
+
+    /// The socket's receive buffer (`SO_RCVBUF`), in bytes; 0 if unknown.
+    pub(crate) fn receive_buffer(&self) -> usize {
+        use nix::sys::socket::{getsockopt, sockopt::RcvBuf};
+        getsockopt(&self.as_fd(), RcvBuf).unwrap_or(0)
+    }
+
     pub(crate) fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         use std::os::fd::AsFd;
         match self {
