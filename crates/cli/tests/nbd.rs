@@ -384,15 +384,12 @@ fn a_run_whose_next_header_is_late_is_waited_for_while_other_requests_are_served
         std::thread::sleep(Duration::from_micros(300 * (attempt + 1)));
         r.s.write_all(&encode(1, 0, 3, at + (128 << 10), b.len() as u32, &b))
             .unwrap();
-        let (err, cookie, data) = r.reply_with_cookie(12 << 20);
-        assert_eq!((err, cookie), (0, 1));
-        assert!(data.iter().all(|&x| x == 0x11));
-        let mut cookies = [r.reply_with_cookie(0), r.reply_with_cookie(0)].map(|(err, c, _)| {
-            assert_eq!(err, 0);
-            c
-        });
-        cookies.sort();
-        assert_eq!(cookies, [2, 3]);
+        let got = r.replies(3, (1, 12 << 20));
+        assert_eq!(
+            got.iter().map(|g| (g.0, g.1)).collect::<Vec<_>>(),
+            [(0, 1), (0, 2), (0, 3)]
+        );
+        assert!(got[0].2.iter().all(|&x| x == 0x11));
         let out = qemu_io(
             &s.uri,
             &[
@@ -431,10 +428,11 @@ fn a_run_that_never_completes_is_answered_even_while_other_requests_are_served()
     r.s.write_all(&encode(1, 0, 2, 12 << 20, a.len() as u32, &a))
         .unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    let (err, cookie, _) = r.reply_with_cookie(12 << 20);
-    assert_eq!((err, cookie), (0, 1));
-    let (err, cookie, _) = r.reply_with_cookie(0);
-    assert_eq!((err, cookie), (0, 2));
+    let got = r.replies(2, (1, 12 << 20));
+    assert_eq!(
+        got.iter().map(|g| (g.0, g.1)).collect::<Vec<_>>(),
+        [(0, 1), (0, 2)]
+    );
     assert_eq!(io_count(&s, "run_waits"), 0);
     let out = qemu_io(
         &s.uri,
@@ -813,6 +811,30 @@ impl Raw {
         let mut d = vec![0u8; if err == 0 { read_len } else { 0 }];
         self.s.read_exact(&mut d).unwrap();
         (err, cookie, d)
+    }
+
+    /// `n` simple replies in whatever order they come, sorted by cookie;
+    /// the one to the read `read.0` carries `read.1` bytes of data.
+    fn replies(&mut self, n: usize, read: (u64, usize)) -> Vec<(u32, u64, Vec<u8>)> {
+        let mut got: Vec<(u32, u64, Vec<u8>)> = (0..n)
+            .map(|_| {
+                let mut h = [0u8; 16];
+                self.s.read_exact(&mut h).unwrap();
+                assert_eq!(u32::from_be_bytes(h[..4].try_into().unwrap()), 0x6744_6698);
+                let err = u32::from_be_bytes(h[4..8].try_into().unwrap());
+                let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
+                let len = if err == 0 && cookie == read.0 {
+                    read.1
+                } else {
+                    0
+                };
+                let mut d = vec![0u8; len];
+                self.s.read_exact(&mut d).unwrap();
+                (err, cookie, d)
+            })
+            .collect();
+        got.sort_by_key(|g| g.1);
+        got
     }
 
     fn closed(&mut self) -> bool {
