@@ -492,6 +492,8 @@ impl Server {
         // and whether the device failed them afterwards.
         let mut placed = 0usize;
         let mut failed: Option<String> = None;
+        // Whether this worker's request counts in `c.serving`.
+        let mut counted = false;
         loop {
             merged.clear();
             {
@@ -507,7 +509,10 @@ impl Server {
                     let Some(req) = read_header(r)? else {
                         return Ok(());
                     };
-                    c.serving.fetch_add(1, Ordering::AcqRel);
+                    counted = req.len as usize >= LARGE_REPLY;
+                    if counted {
+                        c.serving.fetch_add(1, Ordering::AcqRel);
+                    }
                     merged.push(req);
                     used = 0;
                     placed = 0;
@@ -662,7 +667,9 @@ impl Server {
             mapped.discard();
             let last = c.replying.fetch_sub(1, Ordering::AcqRel) == 1;
             let sent = sent.and_then(|()| if last { out.flush() } else { Ok(()) });
-            c.serving.fetch_sub(1, Ordering::AcqRel);
+            if counted {
+                c.serving.fetch_sub(1, Ordering::AcqRel);
+            }
             if sent.is_err() {
                 // The client is gone; the next read sees it too.
                 c.closing.store(true, Ordering::Release);
@@ -753,7 +760,8 @@ impl Server {
         // kernel's overhead): more cannot arrive.
         let room = r.get_ref().receive_buffer() / 2;
         loop {
-            // This worker serves `first`: others are more than one.
+            // This worker serves `first` (large, so counted): others are
+            // more than one.
             if need > room || c.serving.load(Ordering::Acquire) <= 1 || since.elapsed() >= RUN_WAIT
             {
                 return Err(Some(need));
@@ -951,7 +959,9 @@ struct Conn {
     writer: Mutex<BufWriter<Stream>>,
     /// Workers with a reply ready or being written; the last one flushes.
     replying: AtomicUsize,
-    /// Workers that have taken a request and not yet answered it.
+    /// Workers that have taken a large request (`LARGE_REPLY` and more)
+    /// and not yet answered it. Small ones are not counted, to keep their
+    /// cost down: only a run of large writes asks (`Server::wait_for_run`).
     serving: AtomicUsize,
     /// Set on DISC, EOF, a malformed request or a dead client.
     closing: AtomicBool,
