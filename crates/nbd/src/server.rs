@@ -28,6 +28,7 @@ const READ_BUFFER: usize = 32 << 10;
 /// how long each wait for it lasts before looking again.
 const RUN_WAIT: Duration = Duration::from_millis(2);
 const RUN_WAIT_STEP: Duration = Duration::from_micros(200);
+
 /// How long a client may take over each handshake step.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -55,18 +55,7 @@ impl Stream {
         let Ok(off) = libc::c_int::try_from(skip) else {
             return false;
         };
-        let set = |v: libc::c_int| {
-            // SAFETY: a valid socket and a c_int option value of the right size.
-            unsafe {
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_PEEK_OFF,
-                    (&v as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            }
-        };
+        let set = |v| self.set_int_option(libc::SO_PEEK_OFF, v);
         if set(off) != 0 {
             return false;
         }
@@ -90,20 +79,7 @@ impl Stream {
     /// Reading is unchanged afterwards.
     pub(crate) fn wait_for_bytes(&self, n: usize, limit: Duration) {
         use nix::poll::{ppoll, PollFd, PollFlags};
-        use std::os::fd::AsRawFd;
-        let fd = self.as_fd();
-        let lowat = |v: libc::c_int| {
-            // SAFETY: a valid socket and a c_int option value of the right size.
-            unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVLOWAT,
-                    (&v as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            }
-        };
+        let lowat = |v| self.set_int_option(libc::SO_RCVLOWAT, v);
         let Ok(want) = libc::c_int::try_from(n) else {
             return;
         };
@@ -111,9 +87,25 @@ impl Stream {
             std::thread::sleep(limit.min(Duration::from_micros(50)));
             return;
         }
-        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        let mut fds = [PollFd::new(self.as_fd(), PollFlags::POLLIN)];
         let _ = ppoll(&mut fds, Some(limit.into()), None);
         lowat(1);
+    }
+
+    /// Set a socket-level option of type int that nix does not wrap;
+    /// returns what setsockopt(2) returns (0: done).
+    fn set_int_option(&self, option: libc::c_int, v: libc::c_int) -> libc::c_int {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid socket and a c_int option value of the right size.
+        unsafe {
+            libc::setsockopt(
+                self.as_fd().as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        }
     }
 
     /// The socket's receive buffer (`SO_RCVBUF`), in bytes; 0 if unknown.
