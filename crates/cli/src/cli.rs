@@ -398,6 +398,10 @@ pub struct ServeArgs {
     /// receive them into a buffer first, as for mirrored levels.
     #[arg(long)]
     pub no_mapped_writes: bool,
+    /// Send each small write's reply at once, even when the next request
+    /// is a small write whose reply could share its system call.
+    #[arg(long)]
+    pub no_batch_replies: bool,
     /// Rebuild speed while clients are busy, bytes/s (K/M/G; 0: no limit),
     /// as md's speed_limit_min. Changeable at run time (raidkit speed).
     #[arg(long, value_name = "RATE", default_value = "16M", value_parser = rate)]

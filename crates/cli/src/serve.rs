@@ -87,6 +87,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             },
             mapped_reads: !a.no_mapped_reads,
             mapped_writes: !a.no_mapped_writes,
+            batch_replies: !a.no_batch_replies,
         },
     );
     let mut endpoints = Vec::new();
@@ -281,6 +282,7 @@ fn status_fields(
             "mapped_reads": c(&stats.mapped_reads),
             "mapped_writes": c(&stats.mapped_writes),
             "run_waits": c(&stats.run_waits),
+            "held_replies": c(&stats.held_replies),
             "errors": c(&stats.errors),
         },
         "connections": {

@@ -988,3 +988,59 @@ fn pipelined_contiguous_writes_each_get_their_own_reply() {
     ));
     assert!(o.stdout == expect);
 }
+
+#[test]
+fn small_write_replies_share_sends_but_never_wait_for_a_request_still_arriving() {
+    // While another small write is next, the server may leave a reply in
+    // its buffer for that write's reply to take along; every reply still
+    // comes, and none waits for a request whose payload has not all come.
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "24M");
+    for batched in [true, false] {
+        let extra: &[&str] = if batched {
+            &[]
+        } else {
+            &["--no-batch-replies"]
+        };
+        let mut s = Served::start(dir.path(), &ms, extra);
+        let (mut r, _) = Raw::go(&s.uri);
+        let fill = |i: u64| vec![(i as u8).wrapping_mul(7) ^ u8::from(batched); 4096];
+        let mut burst = Vec::new();
+        for i in 0..64u64 {
+            burst.extend(encode(1, 0, i, i * 12288, 4096, &fill(i)));
+        }
+        r.s.write_all(&burst).unwrap();
+        let got = r.replies(64, (u64::MAX, 0));
+        for (i, (err, cookie, _)) in got.iter().enumerate() {
+            assert_eq!((*err, *cookie), (0, i as u64));
+        }
+        let held = io_count(&s, "held_replies");
+        if batched {
+            assert!(held > 0, "no reply of 64 back-to-back writes was held");
+        } else {
+            assert_eq!(held, 0);
+        }
+        // A write, then the next one's header and part of its payload in
+        // the same send; the rest only once the first write's reply is in.
+        // (Not contiguous: that one would be merged, which waits for it.)
+        let (base, next) = (1 << 20, (1 << 20) + 65536);
+        let mut two = encode(1, 0, 500, base, 4096, &[0xaa; 4096]);
+        let second = encode(1, 0, 501, next, 4096, &[0xbb; 4096]);
+        two.extend_from_slice(&second[..1028]);
+        r.s.write_all(&two).unwrap();
+        // (the socket's 10 s read timeout fails this if the reply is held)
+        assert_eq!(r.reply_with_cookie(0), (0, 500, vec![]));
+        r.s.write_all(&second[1028..]).unwrap();
+        assert_eq!(r.reply_with_cookie(0), (0, 501, vec![]));
+        for i in 0..64u64 {
+            r.request(0, 0, i * 12288, 4096, &[]);
+            assert_eq!(r.reply(4096), (0, fill(i)), "write {i}");
+        }
+        for (at, b) in [(base, 0xaa), (next, 0xbb)] {
+            r.request(0, 0, at, 4096, &[]);
+            assert_eq!(r.reply(4096), (0, vec![b; 4096]));
+        }
+        stop_and_check(&mut s, &ms);
+    }
+}

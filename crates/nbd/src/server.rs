@@ -10,7 +10,7 @@ use raidkit_member::Member;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, TcpListener};
 use std::os::unix::net::UnixListener;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -63,6 +63,9 @@ pub struct Config {
     /// no redundancy are received straight into mappings of the member
     /// files (see `mapped.rs`).
     pub mapped_writes: bool,
+    /// Small write replies are held back for the next one's send while a
+    /// quick write is next (see `Server::hold_replies`).
+    pub batch_replies: bool,
 }
 
 /// Zero-copy read replies: the data goes from the member files to the
@@ -91,6 +94,7 @@ impl Default for Config {
             zero_copy: ZeroCopy::Auto,
             mapped_reads: true,
             mapped_writes: true,
+            batch_replies: true,
         }
     }
 }
@@ -117,6 +121,9 @@ pub struct Stats {
     /// Runs of writes to a parity array waited for (a header was missing
     /// while others were being served) and then placed whole.
     pub run_waits: AtomicU64,
+    /// Replies left in the reply buffer for the next one's system call,
+    /// because a quick write was next (`Server::hold_replies`).
+    pub held_replies: AtomicU64,
     pub errors: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_active: AtomicU64,
@@ -450,6 +457,7 @@ impl Server {
             reader: Mutex::new(BufReader::with_capacity(READ_BUFFER, s.try_clone()?)),
             writer: Mutex::new(BufWriter::with_capacity(256 << 10, s.try_clone()?)),
             replying: AtomicUsize::new(0),
+            next: AtomicU8::new(NEXT_OTHER),
             serving: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             error: Mutex::new(None),
@@ -575,6 +583,8 @@ impl Server {
                     *c.error.lock().expect("error") = Some(e);
                     return;
                 }
+                let next = reader.as_deref().map_or(NEXT_OTHER, next_request);
+                c.next.store(next, Ordering::SeqCst);
                 if merged.is_empty() {
                     // DISC or EOF: requests already taken still finish.
                     c.closing.store(true, Ordering::Release);
@@ -667,7 +677,16 @@ impl Server {
             splicer.discard();
             mapped.discard();
             let last = c.replying.fetch_sub(1, Ordering::AcqRel) == 1;
-            let sent = sent.and_then(|()| if last { out.flush() } else { Ok(()) });
+            let sent = sent.and_then(|()| {
+                if !last {
+                    Ok(())
+                } else if self.hold_replies(c, out.buffer().len(), out.get_ref()) {
+                    inc(&self.stats.held_replies, merged.len() as u64);
+                    Ok(())
+                } else {
+                    out.flush()
+                }
+            });
             if counted {
                 c.serving.fetch_sub(1, Ordering::AcqRel);
             }
@@ -675,6 +694,35 @@ impl Server {
                 // The client is gone; the next read sees it too.
                 c.closing.store(true, Ordering::Release);
             }
+        }
+    }
+
+    /// Whether the last worker to reply may leave the `held` bytes of
+    /// replies in the buffer, for whoever answers the next request to send
+    /// with its own: on loopback a send costs the server as much as the
+    /// rest of a small write, since the kernel delivers the data to the
+    /// client in the same call. Only if that next request is a quick write
+    /// (`quick_write`) that has arrived whole: in the reader's buffer, or,
+    /// when that was empty, at the front of the socket. Its worker replies
+    /// soon and decides the same way, so replies wait at most for one quick
+    /// write, never for a client that holds back the rest of a request,
+    /// and the last reply of a burst always goes out at once.
+    fn hold_replies(&self, c: &Conn, held: usize, s: &Stream) -> bool {
+        if held >= REPLY_BATCH || !self.config.batch_replies {
+            return false;
+        }
+        match c.next.load(Ordering::SeqCst) {
+            NEXT_QUICK => true,
+            NEXT_NONE => {
+                // (If another worker has meanwhile taken part of the next
+                // request, what is peeked is mid-request and almost surely
+                // no request header: then nothing is held.)
+                let mut h = [0u8; REQUEST_LEN];
+                s.peek_front(&mut h)
+                    && quick_write(&h)
+                    && s.available() >= REQUEST_LEN + payload_len(&h)
+            }
+            _ => false,
         }
     }
 
@@ -961,8 +1009,13 @@ fn success_header(r: &Request, neg: Negotiated, read_len: usize) -> Vec<u8> {
 struct Conn {
     reader: Mutex<BufReader<Stream>>,
     writer: Mutex<BufWriter<Stream>>,
-    /// Workers with a reply ready or being written; the last one flushes.
+    /// Workers with a reply ready or being written; the last one sends
+    /// what is buffered, unless it may wait for the next one's
+    /// (`Server::hold_replies`).
     replying: AtomicUsize,
+    /// What the reader's buffer held when its last taker let go of it:
+    /// `NEXT_QUICK`, `NEXT_NONE` or `NEXT_OTHER`.
+    next: AtomicU8,
     /// Workers that have taken a large request (`LARGE_REPLY` and more)
     /// and not yet answered it. Small ones are not counted, to keep their
     /// cost down: only a run of large writes asks (`Server::wait_for_run`).
@@ -1040,6 +1093,45 @@ fn merge_writes(
         read_payload(r, &mut payload[at..*len])?;
         merged.push(next);
     }
+}
+
+/// Replies held back for a batch are sent once they reach this much.
+const REPLY_BATCH: usize = 16 << 10;
+
+/// `Conn::next`: a whole quick write is buffered.
+const NEXT_QUICK: u8 = 0;
+/// Nothing is buffered: the socket's next bytes begin a request.
+const NEXT_NONE: u8 = 1;
+/// Anything else (part of a request, another kind, or not known).
+const NEXT_OTHER: u8 = 2;
+
+/// What the reader's buffer holds next (`Conn::next`).
+fn next_request(r: &BufReader<Stream>) -> u8 {
+    let b = r.buffer();
+    if b.is_empty() {
+        return NEXT_NONE;
+    }
+    match b
+        .get(..REQUEST_LEN)
+        .map(|h| h.try_into().expect("28 bytes"))
+    {
+        Some(h) if quick_write(h) && b.len() >= REQUEST_LEN + payload_len(h) => NEXT_QUICK,
+        _ => NEXT_OTHER,
+    }
+}
+
+/// The length field of a request header.
+fn payload_len(h: &[u8; REQUEST_LEN]) -> usize {
+    u32::from_be_bytes(h[24..28].try_into().expect("4 bytes")) as usize
+}
+
+/// Whether `h` is the header of a write that takes little time to serve:
+/// smaller than `LARGE_REPLY`, without FUA (a page-cache write, never a
+/// flush or a read that may have to wait for a disk).
+fn quick_write(h: &[u8; REQUEST_LEN]) -> bool {
+    parse_request(h).is_ok_and(|q| {
+        q.kind == CMD_WRITE && (q.len as usize) < LARGE_REPLY && q.flags & CMD_FLAG_FUA == 0
+    })
 }
 
 /// Read replies at least this big bypass the reply buffer.
