@@ -991,8 +991,8 @@ fn pipelined_contiguous_writes_each_get_their_own_reply() {
 
 #[test]
 fn small_write_replies_share_sends_but_never_wait_for_a_request_still_arriving() {
-    // While another small write is next, the server may leave a reply in
-    // its buffer for that write's reply to take along; every reply still
+    // While small writes queue up, the server may leave a reply in its
+    // buffer for the next one's reply to take along; every reply still
     // comes, and none waits for a request whose payload has not all come.
     let dir = tmp();
     let ms = members(dir.path(), 4);
@@ -1021,25 +1021,26 @@ fn small_write_replies_share_sends_but_never_wait_for_a_request_still_arriving()
         } else {
             assert_eq!(held, 0);
         }
-        // A write, then the next one's header and part of its payload in
-        // the same send; the rest only once the first write's reply is in.
-        // (Not contiguous: that one would be merged, which waits for it.)
-        let (base, next) = (1 << 20, (1 << 20) + 65536);
+        // A write, then the next one's header and a third of its payload
+        // (enough to count as requests queueing up) in the same send; the
+        // rest only once the first write's reply is in. (Not contiguous:
+        // that one would be merged, which waits for it.)
+        let (base, next) = (1 << 20, (1 << 20) + 131072);
         let mut two = encode(1, 0, 500, base, 4096, &[0xaa; 4096]);
-        let second = encode(1, 0, 501, next, 4096, &[0xbb; 4096]);
-        two.extend_from_slice(&second[..1028]);
+        let second = encode(1, 0, 501, next, 61440, &[0xbb; 61440]);
+        two.extend_from_slice(&second[..28 + 20480]);
         r.s.write_all(&two).unwrap();
         // (the socket's 10 s read timeout fails this if the reply is held)
         assert_eq!(r.reply_with_cookie(0), (0, 500, vec![]));
-        r.s.write_all(&second[1028..]).unwrap();
+        r.s.write_all(&second[28 + 20480..]).unwrap();
         assert_eq!(r.reply_with_cookie(0), (0, 501, vec![]));
         for i in 0..64u64 {
             r.request(0, 0, i * 12288, 4096, &[]);
             assert_eq!(r.reply(4096), (0, fill(i)), "write {i}");
         }
-        for (at, b) in [(base, 0xaa), (next, 0xbb)] {
-            r.request(0, 0, at, 4096, &[]);
-            assert_eq!(r.reply(4096), (0, vec![b; 4096]));
+        for (at, len, b) in [(base, 4096, 0xaa), (next, 61440, 0xbb)] {
+            r.request(0, 0, at, len as u32, &[]);
+            assert_eq!(r.reply(len), (0, vec![b; len]));
         }
         stop_and_check(&mut s, &ms);
     }

@@ -28,37 +28,20 @@ impl Stream {
     }
     /// Whether at least `n` bytes have arrived and can be read without waiting.
     pub(crate) fn has_bytes(&self, n: usize) -> bool {
-        let mut probe = [0u8; REQUEST_LEN];
-        self.peek_front(&mut probe[..n.min(REQUEST_LEN)])
-    }
-
-    /// Copy the next `buf.len()` bytes a read would return into `buf`, if
-    /// they have arrived; a peek that neither consumes nor waits (the
-    /// socket itself stays blocking for the other threads that use it).
-    pub(crate) fn peek_front(&self, buf: &mut [u8]) -> bool {
         use nix::sys::socket::{recv, MsgFlags};
         use std::os::fd::AsRawFd;
-        let fd = self.as_fd().as_raw_fd();
-        let n = buf.len();
+        let fd = match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        };
+        let mut probe = [0u8; REQUEST_LEN];
+        let n = n.min(REQUEST_LEN);
+        // A peek that neither consumes nor waits (the socket itself stays
+        // blocking for the other threads that use it).
         matches!(
-            recv(fd, buf, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
+            recv(fd, &mut probe[..n], MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
             Ok(got) if got >= n
         )
-    }
-
-    /// How many bytes have arrived and not been read (`FIONREAD`, which
-    /// nix does not wrap); 0 if the socket cannot tell.
-    pub(crate) fn available(&self) -> usize {
-        use std::os::fd::AsRawFd;
-        let mut n: libc::c_int = 0;
-        // SAFETY: FIONREAD stores one int through the pointer, which points
-        // at a live c_int.
-        let rc = unsafe { libc::ioctl(self.as_fd().as_raw_fd(), libc::FIONREAD, &mut n) };
-        if rc == 0 {
-            usize::try_from(n).unwrap_or(0)
-        } else {
-            0
-        }
     }
 
     /// Peek at `buf.len()` bytes that arrive `skip` bytes after what the
