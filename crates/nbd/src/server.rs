@@ -63,8 +63,8 @@ pub struct Config {
     /// no redundancy are received straight into mappings of the member
     /// files (see `mapped.rs`).
     pub mapped_writes: bool,
-    /// Small write replies are held back for the next one's send while a
-    /// quick write is next (see `Server::hold_replies`).
+    /// Small write replies are held back for the next one's send while
+    /// small writes queue up (see `Server::hold_replies`).
     pub batch_replies: bool,
 }
 
@@ -122,7 +122,7 @@ pub struct Stats {
     /// while others were being served) and then placed whole.
     pub run_waits: AtomicU64,
     /// Replies left in the reply buffer for the next one's system call,
-    /// because a quick write was next (`Server::hold_replies`).
+    /// while small writes queued up (`Server::hold_replies`).
     pub held_replies: AtomicU64,
     pub errors: AtomicU64,
     pub connections_total: AtomicU64,
@@ -1092,7 +1092,7 @@ const REPLY_BATCH: usize = 16 << 10;
 /// received whole, for replies to be held (`Server::hold_replies`): four
 /// 4 KiB writes. (With 8 KiB, and with none, 4 KiB writes at queue depth 4
 /// lost 2-5%; with 16 KiB they measured level with no holding at depths 4
-/// and 8, and 1.11x at 32.)
+/// and 8, and 1.08-1.11x at 32.)
 const HOLD_BACKLOG: usize = 16 << 10;
 
 /// Whether `r`'s buffer holds `HOLD_BACKLOG` bytes or more, beginning with
