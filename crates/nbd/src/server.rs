@@ -1096,27 +1096,21 @@ const REPLY_BATCH: usize = 16 << 10;
 const HOLD_BACKLOG: usize = 16 << 10;
 
 /// Whether `r`'s buffer holds `HOLD_BACKLOG` bytes or more, beginning with
-/// a quick write whose payload is all there.
+/// a quick write whose payload is all there: one that takes little time to
+/// serve, smaller than `LARGE_REPLY` and without FUA (a page-cache write,
+/// never a flush or a read that may have to wait for a disk).
 fn quick_backlog(r: &BufReader<Stream>) -> bool {
     let b = r.buffer();
     b.len() >= HOLD_BACKLOG
         && b.get(..REQUEST_LEN)
-            .map(|h| h.try_into().expect("28 bytes"))
-            .is_some_and(|h| quick_write(h) && b.len() >= REQUEST_LEN + payload_len(h))
-}
-
-/// The length field of a request header.
-fn payload_len(h: &[u8; REQUEST_LEN]) -> usize {
-    u32::from_be_bytes(h[24..28].try_into().expect("4 bytes")) as usize
-}
-
-/// Whether `h` is the header of a write that takes little time to serve:
-/// smaller than `LARGE_REPLY`, without FUA (a page-cache write, never a
-/// flush or a read that may have to wait for a disk).
-fn quick_write(h: &[u8; REQUEST_LEN]) -> bool {
-    parse_request(h).is_ok_and(|q| {
-        q.kind == CMD_WRITE && (q.len as usize) < LARGE_REPLY && q.flags & CMD_FLAG_FUA == 0
-    })
+            .and_then(|h| parse_request(h.try_into().expect("28 bytes")).ok())
+            .is_some_and(|q| {
+                let len = q.len as usize;
+                q.kind == CMD_WRITE
+                    && len < LARGE_REPLY
+                    && q.flags & CMD_FLAG_FUA == 0
+                    && b.len() >= REQUEST_LEN + len
+            })
 }
 
 /// Read replies at least this big bypass the reply buffer.
