@@ -50,7 +50,9 @@ class Server:
         self.control = os.path.join(workdir, "ctl")
         self.proc = subprocess.Popen(
             [raidkit, "serve", "--listen", f"127.0.0.1:{self.port}",
-             "--control", os.path.join(workdir, "ctl"), "--rebuild-min", "0"] + members,
+             "--control", os.path.join(workdir, "ctl"), "--rebuild-min", "0",
+             # A cycle may start without a member on purpose (a dead disk).
+             "--run"] + members,
             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
         deadline = time.time() + 60
         for line in self.proc.stdout:

@@ -3,7 +3,7 @@
 //! corrupt superblocks and stale members are detected here.
 
 use crate::error::{Error, Result};
-use crate::superblock::{read_superblock, Role, RoleState, Superblock};
+use crate::superblock::{read_superblock, ArrayState, Role, RoleState, Superblock};
 use raidkit_layout::Geometry;
 use raidkit_member::Member;
 use serde::Serialize;
@@ -73,8 +73,16 @@ impl Assembly {
             .collect()
     }
 
+    /// Roles whose data cannot be read from their own member everywhere:
+    /// missing ones, and members part-way through a rebuild.
+    pub fn degraded_roles(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&r| self.slots[r].member.is_none() || self.slots[r].resume.is_some())
+            .collect()
+    }
+
     pub fn health(&self) -> Health {
-        let missing = self.missing_roles();
+        let missing = self.degraded_roles();
         if missing.is_empty() {
             Health::Optimal
         } else if self.geometry.survives(&missing) {
@@ -117,10 +125,15 @@ impl Assembly {
 
     /// A sentence naming each unavailable role and why.
     pub fn describe_missing(&self) -> String {
-        self.missing_roles()
+        self.degraded_roles()
             .iter()
-            .map(|&r| match &self.slots[r].absence {
-                Some(Absence::Stale { member, reason }) => {
+            .map(|&r| match (&self.slots[r].member, &self.slots[r].absence) {
+                (Some(m), _) => format!(
+                    "role {r} ({}: rebuilding, in sync up to {} bytes of its data area)",
+                    m.name(),
+                    self.slots[r].resume.unwrap_or(0)
+                ),
+                (None, Some(Absence::Stale { member, reason })) => {
                     format!("role {r} ({member}: stale, {reason})")
                 }
                 _ => format!("role {r} (missing)"),
@@ -189,6 +202,7 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
         })
         .collect();
     let mut spares = Vec::new();
+    let mut dirty = false;
     for (m, sb) in found {
         let shape_differs = sb.level != fresh.level
             || sb.layout != fresh.layout
@@ -202,9 +216,14 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
             Role::Active(r) => r as usize,
         };
         let entry = fresh.roles[role];
-        let resuming = sb.member_uuid == entry.member_uuid
-            && sb.events == fresh.events
-            && entry.state == RoleState::Rebuilding;
+        // Every superblock update raises the event counter by one on every
+        // member, so a crash in the middle of one leaves some members one
+        // behind: those are current (md accepts them too, super_1_validate).
+        // Anything further behind missed an update that data may have
+        // followed: an old copy of the member, or one that dropped out.
+        let current = sb.events + 1 >= fresh.events;
+        let resuming =
+            sb.member_uuid == entry.member_uuid && current && entry.state == RoleState::Rebuilding;
         let stale_reason = if resuming {
             None
         } else if sb.member_uuid != entry.member_uuid {
@@ -212,7 +231,7 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
                 "role {role} now belongs to member {}",
                 entry.member_uuid
             ))
-        } else if sb.events < fresh.events {
+        } else if !current {
             Some(format!(
                 "event counter {} is behind the array's {}",
                 sb.events, fresh.events
@@ -245,11 +264,20 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
             }
             continue;
         }
+        if sb.state == ArrayState::Dirty {
+            // An update from dirty to clean may have been cut short: the
+            // array is clean only if every current member says so.
+            dirty = true;
+        }
         slot.member = Some(m);
         slot.absence = None;
         slot.resume = resuming.then(|| sb.recovery_offset.unwrap_or(0));
         slot.sb = Some(sb);
         slot.stale = None;
+    }
+    let mut fresh = fresh;
+    if dirty {
+        fresh.state = ArrayState::Dirty;
     }
     let sizes: Vec<u64> = fresh.roles.iter().map(|r| r.data_size).collect();
     let geometry = Geometry::new(fresh.level, fresh.layout, fresh.chunk, sizes).map_err(|e| {

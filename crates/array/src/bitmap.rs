@@ -28,6 +28,7 @@
 //! other: a write never proceeds on a region whose bit is being cleared.
 
 use crate::superblock::SB_SIZE;
+use raidkit_member::Locked;
 use raidkit_member::{Member, MemberError};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -186,7 +187,7 @@ impl Bitmap {
 
     /// Write the whole bitmap to one member (a member joining the array).
     pub fn write_to(&self, m: &dyn Member) -> Result<(), MemberError> {
-        let _g = self.io.lock().expect("bitmap io");
+        let _g = self.io.locked();
         m.write_at(&self.encode(), BITMAP_OFFSET)?;
         m.flush()
     }
@@ -215,7 +216,7 @@ impl Bitmap {
         if (r0..r1).all(|r| Self::bit(&self.durable, r)) {
             return (guard, Vec::new());
         }
-        let _g = self.io.lock().expect("bitmap io");
+        let _g = self.io.locked();
         if (r0..r1).all(|r| Self::bit(&self.durable, r)) {
             return (guard, Vec::new());
         }
@@ -236,7 +237,7 @@ impl Bitmap {
         members: &[Arc<dyn Member>],
         before_write: impl FnOnce(),
     ) -> (u64, Vec<(usize, MemberError)>) {
-        let _g = self.io.lock().expect("bitmap io");
+        let _g = self.io.locked();
         let mut cleared = 0;
         for r in 0..self.regions {
             let (w, bit) = ((r / 64) as usize, 1u64 << (r % 64));

@@ -5,8 +5,9 @@
 use crate::engine::{parity_of, Array, View};
 use crate::error::{Error, Result};
 use crate::journal::{self, Record, Slot};
-use crate::recovery::{LastRecovery, ParityResync, RecoveryStatus};
+use crate::recovery::{LastRecovery, ParityResync, RecoveryStatus, CHECKPOINT_EVERY};
 use raidkit_layout::{Piece, StripeMap};
+use raidkit_member::Locked;
 use std::collections::BTreeMap;
 
 impl Array {
@@ -120,7 +121,7 @@ impl Array {
         dev: u64,
         encode: impl FnOnce(uuid::Uuid, u64) -> Vec<u8>,
     ) -> Result<Slot<'a>> {
-        let uuid = self.meta.lock().expect("meta lock").sb.array_uuid;
+        let uuid = self.meta.locked().sb.array_uuid;
         let rec = encode(uuid, slot.seq);
         // Copies on redundancy + 1 members, spread by stripe.
         let n = v.roles.len();
@@ -154,7 +155,7 @@ impl Array {
     /// `seq` durable in place (flush) and record that in the superblocks.
     fn journal_checkpoint(&self, seq: u64) -> Result<()> {
         self.flush()?;
-        let mut meta = self.meta.lock().expect("meta lock");
+        let mut meta = self.meta.locked();
         meta.sb.journal[2] = seq;
         self.write_superblocks(&mut meta)
     }
@@ -164,83 +165,176 @@ impl Array {
     pub(crate) fn journal_settle(&self) {
         if let Some(j) = &self.journal {
             let seq = j.quiesce();
-            self.meta.lock().expect("meta lock").sb.journal[2] = seq;
+            self.meta.locked().sb.journal[2] = seq;
         }
     }
 
-    /// After an unclean shutdown, before serving: replay the journal, or
-    /// resync what the bitmap marks (everything without a bitmap).
-    pub(crate) fn recover_unclean(&self, force: bool) -> Result<()> {
+    /// At the start, before serving: after an unclean shutdown replay the
+    /// journal or plan a resync of the regions the bitmap marks (of
+    /// everything without one); and resume a resync the superblocks record
+    /// as pending (an initial sync cut short, say).
+    pub(crate) fn recover_unclean(&self, unclean: bool, force: bool) -> Result<()> {
         if !self.geom.level.has_redundancy() {
             return Ok(());
         }
-        if self.journal.is_some() {
-            return self.replay_journal();
-        }
-        let v = self.view.load_full();
-        if !v.degraded_roles().is_empty() {
-            if force {
-                self.recovery.note(vec![
-                    "not shut down cleanly and degraded: started by force; stripes being written at the crash may rebuild wrong".into(),
-                ]);
-                return Ok(());
+        let pending = self.meta.locked().sb.resync;
+        let mut plan = ParityResync {
+            from: pending,
+            marked: None,
+        };
+        if unclean && self.journal.is_some() {
+            self.replay_journal()?;
+        } else if unclean {
+            let v = self.view.load_full();
+            if !v.degraded_roles().is_empty() {
+                if force {
+                    self.recovery.note(vec![
+                        "not shut down cleanly and degraded: started by force; stripes being written at the crash may rebuild wrong".into(),
+                    ]);
+                    return Ok(());
+                }
+                return Err(Error::NotEnoughMembers {
+                    name: self.name.clone(),
+                    detail: "it was not shut down cleanly and is degraded, without a journal: the parity of stripes being written at the crash may be wrong, so rebuilding could return garbage (the write hole). Bring the missing members back, or start it with --force to accept that".into(),
+                });
             }
-            return Err(Error::NotEnoughMembers {
-                name: self.name.clone(),
-                detail: "it was not shut down cleanly and is degraded, without a journal: the parity of stripes being written at the crash may be wrong, so rebuilding could return garbage (the write hole). Bring the missing members back, or start it with --force to accept that".into(),
-            });
-        }
-        let dirty = self.bitmap.as_ref().map(|b| b.snapshot());
-        self.recovery.note(vec![format!(
-            "not shut down cleanly: resyncing parity {} while serving",
-            if dirty.is_some() {
-                "in the regions the bitmap marks"
-            } else {
-                "everywhere (no bitmap)"
+            match self.bitmap.as_ref() {
+                Some(b) => plan.marked = Some(b.snapshot()),
+                // Nothing says where writes were: everything, from the
+                // start (a pending resync's position does not help: units
+                // below it may have been written since).
+                None => plan.from = Some(0),
             }
-        )]);
-        *self.recovery.pending_parity.lock().expect("recovery") = Some(dirty);
-        self.recovery
-            .parity_unfinished
-            .store(true, std::sync::atomic::Ordering::Release);
-        self.recovery.kick();
+            self.recovery.note(vec![format!(
+                "not shut down cleanly: resyncing parity {} while serving",
+                if plan.marked.is_some() {
+                    "in the regions the bitmap marks"
+                } else {
+                    "everywhere (no bitmap)"
+                }
+            )]);
+            if plan.marked.is_some() {
+                // Marked regions are not recorded anywhere but in the bitmap:
+                // the array stays dirty until they are done.
+                self.recovery
+                    .parity_unfinished
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
+        }
+        if let Some(at) = plan.from {
+            if pending.is_some() && !unclean {
+                self.recovery.note(vec![format!(
+                    "redundancy never made consistent from unit {at} of {} on (an initial sync cut short): resyncing it while serving",
+                    self.resync_units()
+                )]);
+            }
+            self.unsynced_from
+                .store(at, std::sync::atomic::Ordering::Release);
+            let mut meta = self.meta.locked();
+            if meta.sb.resync != Some(at) {
+                meta.sb.resync = Some(at);
+                self.write_superblocks(&mut meta)?;
+            }
+        }
+        if plan.from.is_some() || plan.marked.is_some() {
+            *self.recovery.pending_parity.locked() = Some(plan);
+            self.recovery.kick();
+        }
         Ok(())
     }
 
-    /// Make redundancy agree with the data where writes may have been torn
-    /// by a crash (`dirty` regions, or everywhere), stripe by stripe under
-    /// the stripe locks, while clients read and write.
-    pub(crate) fn run_parity_resync(&self, dirty: ParityResync) -> Result<()> {
-        let chunk = self.geom.chunk;
-        let in_dirty = |lo: u64, hi: u64| dirty.as_ref().is_none_or(|d| d.overlaps(lo, hi));
-        let mirrored = !self.geom.level.is_parity();
-        let units: Vec<u64> = if mirrored {
-            (0..self.capacity() / chunk)
-                .filter(|&c| {
-                    self.geom.pieces(c * chunk, chunk)[0]
-                        .copies
-                        .iter()
-                        .any(|&(_, d)| in_dirty(d, d + chunk))
-                })
-                .collect()
+    /// Run the resync the array starts with (an initial sync, or one cut
+    /// short) here and now rather than in the background, reporting
+    /// `progress(done, total)` in bytes: for `create`.
+    pub fn finish_resync(&self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
+        let plan = self.recovery.pending_parity.locked().take();
+        if let Some(plan) = plan {
+            self.run_parity_resync(plan, &mut progress)?;
+        }
+        if self.meta.locked().sb.resync.is_some() {
+            let why = self
+                .last_recovery()
+                .map_or_else(|| "it did not run".to_string(), |l| l.result);
+            return Err(Error::Invalid(format!(
+                "the resync did not finish ({why}); `serve` resumes it"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Units a parity resync goes through: stripes of parity levels, chunks
+    /// of the array's address space for mirrors.
+    pub(crate) fn resync_units(&self) -> u64 {
+        if self.geom.level.is_parity() {
+            self.geom.stripes()
         } else {
-            (0..self.geom.stripes())
-                .filter(|&s| in_dirty(s * chunk, (s + 1) * chunk))
-                .collect()
-        };
+            self.capacity() / self.geom.chunk
+        }
+    }
+
+    /// Whether `unit`'s redundancy has never been made consistent (a
+    /// pending initial or full resync has not reached it).
+    pub(crate) fn unsynced(&self, unit: u64) -> bool {
+        unit >= self
+            .unsynced_from
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Record how far a resync from a position got.
+    fn resync_checkpoint(&self, at: Option<u64>) -> Result<()> {
+        let mut meta = self.meta.locked();
+        meta.sb.resync = at;
+        self.write_superblocks(&mut meta)
+    }
+
+    /// Make redundancy agree with the data where `plan` says (units from a
+    /// position on, and marked regions), unit by unit under the stripe
+    /// locks, while clients read and write. A resync from a position
+    /// records it in the superblocks every few seconds and at a stop, so a
+    /// restart resumes there. `progress(done, total)` in bytes.
+    pub(crate) fn run_parity_resync(
+        &self,
+        plan: ParityResync,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let chunk = self.geom.chunk;
+        let mirrored = !self.geom.level.is_parity();
+        let from = plan.from.unwrap_or(u64::MAX);
+        let in_marked = |lo: u64, hi: u64| plan.marked.as_ref().is_some_and(|d| d.overlaps(lo, hi));
+        let units: Vec<u64> = (0..self.resync_units())
+            .filter(|&u| {
+                u >= from
+                    || if mirrored {
+                        self.geom.pieces(u * chunk, chunk)[0]
+                            .copies
+                            .iter()
+                            .any(|&(_, d)| in_marked(d, d + chunk))
+                    } else {
+                        in_marked(u * chunk, (u + 1) * chunk)
+                    }
+            })
+            .collect();
         let began = std::time::Instant::now();
         let total = units.len() as u64 * chunk;
+        let kind = if plan.from.is_some() {
+            "resync"
+        } else {
+            "parity-resync"
+        };
+        let resumed_from = plan.from.filter(|&f| f > 0).map_or(0, |f| f * chunk);
         self.recovery_started(RecoveryStatus {
-            kind: "parity-resync",
+            kind,
             role: None,
             member: String::new(),
             progress: 0.0,
             bytes_done: 0,
             bytes_total: total,
-            resumed_from: 0,
+            resumed_from,
             seconds: 0.0,
         });
         let mut done = 0;
+        let mut last_checkpoint = std::time::Instant::now();
         let result = (|| -> Result<String> {
             self.begin_write()?;
             let mut pacer = self.new_pacer();
@@ -249,55 +343,77 @@ impl Array {
             let mut buf = vec![0u8; chunk as usize];
             for &u in &units {
                 if self.recovery_stopped() {
-                    return Ok(
-                        "the array was stopped (it stays dirty: resynced again at the next start)"
-                            .into(),
-                    );
+                    return Ok("the array was stopped (resumed at the next start)".into());
                 }
                 let v = self.view.load_full();
                 if !v.degraded_roles().is_empty() {
                     return Ok("a member was lost: parity cannot be recomputed".into());
                 }
-                if mirrored {
+                {
                     let _g = self.lock(u);
-                    let p = &self.geom.pieces(u * chunk, chunk)[0];
-                    let (r0, d0) = p.copies[0];
-                    let src = v.roles[r0].disk.as_ref().expect("not degraded");
-                    self.timed(src, || src.member.read_at(&mut buf, src.data_offset + d0))?;
-                    for &(r, d) in &p.copies[1..] {
-                        self.member_write(&v, r, &buf, d)?;
+                    if mirrored {
+                        let p = &self.geom.pieces(u * chunk, chunk)[0];
+                        let (r0, d0) = p.copies[0];
+                        let src = v.roles[r0].disk.as_ref().expect("not degraded");
+                        self.timed(src, || src.member.read_at(&mut buf, src.data_offset + d0))?;
+                        for &(r, d) in &p.copies[1..] {
+                            self.member_write(&v, r, &buf, d)?;
+                        }
+                    } else {
+                        let sm = self.geom.stripe_map(u);
+                        let rows = self.read_rows(&v, u, 0, chunk, &need)?;
+                        let (p, q) = parity_of(&sm, &rows, chunk as usize);
+                        self.member_write(&v, sm.p, &p, u * chunk)?;
+                        if let Some(qr) = sm.q {
+                            self.member_write(&v, qr, &q, u * chunk)?;
+                        }
                     }
-                } else {
-                    let _g = self.lock(u);
-                    let sm = self.geom.stripe_map(u);
-                    let rows = self.read_rows(&v, u, 0, chunk, &need)?;
-                    let (p, q) = parity_of(&sm, &rows, chunk as usize);
-                    self.member_write(&v, sm.p, &p, u * chunk)?;
-                    if let Some(qr) = sm.q {
-                        self.member_write(&v, qr, &q, u * chunk)?;
+                    if u >= from {
+                        // Under the unit's lock: a write that takes it next
+                        // sees the unit synced.
+                        self.unsynced_from.store(u + 1, Ordering::Release);
                     }
                 }
                 done += chunk;
                 self.recovery_progress(chunk);
+                progress(done, total);
+                if plan.from.is_some() && last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
+                    // Durable in place before the position says so.
+                    self.flush()?;
+                    self.resync_checkpoint(Some(u + 1))?;
+                    last_checkpoint = std::time::Instant::now();
+                }
                 self.pace_recovery(&mut pacer, chunk);
             }
             self.flush()?;
+            if plan.from.is_some() {
+                self.unsynced_from.store(u64::MAX, Ordering::Release);
+                self.resync_checkpoint(None)?;
+            }
             self.recovery
                 .parity_unfinished
-                .store(false, std::sync::atomic::Ordering::Release);
+                .store(false, Ordering::Release);
             Ok("done".into())
         })();
+        if plan.from.is_some() && !matches!(result.as_deref(), Ok("done")) {
+            // Stopped or failed: record the position reached, if the
+            // members can still take it.
+            let at = self.unsynced_from.load(Ordering::Acquire);
+            if self.flush().is_ok() {
+                let _ = self.resync_checkpoint(Some(at));
+            }
+        }
         let result_text = match &result {
             Ok(t) => t.clone(),
             Err(e) => e.to_string(),
         };
         self.recovery_ended(LastRecovery {
-            kind: "parity-resync",
+            kind,
             role: None,
             member: String::new(),
             bytes: done,
             seconds: began.elapsed().as_secs_f64(),
-            resumed_from: 0,
+            resumed_from,
             result: result_text,
         });
         result.map(|_| ())
@@ -308,7 +424,7 @@ impl Array {
     fn replay_journal(&self) -> Result<()> {
         let j = self.journal.as_ref().expect("journal");
         let (uuid, after) = {
-            let meta = self.meta.lock().expect("meta lock");
+            let meta = self.meta.locked();
             (meta.sb.array_uuid, meta.sb.journal[2])
         };
         let v = self.view.load_full();
@@ -383,7 +499,7 @@ impl Array {
         }
         self.flush()?;
         j.advance_to(last);
-        let mut meta = self.meta.lock().expect("meta lock");
+        let mut meta = self.meta.locked();
         meta.sb.journal[2] = last;
         self.write_superblocks(&mut meta)?;
         drop(meta);

@@ -304,11 +304,7 @@ pub fn create(
             data_offset: offsets[i],
             data_size: geom.member_sizes.get(i).copied().unwrap_or(biggest),
             array_size: geom.capacity(),
-            state: if needs_sync {
-                ArrayState::Dirty
-            } else {
-                ArrayState::Clean
-            },
+            state: ArrayState::Clean,
             recovery_offset: None,
             bitmap: if bitmap_region > 0 {
                 [bitmap::BITMAP_OFFSET, bitmap_region, 1]
@@ -316,13 +312,16 @@ pub fn create(
                 [0; 3]
             },
             journal,
+            // The initial sync's position: `serve` resumes it if this
+            // process dies before it completes.
+            resync: needs_sync.then_some(0),
             roles: roles.clone(),
         };
         write_superblock(m.as_ref(), &mut sb)?;
     }
     if needs_sync {
         let array = Array::open(assemble::assemble(members.clone())?, &opts.name, false)?;
-        array.resync(progress)?;
+        array.finish_resync(progress)?;
         array.close()?;
     } else {
         for m in &members {
@@ -349,15 +348,7 @@ fn prepared_name(p: &Prepared) -> String {
 
 /// The same file named twice (directly, through a link, or inside a nested spec).
 fn check_distinct(specs: &[Spec]) -> Result<()> {
-    fn files<'a>(s: &'a Spec, out: &mut Vec<&'a str>) {
-        match s {
-            Spec::File(p) => out.push(p),
-            Spec::Array(v) => v.iter().for_each(|x| files(x, out)),
-            Spec::Fault(inner, ..) | Spec::Sim(inner, ..) => files(inner, out),
-        }
-    }
-    let mut all = Vec::new();
-    specs.iter().for_each(|s| files(s, &mut all));
+    let all: Vec<&str> = specs.iter().flat_map(|s| s.files()).collect();
     let mut seen: Vec<(String, Option<(u64, u64)>)> = Vec::new();
     for p in all {
         use std::os::unix::fs::MetadataExt;

@@ -18,6 +18,7 @@ use crate::recovery::Recovery;
 use crate::superblock::{ArrayState, RoleState, Superblock};
 use arc_swap::ArcSwap;
 use raidkit_layout::{Geometry, Level, Piece, StripeMap};
+use raidkit_member::Locked;
 use raidkit_member::{FileExtent, Member, MemberError, Op};
 use raidkit_parity as parity;
 use smallvec::{smallvec, SmallVec};
@@ -42,15 +43,17 @@ const PARALLEL_IO: usize = 1 << 20;
 /// Threads for member I/O done in parallel. Member calls block (on disks,
 /// for milliseconds), so they get a pool of their own rather than rayon's
 /// global one, which is sized for computation.
-fn io_pool() -> &'static rayon::ThreadPool {
-    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+fn io_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
     POOL.get_or_init(|| {
         rayon::ThreadPoolBuilder::new()
             .num_threads(32)
             .thread_name(|i| format!("member-io-{i}"))
             .build()
-            .expect("member I/O threads")
+            .map_err(|e| tracing::warn!("no threads for parallel member I/O ({e}): one at a time"))
+            .ok()
     })
+    .as_ref()
 }
 
 /// Counts its holder in a counter of work in progress.
@@ -81,17 +84,23 @@ fn in_parallel<T: Send>(
 ) -> Result<()> {
     let items: Vec<T> = items.into_iter().collect();
     let failed: Mutex<Option<Error>> = Mutex::new(None);
-    io_pool().scope(|s| {
+    let Some(pool) = io_pool() else {
+        return items.into_iter().try_for_each(f);
+    };
+    pool.scope(|s| {
         for item in items {
             let (failed, f) = (&failed, &f);
             s.spawn(move |_| {
                 if let Err(e) = f(item) {
-                    failed.lock().expect("I/O errors").get_or_insert(e);
+                    failed.locked().get_or_insert(e);
                 }
             });
         }
     });
-    match failed.into_inner().expect("I/O errors") {
+    match failed
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
         Some(e) => Err(e),
         None => Ok(()),
     }
@@ -223,6 +232,11 @@ pub struct OpenOptions {
     /// degraded and has no journal (its parity may be wrong where writes
     /// were torn: md's start_dirty_degraded).
     pub force: bool,
+    /// Start writable although members are missing that the array did not
+    /// know to be gone when it stopped (mdadm's --run). Without it such a
+    /// start is refused: a forgotten member would turn stale at the first
+    /// write.
+    pub run: bool,
 }
 
 impl Default for OpenOptions {
@@ -232,6 +246,7 @@ impl Default for OpenOptions {
             readd_stale: false,
             member_timeout: DEFAULT_MEMBER_TIMEOUT,
             force: false,
+            run: false,
         }
     }
 }
@@ -265,6 +280,11 @@ pub struct Array {
     timeout_ns: AtomicU64,
     /// Cleared when the array fails: no member is written after that.
     pub(crate) alive: AtomicBool,
+    /// Units (stripes; chunks of mirrors) from this one on have redundancy
+    /// never made consistent (u64::MAX: none): a pending initial or full
+    /// resync has not reached them. Writes there compute parity from all
+    /// the data, and nothing is reconstructed from their parity.
+    pub(crate) unsynced_from: AtomicU64,
 }
 
 impl std::fmt::Debug for Array {
@@ -370,14 +390,15 @@ pub(crate) fn parity_of(sm: &StripeMap, rows: &[Vec<u8>], len: usize) -> (Vec<u8
 }
 
 impl Array {
-    /// Start an array from an assembly. Fails if too many members are
-    /// unavailable, naming them.
+    /// Start an array from an assembly, degraded if members are missing
+    /// (as with `run`). Fails if too many members are unavailable, naming them.
     pub fn open(asm: Assembly, name: &str, read_only: bool) -> Result<Array> {
         Self::open_with(
             asm,
             name,
             OpenOptions {
                 read_only,
+                run: true,
                 ..OpenOptions::default()
             },
         )
@@ -385,6 +406,10 @@ impl Array {
 
     /// Start an array with options (see [`OpenOptions`]).
     pub fn open_with(asm: Assembly, name: &str, opts: OpenOptions) -> Result<Array> {
+        // The thread pools, made now rather than in the middle of a request
+        // (a process at its thread limit then does member I/O one at a time).
+        let _ = io_pool();
+        let _ = rayon::current_num_threads();
         let geom = asm.geometry.clone();
         let mut sb = asm.sb.clone();
         let dev_size = geom.member_sizes.iter().copied().max().unwrap_or(0);
@@ -489,9 +514,33 @@ impl Array {
                 detail,
             });
         }
+        if !opts.read_only && !opts.run {
+            let unexpected: Vec<usize> = (0..view.roles.len())
+                .filter(|&r| {
+                    view.roles[r].disk.is_none()
+                        && view.roles[r].absence == Some(Absence::Missing)
+                        && sb.roles[r].state == RoleState::Active
+                })
+                .collect();
+            if !unexpected.is_empty() {
+                return Err(Error::NotEnoughMembers {
+                    name: asm.sb.name.clone(),
+                    detail: format!(
+                        "role(s) {} missing (member {}), and the array was not degraded when it stopped; give every member, or --run to start it degraded (the missing members then need a rebuild)",
+                        roles_list(unexpected.iter().copied()),
+                        unexpected
+                            .iter()
+                            .map(|&r| sb.roles[r].member_uuid.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
+        }
         let journal = (sb.journal[1] > 0 && geom.level.is_parity())
             .then(|| Journal::new(sb.journal[0], sb.journal[1], geom.members(), sb.journal[2]));
         let unclean = sb.state == ArrayState::Dirty;
+        let resync_from = sb.resync.filter(|_| geom.level.has_redundancy());
         let a = Array {
             journal,
             name: name.to_string(),
@@ -509,12 +558,14 @@ impl Array {
             epoch: Instant::now(),
             timeout_ns: AtomicU64::new(opts.member_timeout.as_nanos() as u64),
             alive: AtomicBool::new(true),
+            unsynced_from: AtomicU64::new(resync_from.unwrap_or(u64::MAX)),
         };
         a.recovery.note(notes);
         if !opts.read_only {
-            if unclean {
-                a.recover_unclean(opts.force)?;
-            }
+            // Every start is an event: a copy of a member taken before it
+            // is one behind, and any later update makes it stale.
+            a.write_superblocks(&mut a.meta.locked())?;
+            a.recover_unclean(unclean, opts.force)?;
             a.use_spares()?;
         }
         Ok(a)
@@ -619,7 +670,7 @@ impl Array {
 
     /// The array's current superblock content.
     pub fn superblock(&self) -> Superblock {
-        self.meta.lock().expect("meta lock").sb.clone()
+        self.meta.locked().sb.clone()
     }
 
     /// Read errors cured by rewriting the block from redundancy.
@@ -633,9 +684,7 @@ impl Array {
     }
 
     pub(crate) fn lock(&self, stripe: u64) -> MutexGuard<'_, ()> {
-        self.locks[(stripe % LOCKS as u64) as usize]
-            .lock()
-            .expect("stripe lock")
+        self.locks[(stripe % LOCKS as u64) as usize].locked()
     }
 
     /// Lock a run of stripes (in lock-table order, so no two holders deadlock).
@@ -643,9 +692,7 @@ impl Array {
         let mut idx: Vec<usize> = (s0..s1).map(|s| (s % LOCKS as u64) as usize).collect();
         idx.sort_unstable();
         idx.dedup();
-        idx.into_iter()
-            .map(|i| self.locks[i].lock().expect("stripe lock"))
-            .collect()
+        idx.into_iter().map(|i| self.locks[i].locked()).collect()
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<()> {
@@ -1196,7 +1243,14 @@ impl Array {
     /// them: mirrors take turns by chunk (md's read balancing, simplified),
     /// so sequential reads use every member. Other levels have one copy.
     fn copy_order<'p>(&self, p: &'p Piece) -> impl Iterator<Item = (usize, u64)> + 'p {
-        let start = (p.logical / self.geom.chunk) as usize % p.copies.len();
+        let unit = p.logical / self.geom.chunk;
+        // Copies not yet synced may differ: the first one is the one the
+        // resync copies to the others, so every read returns it.
+        let start = if self.unsynced(unit) {
+            0
+        } else {
+            unit as usize % p.copies.len()
+        };
         p.copies[start..].iter().chain(&p.copies[..start]).copied()
     }
 
@@ -1320,6 +1374,23 @@ impl Array {
             if data[dd].is_none() && !need[dd] {
                 data[dd] = read(sm.data[dd], &mut failed);
             }
+        }
+        if self.unsynced(stripe) {
+            // Its parity was never made consistent: what it would give is
+            // garbage, so the data is unavailable until the resync comes.
+            for &r in &failed {
+                if let Some(d) = &v.roles[r].disk {
+                    self.fail_disk_by_ptr(d, "read error in a stripe not yet synced");
+                }
+            }
+            data.into_iter().flatten().for_each(scratch::give);
+            let lost = (0..k).find(|&d| need[d]).unwrap_or(0);
+            return Err(Error::Unavailable {
+                offset: self.geom.stripe_data_offset(stripe, lost) + col,
+                detail: format!(
+                    "stripe {stripe} has not been synced yet, so it cannot be reconstructed"
+                ),
+            });
         }
         let p = read(sm.p, &mut failed);
         let q = sm.q.and_then(|q| read(q, &mut failed));
@@ -1623,6 +1694,8 @@ impl Array {
                 .iter()
                 .all(|(p, _)| Self::readable(v, p.copies[0].0, p.copies[0].1, p.len).is_some());
         let rmw_reads = pieces.len() + parity_roles.len();
+        // Parity never made consistent cannot be updated from itself.
+        let rmw_ok = rmw_ok && !self.unsynced(stripe);
 
         if rmw_ok && rcw_reads > 0 && rmw_reads < rcw_reads {
             let mut pbuf = scratch::take(len);
@@ -1789,10 +1862,12 @@ impl Array {
                     match (sm.q, &qbuf) {
                         // P and Q to their members at once.
                         (Some(role), Some(q)) => {
-                            let (p_done, q_done) = io_pool().join(
-                                || self.member_write(v, sm.p, &pbuf, dev),
-                                || self.member_write(v, role, q, dev),
-                            );
+                            let write_p = || self.member_write(v, sm.p, &pbuf, dev);
+                            let write_q = || self.member_write(v, role, q, dev);
+                            let (p_done, q_done) = match io_pool() {
+                                Some(pool) => pool.join(write_p, write_q),
+                                None => (write_p(), write_q()),
+                            };
                             p_done.and(q_done)
                         }
                         _ => self.member_write(v, sm.p, &pbuf, dev),
@@ -1824,50 +1899,6 @@ impl Array {
         self.member_write(v, sm.p, p, dev)?;
         if let (Some(role), Some(q)) = (sm.q, q) {
             self.member_write(v, role, q, dev)?;
-        }
-        Ok(())
-    }
-
-    /// Make redundancy consistent with the data everywhere: parity
-    /// recomputed from data, mirrors copied from the first present copy.
-    /// `progress(done, total)` is called after each step.
-    pub fn resync(&self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
-        self.begin_write()?;
-        let chunk = self.geom.chunk;
-        let v = self.view.load();
-        match self.geom.level {
-            Level::Linear | Level::Raid0 => {}
-            Level::Raid1 | Level::Raid10 => {
-                let total = self.capacity();
-                let mut buf = vec![0u8; chunk as usize];
-                let mut pos = 0;
-                while pos < total {
-                    let ps = self.geom.pieces(pos, chunk.min(total - pos));
-                    for p in ps {
-                        let b = &mut buf[..p.len as usize];
-                        self.read_copies(&v, &p, b)?;
-                        self.write(b, p.logical)?;
-                        pos = p.logical + p.len;
-                    }
-                    progress(pos, total);
-                }
-            }
-            _ => {
-                let stripes = self.geom.stripes();
-                let k = self.geom.data_members();
-                let need = vec![true; k];
-                for s in 0..stripes {
-                    let _g = self.lock(s);
-                    let sm = self.geom.stripe_map(s);
-                    let rows = self.read_rows(&v, s, 0, chunk, &need)?;
-                    let (pbuf, qbuf) = parity_of(&sm, &rows, chunk as usize);
-                    self.member_write(&v, sm.p, &pbuf, s * chunk)?;
-                    if let Some(q) = sm.q {
-                        self.member_write(&v, q, &qbuf, s * chunk)?;
-                    }
-                    progress(s + 1, stripes);
-                }
-            }
         }
         Ok(())
     }
@@ -1948,20 +1979,15 @@ impl Array {
         if self.write_ready.load(Ordering::Acquire) {
             return Ok(());
         }
-        let mut meta = self.meta.lock().expect("meta lock");
+        let mut meta = self.meta.locked();
         if self.write_ready.load(Ordering::Acquire) {
             return Ok(());
         }
         let v = self.view.load();
-        let mut changed = false;
         for (role, rv) in v.roles.iter().enumerate() {
             if rv.disk.is_none() && meta.sb.roles[role].state == RoleState::Active {
                 meta.sb.roles[role].state = RoleState::Removed;
-                changed = true;
             }
-        }
-        if changed {
-            meta.sb.events += 1;
         }
         meta.sb.state = ArrayState::Dirty;
         self.write_superblocks(&mut meta)?;
@@ -1975,7 +2001,7 @@ impl Array {
         self.recovery.stop();
         self.journal_settle();
         let flushed = self.flush();
-        let mut meta = self.meta.lock().expect("meta lock");
+        let mut meta = self.meta.locked();
         let unfinished = self.recovery.parity_unfinished.load(Ordering::Acquire);
         if self.write_ready.swap(false, Ordering::AcqRel) && flushed.is_ok() && !unfinished {
             meta.sb.state = ArrayState::Clean;

@@ -45,6 +45,7 @@
 //! stripe), giving the window's member offset and length, and no payload.
 
 use crate::superblock::{get_u32, get_u64, put_u32, put_u64};
+use raidkit_member::Locked;
 use raidkit_member::{Member, MemberError};
 use std::sync::{Condvar, Mutex};
 use uuid::Uuid;
@@ -260,7 +261,7 @@ pub struct Slot<'a> {
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        let mut st = self.journal.state.lock().expect("journal");
+        let mut st = self.journal.state.locked();
         st.inflight -= 1;
         if st.inflight == 0 {
             self.journal.idle.notify_all();
@@ -285,7 +286,7 @@ impl Journal {
 
     /// The last sequence number handed out.
     pub fn last_seq(&self) -> u64 {
-        self.state.lock().expect("journal").seq
+        self.state.locked().seq
     }
 
     /// Room for a record of `len` bytes. When the log is full,
@@ -322,10 +323,13 @@ impl Journal {
         checkpoint: impl FnOnce(u64) -> Result<(), E>,
     ) -> Result<Vec<Slot<'_>>, E> {
         let total = len * count as u64;
-        let mut st = self.state.lock().expect("journal");
+        let mut st = self.state.locked();
         if st.pos + total > self.size {
             while st.inflight > 0 {
-                st = self.idle.wait(st).expect("journal");
+                st = self
+                    .idle
+                    .wait(st)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
             }
             // Nothing in flight: every record handed out is in place.
             checkpoint(st.seq)?;
@@ -347,15 +351,18 @@ impl Journal {
 
     /// Continue numbering after `seq` (records found at replay).
     pub fn advance_to(&self, seq: u64) {
-        let mut st = self.state.lock().expect("journal");
+        let mut st = self.state.locked();
         st.seq = st.seq.max(seq);
     }
 
     /// Wait until no record is in flight (for a final checkpoint).
     pub fn quiesce(&self) -> u64 {
-        let mut st = self.state.lock().expect("journal");
+        let mut st = self.state.locked();
         while st.inflight > 0 {
-            st = self.idle.wait(st).expect("journal");
+            st = self
+                .idle
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
         st.seq
     }

@@ -10,6 +10,7 @@ use crate::spec::{self, Spec};
 use crate::superblock::{
     data_offset_for, probe, write_superblock, Role, RoleState, Superblock, SB_SIZE,
 };
+use raidkit_member::Locked;
 use raidkit_member::Member;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -51,40 +52,50 @@ impl Array {
     pub(crate) fn write_superblocks(&self, meta: &mut Meta) -> Result<()> {
         meta.sb.utime = crate::engine::unix_now();
         loop {
+            // Every update is an event (as md's md_update_sb): a copy of a
+            // member taken before any later update is behind, so stale.
+            // One update raises it by exactly one, so a crash in the middle
+            // leaves members at most one behind, which assembly accepts.
+            meta.sb.events += 1;
             let v = self.view.load_full();
-            // Every member's copy at once: on disks, each costs seeks.
+            let write = |role: usize, d: &Arc<Disk>, mut sb: Superblock, rebuilding: bool| {
+                let mut own = d.sb.locked();
+                sb.member_uuid = own.member_uuid;
+                sb.role = Role::Active(role as u32);
+                sb.data_offset = own.data_offset;
+                sb.data_size = own.data_size;
+                sb.recovery_offset = rebuilding.then(|| own.recovery_offset.unwrap_or(0));
+                sb.seq = own.seq;
+                match write_superblock(d.member.as_ref(), &mut sb) {
+                    Ok(()) => {
+                        *own = sb;
+                        None
+                    }
+                    Err(e) => Some((d.clone(), e)),
+                }
+            };
+            // Every member's copy at once: on disks, each costs seeks. A
+            // thread that cannot be had (the process is at its limit) is
+            // no reason to stop: that member's copy is written here.
             let failed: Vec<(Arc<Disk>, crate::Error)> = std::thread::scope(|sc| {
-                let handles: Vec<_> = v
-                    .roles
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(role, rv)| {
-                        let d = rv.disk.as_ref()?;
-                        let mut sb = meta.sb.clone();
-                        let rebuilding = rv.sync.is_some();
-                        Some(sc.spawn(move || {
-                            let mut own = d.sb.lock().expect("member sb");
-                            sb.member_uuid = own.member_uuid;
-                            sb.role = Role::Active(role as u32);
-                            sb.data_offset = own.data_offset;
-                            sb.data_size = own.data_size;
-                            sb.recovery_offset =
-                                rebuilding.then(|| own.recovery_offset.unwrap_or(0));
-                            sb.seq = own.seq;
-                            match write_superblock(d.member.as_ref(), &mut sb) {
-                                Ok(()) => {
-                                    *own = sb;
-                                    None
-                                }
-                                Err(e) => Some((d.clone(), e)),
-                            }
-                        }))
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .filter_map(|h| h.join().expect("superblock writer"))
-                    .collect()
+                let mut inline = Vec::new();
+                let mut handles = Vec::new();
+                for (role, rv) in v.roles.iter().enumerate() {
+                    let Some(d) = rv.disk.as_ref() else { continue };
+                    let (sb, rebuilding) = (meta.sb.clone(), rv.sync.is_some());
+                    let spawned = std::thread::Builder::new()
+                        .name("superblock".into())
+                        .spawn_scoped(sc, move || write(role, d, sb, rebuilding));
+                    match spawned {
+                        Ok(h) => handles.push(h),
+                        Err(_) => inline.push(write(role, d, meta.sb.clone(), rebuilding)),
+                    }
+                }
+                let joined = handles.into_iter().map(|h| match h.join() {
+                    Ok(r) => r,
+                    Err(p) => std::panic::resume_unwind(p),
+                });
+                inline.into_iter().chain(joined).flatten().collect()
             });
             if failed.is_empty() {
                 return Ok(());
@@ -131,8 +142,7 @@ impl Array {
                 if let Some((rep, sync)) = rv.replacement.take() {
                     // The member being replaced failed first: its
                     // replacement carries on as an ordinary rebuild.
-                    rep.sb.lock().expect("member sb").recovery_offset =
-                        Some(sync.cursor.load(Ordering::Acquire));
+                    rep.sb.locked().recovery_offset = Some(sync.cursor.load(Ordering::Acquire));
                     meta.sb.roles[r].member_uuid = rep.uuid;
                     meta.sb.roles[r].state = RoleState::Rebuilding;
                     rv.disk = Some(rep);
@@ -145,7 +155,6 @@ impl Array {
         };
         tracing::warn!(member = disk.name(), role, "member failed: {why}");
         v.failed.push((disk, role, why.to_string()));
-        meta.sb.events += 1;
         if !self.geom.survives(&v.degraded_roles()) {
             self.alive.store(false, Ordering::Release);
             tracing::error!("array '{}' has failed: too many members lost", self.name);
@@ -157,7 +166,7 @@ impl Array {
     /// Fail a member found to be faulty by the I/O path.
     pub(crate) fn fail_disk_by_ptr(&self, d: &Disk, why: &str) {
         let changed = {
-            let mut meta = self.meta.lock().expect("meta lock");
+            let mut meta = self.meta.locked();
             let changed = self.fail_locked(&mut meta, d, why);
             if changed {
                 let _ = self.write_superblocks(&mut meta);
@@ -175,7 +184,7 @@ impl Array {
         if self.read_only || !self.alive.load(Ordering::Acquire) {
             return Ok(());
         }
-        let mut meta = self.meta.lock().expect("meta lock");
+        let mut meta = self.meta.locked();
         let mut v = View::clone(&self.view.load());
         let mut took = false;
         for r in 0..v.roles.len() {
@@ -193,9 +202,8 @@ impl Array {
         Ok(())
     }
 
-    /// Record a new set of members: events raised, superblocks written.
+    /// Record a new set of members: superblocks written (events raised).
     fn commit(&self, meta: &mut Meta, v: View) -> Result<()> {
-        meta.sb.events += 1;
         self.view.store(Arc::new(v));
         self.write_superblocks(meta)
     }
@@ -210,7 +218,7 @@ impl Array {
         dirty: Option<crate::bitmap::RegionSet>,
     ) -> Result<()> {
         {
-            let mut own = disk.sb.lock().expect("member sb");
+            let mut own = disk.sb.locked();
             own.role = Role::Active(r as u32);
             own.recovery_offset = Some(0);
             own.data_size = meta.sb.roles[r].data_size;
@@ -301,7 +309,7 @@ impl Array {
 
     /// Let go of a failed member or a spare (it can then be taken away).
     pub fn remove_member(&self, who: &str) -> Result<String> {
-        let _meta = self.meta.lock().expect("meta lock");
+        let _meta = self.meta.locked();
         let mut v = View::clone(&self.view.load());
         let d = match self.find(&v, who)? {
             Place::Failed(i) => v.failed.remove(i).0,
@@ -404,7 +412,7 @@ impl Array {
                 "the array has failed; stop it and start it again with the members back (--force if needed)".into(),
             ));
         }
-        let mut meta = self.meta.lock().expect("meta lock");
+        let mut meta = self.meta.locked();
         let mut v = View::clone(&self.view.load());
         let (m, ours) = self.prepare(&meta, &v, spec_text, force)?;
         let open_role = (0..v.roles.len()).find(|&r| v.roles[r].disk.is_none());
@@ -459,7 +467,7 @@ impl Array {
     /// service; when done the new member takes the role.
     pub fn replace_member(&self, who: &str, with: &str, force: bool) -> Result<usize> {
         self.check_writable()?;
-        let meta = self.meta.lock().expect("meta lock");
+        let meta = self.meta.locked();
         let mut v = View::clone(&self.view.load());
         let r = match self.find(&v, who)? {
             Place::Role(r) => r,

@@ -9,6 +9,7 @@
 use crate::engine::{parity_of, solve, Array, Disk, SyncState, View};
 use crate::error::{Error, Result};
 use crate::superblock::RoleState;
+use raidkit_member::Locked;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 /// Default speed while clients are busy (bytes/s): md's idea of a floor.
 pub const DEFAULT_MIN_RATE: u64 = 16 << 20;
 /// How often a running rebuild records its checkpoint.
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
+pub(crate) const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 
 /// A recovery in progress.
 #[derive(Debug, Clone, Serialize)]
@@ -60,8 +61,17 @@ struct State {
     notes: Vec<String>,
 }
 
-/// Regions to resync after an unclean shutdown (None: everything).
-pub(crate) type ParityResync = Option<crate::bitmap::RegionSet>;
+/// What a parity resync covers: redundancy recomputed from the data.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ParityResync {
+    /// Every unit (stripe of a parity level, chunk of a mirror) from this
+    /// one on: an initial sync, or a full resync, that records its position
+    /// in the superblocks as it goes (`Superblock::resync`).
+    pub from: Option<u64>,
+    /// Regions of the members' data areas being written at a crash (the
+    /// write-intent bitmap's), wherever they are.
+    pub marked: Option<crate::bitmap::RegionSet>,
+}
 
 /// The recovery state shared with the status reporter.
 #[derive(Debug)]
@@ -96,21 +106,21 @@ impl Default for Recovery {
 impl Recovery {
     /// Something may need recovering: wake the recovery loop.
     pub fn kick(&self) {
-        self.state.lock().expect("recovery").work = true;
+        self.state.locked().work = true;
         self.cv.notify_all();
     }
 
     pub fn stop(&self) {
-        self.state.lock().expect("recovery").stop = true;
+        self.state.locked().stop = true;
         self.cv.notify_all();
     }
 
     fn stopped(&self) -> bool {
-        self.state.lock().expect("recovery").stop
+        self.state.locked().stop
     }
 
     pub fn note(&self, notes: Vec<String>) {
-        self.state.lock().expect("recovery").notes.extend(notes);
+        self.state.locked().notes.extend(notes);
     }
 }
 
@@ -237,7 +247,7 @@ impl Array {
     }
 
     pub fn recovery_status(&self) -> Option<RecoveryStatus> {
-        let st = self.recovery.state.lock().expect("recovery");
+        let st = self.recovery.state.locked();
         st.running.clone().map(|mut r| {
             r.bytes_done = self.recovery.done.load(Ordering::Relaxed);
             r.progress = if r.bytes_total == 0 {
@@ -250,12 +260,12 @@ impl Array {
     }
 
     pub fn last_recovery(&self) -> Option<LastRecovery> {
-        self.recovery.state.lock().expect("recovery").last.clone()
+        self.recovery.state.locked().last.clone()
     }
 
     /// Messages about members taken back in at start-up.
     pub fn notes(&self) -> Vec<String> {
-        self.recovery.state.lock().expect("recovery").notes.clone()
+        self.recovery.state.locked().notes.clone()
     }
 
     /// The array's state for reports: failed, rebuilding (a member is being
@@ -270,13 +280,7 @@ impl Array {
 
     /// Whether some member still needs rebuilding.
     pub fn needs_recovery(&self) -> bool {
-        self.next_job().is_some()
-            || self
-                .recovery
-                .pending_parity
-                .lock()
-                .expect("recovery")
-                .is_some()
+        self.next_job().is_some() || self.recovery.pending_parity.locked().is_some()
     }
 
     fn next_job(&self) -> Option<Job> {
@@ -307,14 +311,9 @@ impl Array {
 
     /// Run recoveries until none is needed (or the array is closed).
     pub fn recover_all(&self) -> Result<()> {
-        let parity = self
-            .recovery
-            .pending_parity
-            .lock()
-            .expect("recovery")
-            .take();
-        if let Some(dirty) = parity {
-            self.run_parity_resync(dirty)?;
+        let parity = self.recovery.pending_parity.locked().take();
+        if let Some(plan) = parity {
+            self.run_parity_resync(plan, &mut |_, _| {})?;
         }
         while let Some(job) = self.next_job() {
             if self.recovery.stopped() {
@@ -338,13 +337,13 @@ impl Array {
     pub fn recovery_loop(&self) {
         loop {
             {
-                let mut st = self.recovery.state.lock().expect("recovery");
+                let mut st = self.recovery.state.locked();
                 while !st.stop && !st.work {
                     st = self
                         .recovery
                         .cv
                         .wait_timeout(st, Duration::from_secs(1))
-                        .expect("recovery")
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .0;
                     if !st.work && self.next_job().is_some() {
                         st.work = true;
@@ -364,7 +363,7 @@ impl Array {
     /// Record that a recovery started (for status).
     pub(crate) fn recovery_started(&self, status: RecoveryStatus) {
         self.recovery.done.store(0, Ordering::Relaxed);
-        self.recovery.state.lock().expect("recovery").running = Some(status);
+        self.recovery.state.locked().running = Some(status);
     }
 
     /// Count bytes done by the running recovery.
@@ -374,7 +373,7 @@ impl Array {
 
     /// Record that the running recovery ended.
     pub(crate) fn recovery_ended(&self, last: LastRecovery) {
-        let mut st = self.recovery.state.lock().expect("recovery");
+        let mut st = self.recovery.state.locked();
         st.running = None;
         st.last = Some(last);
     }
@@ -410,7 +409,7 @@ impl Array {
         let began = Instant::now();
         self.recovery.done.store(0, Ordering::Relaxed);
         {
-            let mut st = self.recovery.state.lock().expect("recovery");
+            let mut st = self.recovery.state.locked();
             st.running = Some(RecoveryStatus {
                 kind: job.kind(),
                 role: Some(job.role),
@@ -432,9 +431,9 @@ impl Array {
         // Record that the role is being rebuilt (and where) before the
         // first byte is written to the member.
         if !job.replace {
-            let mut meta = self.meta.lock().expect("meta lock");
+            let mut meta = self.meta.locked();
             meta.sb.roles[job.role].state = RoleState::Rebuilding;
-            job.target.sb.lock().expect("member sb").recovery_offset = Some(start);
+            job.target.sb.locked().recovery_offset = Some(start);
             self.write_superblocks(&mut meta)?;
         }
         let outcome = self.copy_loop(&job, total);
@@ -457,7 +456,7 @@ impl Array {
             result = result.as_str(),
             "recovery ended"
         );
-        let mut st = self.recovery.state.lock().expect("recovery");
+        let mut st = self.recovery.state.locked();
         st.running = None;
         st.last = Some(LastRecovery {
             kind: job.kind(),
@@ -627,6 +626,9 @@ impl Array {
         let mut write_failed = None;
         let mut solve_failed = None;
         let mut run = Run::Finished;
+        // A process at its thread limit defers the rebuild (the recovery
+        // loop tries again) instead of panicking with stripes locked.
+        let mut spawn_failed = None;
         std::thread::scope(|sc| {
             let mut cmds = Vec::new();
             let mut results = Vec::new();
@@ -638,7 +640,7 @@ impl Array {
                 };
                 let (ctx, crx) = std::sync::mpsc::sync_channel::<(u64, u64)>(DEPTH);
                 let (rtx, rrx) = std::sync::mpsc::sync_channel(DEPTH);
-                sc.spawn(move || {
+                let spawned = std::thread::Builder::new().spawn_scoped(sc, move || {
                     for (a, b) in crx {
                         let mut buf = vec![0u8; ((b - a) * chunk) as usize];
                         let r = self
@@ -651,12 +653,16 @@ impl Array {
                         }
                     }
                 });
+                if let Err(e) = spawned {
+                    spawn_failed = Some(e);
+                    return;
+                }
                 cmds.push(Some(ctx));
                 results.push(Some(rrx));
             }
             let (wtx, wrx) = std::sync::mpsc::sync_channel::<(usize, u64, Vec<u8>)>(2);
             let (ack_tx, ack_rx) = std::sync::mpsc::channel();
-            sc.spawn(move || {
+            let spawned = std::thread::Builder::new().spawn_scoped(sc, move || {
                 for (i, a, out) in wrx {
                     let r = self.timed(t, || t.member.write_at(&out, t.data_offset + a * chunk));
                     let failed = r.is_err();
@@ -665,6 +671,10 @@ impl Array {
                     }
                 }
             });
+            if let Err(e) = spawned {
+                spawn_failed = Some(e);
+                return;
+            }
             let mut guards = std::collections::VecDeque::new();
             let (mut issued, mut solved, mut sent, mut acked) = (0, 0, 0, 0);
             let mut halt = false;
@@ -774,6 +784,11 @@ impl Array {
             drop(wtx);
             drop(guards);
         });
+        if let Some(e) = spawn_failed {
+            return Err(Error::Invalid(format!(
+                "cannot start the rebuild's threads ({e}); trying again later"
+            )));
+        }
         if let Some(e) = solve_failed {
             return Err(e);
         }
@@ -802,11 +817,11 @@ impl Array {
         if job.target.member.flush().is_err() {
             return Ok(()); // its next write fails it
         }
-        let mut meta = self.meta.lock().expect("meta lock");
+        let mut meta = self.meta.locked();
         if !job.current(&self.view.load()) {
             return Ok(());
         }
-        job.target.sb.lock().expect("member sb").recovery_offset = Some(at);
+        job.target.sb.locked().recovery_offset = Some(at);
         self.write_superblocks(&mut meta)
     }
 
@@ -904,7 +919,7 @@ impl Array {
     /// member it replaces.
     fn finish(&self, job: &Job) -> Result<()> {
         job.target.member.flush()?;
-        let mut meta = self.meta.lock().expect("meta lock");
+        let mut meta = self.meta.locked();
         let mut v = View::clone(&self.view.load());
         if !job.current(&v) {
             return Ok(());
@@ -920,9 +935,8 @@ impl Array {
         } else {
             rv.sync = None;
         }
-        job.target.sb.lock().expect("member sb").recovery_offset = None;
+        job.target.sb.locked().recovery_offset = None;
         meta.sb.roles[job.role].state = RoleState::Active;
-        meta.sb.events += 1;
         self.view.store(Arc::new(v));
         self.write_superblocks(&mut meta)?;
         if let Some(b) = &self.bitmap {
@@ -947,9 +961,11 @@ impl Array {
         let members: Vec<_> = v.writable().iter().map(|d| d.member.clone()).collect();
         // Lock order: meta before the bitmap's own lock, as everywhere.
         let (n, failed) = {
-            let mut meta = self.meta.lock().expect("meta lock");
+            let mut meta = self.meta.locked();
             b.clear_idle(&members, || {
-                meta.sb.bitmap[2] = meta.sb.events;
+                // The event count this update records (write_superblocks
+                // raises it): a member copy from before it is older.
+                meta.sb.bitmap[2] = meta.sb.events + 1;
                 let _ = self.write_superblocks(&mut meta);
             })
         };

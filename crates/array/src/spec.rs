@@ -80,6 +80,15 @@ impl Spec {
             Spec::Array(_) | Spec::Fault(..) | Spec::Sim(..) => None,
         }
     }
+
+    /// Every file this spec reads, nested arrays included.
+    pub fn files(&self) -> Vec<&str> {
+        match self {
+            Spec::File(p) => vec![p.as_str()],
+            Spec::Array(v) => v.iter().flat_map(|x| x.files()).collect(),
+            Spec::Fault(inner, ..) | Spec::Sim(inner, ..) => inner.files(),
+        }
+    }
 }
 
 impl std::fmt::Display for Spec {

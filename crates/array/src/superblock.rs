@@ -26,6 +26,7 @@
 //! ```text
 //!   0 magic "RAIDKIT\0"      8 version u32     12 size u32 (8192)
 //!  16 crc32c u32 (of the block with this field zero)   20 flags u32
+//!     (bit 0: a resync is pending from resync_offset)
 //!  24 seq u64                32 array uuid     48 member uuid
 //!  64 name [64] (UTF-8, zero padded)
 //! 128 level i32 (md's)      132 layout u32 (md's)     136 chunk u64
@@ -36,6 +37,9 @@
 //! 208 recovery_offset u64 (u64::MAX: in sync)
 //! 216 bitmap: offset u64, region size u64 (0: no bitmap), events_cleared u64
 //! 240 journal: offset u64, size u64 (0: no journal), applied_seq u64
+//! 264 resync_offset u64: with flag 1 set, the redundancy of units (stripes
+//!     of parity levels, chunks of mirrors) from here on was never made
+//!     consistent (an initial sync, or a full resync, still to finish)
 //! 1024 role table: raid_disks entries of 32 bytes:
 //!      member uuid [16], state u32, reserved u32, data_size u64
 //! ```
@@ -148,8 +152,14 @@ pub struct Superblock {
     /// Journal: offset, size (0: no journal), sequence number of the last
     /// record known applied in place (replay starts after it).
     pub journal: [u64; 3],
+    /// A resync still to finish: units (stripes of parity levels, chunks
+    /// of mirrors) from this one on have redundancy never made consistent.
+    pub resync: Option<u64>,
     pub roles: Vec<RoleEntry>,
 }
+
+/// Flag bit: `resync` holds a pending resync's position.
+const FLAG_RESYNC: u32 = 1;
 
 pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
@@ -222,6 +232,10 @@ impl Superblock {
         }
         for (i, v) in self.journal.iter().enumerate() {
             put_u64(&mut b, 240 + 8 * i, *v);
+        }
+        if let Some(at) = self.resync {
+            put_u32(&mut b, 20, FLAG_RESYNC);
+            put_u64(&mut b, 264, at);
         }
         for (i, r) in self.roles.iter().enumerate() {
             let at = ROLE_TABLE + i * ROLE_ENTRY;
@@ -307,6 +321,7 @@ impl Superblock {
             recovery_offset: (rec != u64::MAX).then_some(rec),
             bitmap: [get_u64(b, 216), get_u64(b, 224), get_u64(b, 232)],
             journal: [get_u64(b, 240), get_u64(b, 248), get_u64(b, 256)],
+            resync: (get_u32(b, 20) & FLAG_RESYNC != 0).then(|| get_u64(b, 264)),
             roles,
         }))
     }
@@ -429,6 +444,7 @@ mod tests {
             recovery_offset: Some(4096),
             bitmap: [16384, 4096, 64 << 20],
             journal: [0, 0, 0],
+            resync: Some(77),
             roles: (0..4)
                 .map(|i| RoleEntry {
                     member_uuid: Uuid::from_u128(i),

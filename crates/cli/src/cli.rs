@@ -355,6 +355,11 @@ pub struct WriteArgs {
     /// Read the data from this file instead of stdin.
     #[arg(long = "in")]
     pub input: Option<PathBuf>,
+    /// Start the array degraded although members are missing that it did
+    /// not know to be gone when it stopped (mdadm's --run); without it
+    /// that is refused, naming the missing members.
+    #[arg(long)]
+    pub run: bool,
     #[command(flatten)]
     pub members: Members,
 }
@@ -381,6 +386,10 @@ pub struct ServeArgs {
     /// Requests served at once per connection.
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
+    /// Connections served at once (each costs a thread per worker); more
+    /// are closed at once and counted in status as refused.
+    #[arg(long, value_name = "N", default_value_t = raidkit_nbd::DEFAULT_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
     /// Answer large reads with splice(2), file to socket, no copy in the
     /// server: auto (for TCP clients on other machines; a client on this
     /// one copies the data out of the page cache at a higher cost than the
@@ -418,6 +427,11 @@ pub struct ServeArgs {
     /// stale ones, as md's --force (their last writes may be missing).
     #[arg(long)]
     pub force: bool,
+    /// Start the array degraded although members are missing that it did
+    /// not know to be gone when it stopped (mdadm's --run); without it
+    /// that is refused, naming the missing members.
+    #[arg(long)]
+    pub run: bool,
     #[command(flatten)]
     pub members: Members,
 }

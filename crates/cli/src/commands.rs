@@ -119,6 +119,17 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
 
 /// Recompute redundancy from the data, offline, and count disagreements.
 fn cmd_check(a: crate::cli::CheckArgs) -> Result<()> {
+    // Members a server holds change under the check: writes in flight
+    // would be counted as mismatches.
+    for spec in parse_specs(&a.members.members)? {
+        for f in spec.files() {
+            if raidkit_member::FileMember::in_use(f).unwrap_or(false) {
+                bail!(
+                    "{f} is in use by another process (a running raidkit server?): a check of members being written counts writes in flight as mismatches; stop the server first"
+                );
+            }
+        }
+    }
     let array = open_array(&a.members.members, true)?;
     let geom = array.geometry();
     let unit = if geom.level.is_parity() {
@@ -264,7 +275,12 @@ fn member_rows(asm: &Assembly) -> Vec<Value> {
         .iter()
         .enumerate()
         .map(|(role, s)| match (&s.member, &s.absence) {
-            (Some(m), _) => json!({"path": m.name(), "role": role, "state": "active"}),
+            (Some(m), _) => match s.resume {
+                Some(at) => json!({"path": m.name(), "role": role, "state": "rebuilding",
+                                   "recovery_offset": at,
+                                   "reason": format!("rebuilt up to {at} bytes of its data area")}),
+                None => json!({"path": m.name(), "role": role, "state": "active"}),
+            },
             (None, Some(Absence::Stale { member, reason })) => {
                 json!({"path": member, "role": role, "state": "stale", "reason": reason})
             }
@@ -300,6 +316,7 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
                 "array_state": sb.state,
                 "raid_disks": sb.raid_disks(),
                 "events": sb.events,
+                "resync_offset": sb.resync,
                 "members": rows,
                 "warnings": asm.warnings,
             }))?
@@ -307,6 +324,16 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
     } else {
         print_sb_common(sb);
         println!("           State : {}", health.name());
+        if let Some(at) = sb.resync {
+            println!(
+                "          Resync : pending from unit {at} of {} (redundancy not yet consistent there)",
+                if sb.level.is_parity() {
+                    asm.geometry.stripes()
+                } else {
+                    asm.geometry.capacity() / sb.chunk
+                }
+            );
+        }
         println!();
         println!("    Role  State    Member");
         for r in &rows {
@@ -404,8 +431,16 @@ fn cmd_read(a: ReadArgs) -> Result<()> {
 }
 
 fn cmd_write(a: WriteArgs) -> Result<()> {
-    let array = open_array(&a.members.members, false)?;
-    let cap = array.capacity();
+    let opts = raidkit_array::OpenOptions {
+        run: a.run,
+        ..Default::default()
+    };
+    // The size from the superblocks alone: bad input is refused before
+    // the array is started (which writes the members' superblocks).
+    let cap = {
+        let ms = spec::open_all(&parse_specs(&a.members.members)?, true)?;
+        assemble(ms)?.geometry.capacity()
+    };
     let room = cap.saturating_sub(a.offset);
     if a.offset > cap {
         bail!(
@@ -442,6 +477,7 @@ fn cmd_write(a: WriteArgs) -> Result<()> {
             a.offset
         );
     }
+    let array = open_array_with(&a.members.members, opts, false)?;
     for (i, part) in data.chunks(STEP).enumerate() {
         array.write(part, a.offset + (i * STEP) as u64)?;
     }

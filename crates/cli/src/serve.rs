@@ -31,6 +31,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         readd_stale: !a.read_only,
         member_timeout: Duration::from_secs_f64(a.member_timeout),
         force: a.force,
+        run: a.run,
     };
     let array = Arc::new(open_array_with(&a.members.members, opts, a.force)?);
     array.set_rebuild_speed(Some(a.rebuild_min), Some(a.rebuild_max));
@@ -88,6 +89,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             mapped_reads: !a.no_mapped_reads,
             mapped_writes: !a.no_mapped_writes,
             batch_replies: !a.no_batch_replies,
+            max_connections: a.max_connections as usize,
         },
     );
     let mut endpoints = Vec::new();
@@ -288,6 +290,7 @@ fn status_fields(
         "connections": {
             "active": c(&stats.connections_active),
             "total": c(&stats.connections_total),
+            "refused": c(&stats.connections_refused),
         },
         "endpoints": endpoints,
         "uptime_seconds": started.elapsed().as_secs_f64(),

@@ -326,7 +326,13 @@ fn json_reports_and_stale_members() {
     let data = vec![0x11u8; 300_000];
     let input = write_file(dir.path(), "in.bin", &data);
     let without: Vec<String> = [0, 2, 3].iter().map(|&i| ms[i].clone()).collect();
-    ok(&args(&["write", "--offset", "0", "--in", &input], &without));
+    // Starting it without a member it did not know to be gone needs --run.
+    let refused = raidkit(&args(&["write", "--offset", "0", "--in", &input], &without));
+    assert_eq!(refused.status.code(), Some(1));
+    ok(&args(
+        &["write", "--run", "--offset", "0", "--in", &input],
+        &without,
+    ));
     let d: Value = serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
     assert_eq!(d["state"], "degraded");
     assert_eq!(d["members"][1]["state"], "stale");

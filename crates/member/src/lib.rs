@@ -223,6 +223,43 @@ pub struct FileMember {
     path: PathBuf,
     name: String,
     len: u64,
+    /// A regular file (which another process can truncate), not a device.
+    regular: bool,
+    /// Found shorter than `len`: every operation fails from then on.
+    shrunk: std::sync::atomic::AtomicBool,
+}
+
+/// Refuse what is neither a regular file nor a block device before opening
+/// it: opening a FIFO blocks until a writer comes, and a character device
+/// or socket is no disk.
+fn check_kind(path: &Path, name: &str) -> Result<bool> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = std::fs::metadata(path).map_err(|e| MemberError::new(name, Op::Open, 0, 0, e))?;
+    let t = meta.file_type();
+    if t.is_file() || t.is_block_device() {
+        return Ok(t.is_file());
+    }
+    let kind = if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    };
+    Err(MemberError::new(
+        name,
+        Op::Open,
+        0,
+        0,
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{kind}; a member must be a regular file or a block device"),
+        ),
+    ))
 }
 
 impl FileMember {
@@ -233,6 +270,7 @@ impl FileMember {
     pub fn open(path: impl AsRef<Path>, read_only: bool) -> Result<FileMember> {
         let path = path.as_ref();
         let name = path.display().to_string();
+        let regular = check_kind(path, &name)?;
         let file = OpenOptions::new()
             .read(true)
             .write(!read_only)
@@ -248,6 +286,8 @@ impl FileMember {
             path: path.to_path_buf(),
             name,
             len,
+            regular,
+            shrunk: Default::default(),
         })
     }
 
@@ -270,11 +310,61 @@ impl FileMember {
             path: path.to_path_buf(),
             name,
             len,
+            regular: true,
+            shrunk: Default::default(),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether another process holds the writer's lock on the file at
+    /// `path` (a running raidkit server, say). Takes no lock itself.
+    pub fn in_use(path: impl AsRef<Path>) -> io::Result<bool> {
+        let f = File::open(path)?;
+        match f.try_lock_shared() {
+            Ok(()) => {
+                f.unlock()?;
+                Ok(false)
+            }
+            Err(std::fs::TryLockError::WouldBlock) => Ok(true),
+            Err(std::fs::TryLockError::Error(e)) => Err(e),
+        }
+    }
+
+    /// Fail if the file has become shorter than it was when opened (cut by
+    /// another process): a write there would silently grow it back with a
+    /// hole of zeros in between, and reads would return those zeros. One
+    /// fstat per write of a regular file; a device cannot shrink.
+    fn check_size(&self, op: Op, offset: u64, len: u64) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        if !self.regular {
+            return Ok(());
+        }
+        let now = if self.shrunk.load(Ordering::Acquire) {
+            None
+        } else {
+            match self.file.metadata() {
+                Ok(m) if m.len() >= self.len => return Ok(()),
+                Ok(m) => Some(m.len()),
+                Err(e) => return Err(MemberError::new(&self.name, op, offset, len, e)),
+            }
+        };
+        self.shrunk.store(true, Ordering::Release);
+        Err(MemberError::new(
+            &self.name,
+            op,
+            offset,
+            len,
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                match now {
+                    Some(n) => format!("the file shrank to {n} bytes from {}", self.len),
+                    None => format!("the file shrank below {} bytes", self.len),
+                },
+            ),
+        ))
     }
 }
 
@@ -315,20 +405,28 @@ impl Member for FileMember {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
         check_range(&self.name, Op::Read, offset, len, self.len)?;
-        self.file
-            .read_exact_at(buf, offset)
-            .map_err(|e| MemberError::new(&self.name, Op::Read, offset, len, e))
+        self.file.read_exact_at(buf, offset).map_err(|e| {
+            // A short read: say why if the file was cut.
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                if let Err(shrunk) = self.check_size(Op::Read, offset, len) {
+                    return shrunk;
+                }
+            }
+            MemberError::new(&self.name, Op::Read, offset, len, e)
+        })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
         check_range(&self.name, Op::Write, offset, len, self.len)?;
+        self.check_size(Op::Write, offset, len)?;
         self.file
             .write_all_at(buf, offset)
             .map_err(|e| MemberError::new(&self.name, Op::Write, offset, len, e))
     }
 
     fn flush(&self) -> Result<()> {
+        self.check_size(Op::Flush, 0, 0)?;
         self.file
             .sync_data()
             .map_err(|e| MemberError::new(&self.name, Op::Flush, 0, 0, e))
@@ -401,6 +499,23 @@ impl Member for MemMember {
 
     fn flush(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// Mutexes that keep working after a thread panicked while holding one.
+///
+/// A storage server must not go down because one request's thread panicked:
+/// the state these locks guard is updated so that every step leaves it
+/// usable (views are replaced whole, superblocks rewritten whole), so a
+/// poisoned lock is taken as it is rather than turned into a second panic.
+pub trait Locked<T> {
+    fn locked(&self) -> std::sync::MutexGuard<'_, T>;
+}
+
+impl<T> Locked<T> for std::sync::Mutex<T> {
+    fn locked(&self) -> std::sync::MutexGuard<'_, T> {
+        self.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -15,4 +15,4 @@ mod splice;
 mod stream;
 
 pub use client::NbdClient;
-pub use server::{Config, Export, Server, Stats, ZeroCopy};
+pub use server::{Config, Export, Server, Stats, ZeroCopy, DEFAULT_MAX_CONNECTIONS};

@@ -6,6 +6,7 @@ use crate::mapped::{MappedReads, MappedWrites};
 use crate::proto::*;
 use crate::splice::Splicer;
 use crate::stream::Stream;
+use raidkit_member::Locked;
 use raidkit_member::Member;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, TcpListener};
@@ -66,7 +67,13 @@ pub struct Config {
     /// Small write replies are held back for the next one's send while
     /// small writes queue up (see `Server::hold_replies`).
     pub batch_replies: bool,
+    /// Connections served at once; more are closed at once (each costs a
+    /// thread per worker, and threads are a bounded resource of the process).
+    pub max_connections: usize,
 }
+
+/// Default bound on connections served at once.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
 
 /// Zero-copy read replies: the data goes from the member files to the
 /// socket without passing through this process (a fifth of the server's
@@ -95,6 +102,7 @@ impl Default for Config {
             mapped_reads: true,
             mapped_writes: true,
             batch_replies: true,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -127,6 +135,9 @@ pub struct Stats {
     pub errors: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_active: AtomicU64,
+    /// Connections closed unserved: over `max_connections`, or no thread
+    /// could be had for them.
+    pub connections_refused: AtomicU64,
 }
 
 fn inc(c: &AtomicU64, n: u64) {
@@ -195,7 +206,7 @@ impl Server {
         let h = std::thread::Builder::new()
             .name("nbd-accept".into())
             .spawn(move || me.accept_loop(l))?;
-        self.acceptors.lock().expect("acceptors").push(h);
+        self.acceptors.locked().push(h);
         Ok(())
     }
 
@@ -231,20 +242,45 @@ impl Server {
             Stream::Tcp(t) => t.set_nonblocking(false)?,
             Stream::Unix(u) => u.set_nonblocking(false)?,
         }
-        let handle_copy = s.try_clone()?;
+        let active = self.stats.connections_active.fetch_add(1, Ordering::AcqRel);
+        if active >= self.config.max_connections as u64 {
+            self.stats.connections_active.fetch_sub(1, Ordering::AcqRel);
+            inc(&self.stats.connections_refused, 1);
+            s.shutdown(Shutdown::Both);
+            return Err(io::Error::other(format!(
+                "{peer}: refused, {active} connections are being served (--max-connections)"
+            )));
+        }
+        let handle_copy = match s.try_clone() {
+            Ok(c) => c,
+            Err(e) => {
+                self.stats.connections_active.fetch_sub(1, Ordering::AcqRel);
+                return Err(e);
+            }
+        };
         let me = self.clone();
-        let h = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("nbd-conn".into())
             .spawn(move || {
                 inc(&me.stats.connections_total, 1);
-                inc(&me.stats.connections_active, 1);
                 match me.connection(s) {
                     Ok(()) => tracing::debug!("{peer}: disconnected"),
                     Err(e) => tracing::info!("{peer}: connection ended: {e}"),
                 }
-                me.stats.connections_active.fetch_sub(1, Ordering::Relaxed);
-            })?;
-        let mut conns = self.conns.lock().expect("conns");
+                me.stats.connections_active.fetch_sub(1, Ordering::AcqRel);
+            });
+        let h = match spawned {
+            Ok(h) => h,
+            Err(e) => {
+                // The socket went with the closure: the client sees it closed.
+                self.stats.connections_active.fetch_sub(1, Ordering::AcqRel);
+                inc(&self.stats.connections_refused, 1);
+                return Err(io::Error::other(format!(
+                    "no thread for the connection: {e}"
+                )));
+            }
+        };
+        let mut conns = self.conns.locked();
         conns.retain(|(_, h)| !h.is_finished());
         conns.push((handle_copy, h));
         Ok(())
@@ -254,10 +290,10 @@ impl Server {
     /// read, and wait for them. The caller then flushes and closes the device.
     pub fn shutdown(&self) {
         self.stopping.store(true, Ordering::Release);
-        for h in self.acceptors.lock().expect("acceptors").drain(..) {
+        for h in self.acceptors.locked().drain(..) {
             let _ = h.join();
         }
-        let conns: Vec<_> = self.conns.lock().expect("conns").drain(..).collect();
+        let conns: Vec<_> = self.conns.locked().drain(..).collect();
         for (s, _) in &conns {
             s.shutdown(Shutdown::Read);
         }
@@ -467,21 +503,34 @@ impl Server {
             ZeroCopy::Never => false,
             ZeroCopy::Auto => s.remote_tcp(),
         };
-        let workers: Vec<JoinHandle<()>> = (0..self.config.workers_per_connection.max(1))
-            .map(|_| {
-                let me = self.clone();
-                let c = shared.clone();
-                std::thread::Builder::new()
-                    .name("nbd-worker".into())
-                    .spawn(move || me.worker(&c, neg, zero_copy))
-            })
-            .collect::<io::Result<_>>()?;
+        // A process at its thread limit serves the connection with the
+        // workers it could start, or refuses it if it could start none.
+        let mut workers: Vec<JoinHandle<()>> = Vec::new();
+        for _ in 0..self.config.workers_per_connection.max(1) {
+            let me = self.clone();
+            let c = shared.clone();
+            match std::thread::Builder::new()
+                .name("nbd-worker".into())
+                .spawn(move || me.worker(&c, neg, zero_copy))
+            {
+                Ok(h) => workers.push(h),
+                Err(e) if workers.is_empty() => {
+                    inc(&self.stats.connections_refused, 1);
+                    s.shutdown(Shutdown::Both);
+                    return Err(io::Error::other(format!("no thread to serve it: {e}")));
+                }
+                Err(e) => {
+                    tracing::warn!("serving a connection with {} workers: {e}", workers.len());
+                    break;
+                }
+            }
+        }
         for w in workers {
             let _ = w.join();
         }
-        let _ = shared.writer.lock().expect("writer").flush();
+        let _ = shared.writer.locked().flush();
         s.shutdown(Shutdown::Both);
-        let err = shared.error.lock().expect("error").take();
+        let err = shared.error.locked().take();
         match err {
             Some(e) => Err(e),
             None => Ok(()),
@@ -509,7 +558,7 @@ impl Server {
                 // Held while taking requests from the socket; a write whose
                 // payloads all went straight into the device lets go of it
                 // before the device finishes (see `MappedWrites::receive`).
-                let mut reader = Some(c.reader.lock().expect("reader"));
+                let mut reader = Some(c.reader.locked());
                 if c.closing.load(Ordering::Acquire) {
                     return;
                 }
@@ -580,7 +629,7 @@ impl Server {
                 })();
                 if let Err(e) = got {
                     c.closing.store(true, Ordering::Release);
-                    *c.error.lock().expect("error") = Some(e);
+                    *c.error.locked() = Some(e);
                     return;
                 }
                 c.backlog.store(
@@ -645,7 +694,7 @@ impl Server {
             // reply leaves its reply in the buffer, and the last one sends
             // them all in one system call.
             c.replying.fetch_add(1, Ordering::AcqRel);
-            let mut out = c.writer.lock().expect("writer");
+            let mut out = c.writer.locked();
             let sent = (|| {
                 for req in &merged {
                     let header = reply_header(req, neg, &result, data_len);
