@@ -100,7 +100,13 @@ pub const MAX_NAME: usize = 64;
 enum Prepared {
     Existing(Arc<dyn Member>),
     New(String),
+    /// `missing`: the role is created empty, as mdadm's (the array starts
+    /// degraded; `add` fills it).
+    Missing,
 }
+
+/// The member name that stands for an absent member, as in mdadm.
+pub const MISSING: &str = "missing";
 
 /// Create an array over `specs`. Nothing is written until every member has
 /// been checked; `progress(done, total)` reports the initial sync.
@@ -130,7 +136,11 @@ pub fn create(
         )));
     }
     let mut prepared = Vec::with_capacity(all.len());
-    for s in &all {
+    for (i, s) in all.iter().enumerate() {
+        if i < specs.len() && s.path() == Some(MISSING) {
+            prepared.push(Prepared::Missing);
+            continue;
+        }
         let exists = match s {
             Spec::File(p) => Path::new(p).exists(),
             Spec::Array(_) | Spec::Fault(..) | Spec::Sim(..) => true,
@@ -165,8 +175,29 @@ pub fn create(
             (Prepared::Existing(m), None) => m.len(),
             (Prepared::New(_), Some(want)) => want,
             (Prepared::New(_), None) => unreachable!("checked above"),
+            // As big as the others (set below).
+            (Prepared::Missing, want) => want.unwrap_or(0),
         };
         sizes.push(size);
+    }
+    let n_missing = prepared
+        .iter()
+        .filter(|p| matches!(p, Prepared::Missing))
+        .count();
+    if n_missing > 0 {
+        if n_missing == specs.len() {
+            return Err(Error::Invalid("every member is 'missing'".into()));
+        }
+        let like = (0..specs.len())
+            .filter(|&i| !matches!(prepared[i], Prepared::Missing))
+            .map(|i| sizes[i])
+            .max()
+            .unwrap_or(0);
+        for i in 0..specs.len() {
+            if matches!(prepared[i], Prepared::Missing) && sizes[i] == 0 {
+                sizes[i] = like;
+            }
+        }
     }
     let offsets: Vec<u64> = sizes.iter().map(|&s| data_offset_for(s)).collect();
     for ((p, &s), &o) in prepared.iter().zip(&sizes).zip(&offsets) {
@@ -247,39 +278,75 @@ pub fn create(
         [0; 3]
     };
 
+    let missing_roles: Vec<usize> = (0..specs.len())
+        .filter(|&i| matches!(prepared[i], Prepared::Missing))
+        .collect();
+    if !missing_roles.is_empty() && !geom.survives(&missing_roles) {
+        return Err(Error::Invalid(format!(
+            "{} cannot run without role(s) {}: too many members are 'missing'",
+            opts.level,
+            crate::engine::roles_list(missing_roles.iter().copied())
+        )));
+    }
+    let existing = prepared
+        .iter()
+        .filter(|p| matches!(p, Prepared::Existing(_)))
+        .count();
+    let needs_sync = !opts.assume_clean
+        && existing > 0
+        && !matches!(opts.level, Level::Linear | Level::Raid0)
+        // With members missing, only the redundancy left needs a sync.
+        && geom.redundancy() > missing_roles.len();
+    if needs_sync && !missing_roles.is_empty() {
+        return Err(Error::Invalid(format!(
+            "the redundancy left with role(s) {} missing needs an initial sync, which runs only with every member present: give every member, or --assume-clean if the members are known to be zero",
+            crate::engine::roles_list(missing_roles.iter().copied())
+        )));
+    }
+
     // Everything checked: now create files and write.
     let mut created = Vec::new();
-    let mut members: Vec<Arc<dyn Member>> = Vec::with_capacity(prepared.len());
+    let mut members: Vec<Option<Arc<dyn Member>>> = Vec::with_capacity(prepared.len());
     for (p, &size) in prepared.into_iter().zip(&sizes) {
         members.push(match p {
-            Prepared::Existing(m) => m,
+            Prepared::Existing(m) => Some(m),
             Prepared::New(path) => {
                 let m = FileMember::create(&path, size)?;
                 created.push(path);
-                Arc::new(m)
+                Some(Arc::new(m))
             }
+            Prepared::Missing => None,
         });
     }
-    let needs_sync = !opts.assume_clean
-        && created.len() < n
-        && !matches!(opts.level, Level::Linear | Level::Raid0);
     let uuid = Uuid::new_v4();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let member_uuids: Vec<Uuid> = members.iter().map(|_| Uuid::new_v4()).collect();
-    let spare_members = members.split_off(n);
+    let member_uuids: Vec<Uuid> = members
+        .iter()
+        .map(|m| m.as_ref().map_or(Uuid::nil(), |_| Uuid::new_v4()))
+        .collect();
+    let spare_members: Vec<Arc<dyn Member>> = members.split_off(n).into_iter().flatten().collect();
     let roles: Vec<RoleEntry> = member_uuids[..n]
         .iter()
         .zip(&geom.member_sizes)
         .map(|(&u, &size)| RoleEntry {
             member_uuid: u,
-            state: RoleState::Active,
+            // A role created empty is recorded as such: the array was
+            // degraded from the start, so it starts without --run.
+            state: if u.is_nil() {
+                RoleState::Removed
+            } else {
+                RoleState::Active
+            },
             data_size: size,
         })
         .collect();
-    for (i, m) in members.iter().chain(&spare_members).enumerate() {
+    let members: Vec<Arc<dyn Member>> = members.into_iter().flatten().collect();
+    let present: Vec<usize> = (0..n).filter(|&i| !member_uuids[i].is_nil()).collect();
+    let placed = present.iter().copied().chain(n..n + spare_members.len());
+    for (i, m) in placed.zip(members.iter().chain(&spare_members)) {
         // Blank the metadata area's reserved part so that nothing stale
         // from an earlier use is ever mistaken for a bitmap or journal.
         let blank =
@@ -324,12 +391,14 @@ pub fn create(
         array.finish_resync(progress)?;
         array.close()?;
     } else {
+        // Closed, not only flushed: a member that is itself an array
+        // records its clean shutdown.
         for m in &members {
-            m.flush()?;
+            m.close()?;
         }
     }
     for m in &spare_members {
-        m.flush()?;
+        m.close()?;
     }
     Ok(CreateReport {
         uuid,
@@ -343,12 +412,17 @@ fn prepared_name(p: &Prepared) -> String {
     match p {
         Prepared::Existing(m) => m.name().to_string(),
         Prepared::New(path) => path.clone(),
+        Prepared::Missing => MISSING.to_string(),
     }
 }
 
 /// The same file named twice (directly, through a link, or inside a nested spec).
 fn check_distinct(specs: &[Spec]) -> Result<()> {
-    let all: Vec<&str> = specs.iter().flat_map(|s| s.files()).collect();
+    let all: Vec<&str> = specs
+        .iter()
+        .flat_map(|s| s.files())
+        .filter(|&f| f != MISSING)
+        .collect();
     let mut seen: Vec<(String, Option<(u64, u64)>)> = Vec::new();
     for p in all {
         use std::os::unix::fs::MetadataExt;

@@ -66,6 +66,8 @@ fn open(
         OpenOptions {
             force,
             readd_stale: true,
+            // The tests start without members on purpose.
+            run: true,
             ..OpenOptions::default()
         },
     )?;

@@ -92,6 +92,15 @@ fn without<'a>(ps: &'a [PathBuf], gone: &[usize]) -> Vec<Option<&'a PathBuf>> {
 }
 
 /// Open the array from the members present (None = absent).
+fn open_ro(paths: &[Option<&PathBuf>]) -> Result<Array, Error> {
+    let ms: Vec<Arc<dyn Member>> = paths
+        .iter()
+        .flatten()
+        .map(|p| Arc::new(FileMember::open(p, true).unwrap()) as Arc<dyn Member>)
+        .collect();
+    Array::open(assemble(ms)?, "t", true)
+}
+
 fn open(paths: &[Option<&PathBuf>]) -> Result<Array, Error> {
     let ms: Vec<Arc<dyn Member>> = paths
         .iter()
@@ -225,7 +234,9 @@ fn every_level_against_a_model_with_every_member_missing() {
         }
         for gone in sets {
             let present = without(&ps, &gone);
-            match open(&present) {
+            // Read-only: a writable start is an event, and would leave the
+            // members left out of earlier starts behind.
+            match open_ro(&present) {
                 Ok(d) => {
                     assert!(g.survives(&gone));
                     assert!(read_all(&d) == model, "{level} {layout} without {gone:?}");

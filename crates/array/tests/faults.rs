@@ -65,6 +65,8 @@ fn try_open(specs: &[String], force: bool) -> raidkit_array::Result<Array> {
         OpenOptions {
             readd_stale: true,
             force,
+            // The tests start without members on purpose.
+            run: true,
             ..OpenOptions::default()
         },
     )

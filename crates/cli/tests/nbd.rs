@@ -192,7 +192,9 @@ fn nbdcopy_64mib_round_trip_on_raid5() {
             ("mapped_reads", &[][..]),
             ("none", &["--no-mapped-reads"][..]),
         ] {
-            let mut s = Served::start(dir.path(), present, extra);
+            // Started degraded on purpose.
+            let extra = [extra, &["--run"][..]].concat();
+            let mut s = Served::start(dir.path(), present, &extra);
             std::fs::remove_file(&back).unwrap();
             tool("nbdcopy", &[&s.uri, back.to_str().unwrap()]);
             let got = std::fs::read(&back).unwrap();

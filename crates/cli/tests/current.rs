@@ -1,0 +1,591 @@
+//! Never serve what is not known to be current: an old copy of a member,
+//! an initial sync cut short, a member half rebuilt, a start with a member
+//! forgotten, a member that shrinks, a process out of threads. Each test
+//! here failed on the code before these were handled.
+
+mod common;
+
+use common::*;
+use rand::{Rng, RngCore, SeedableRng};
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child process killed (and reaped) when dropped, so that a failing
+/// test leaves nothing running.
+struct Reaped(Option<Child>);
+
+impl Reaped {
+    fn spawn(cmd: &mut Command) -> Reaped {
+        Reaped(Some(cmd.spawn().expect("spawn")))
+    }
+    fn id(&self) -> u32 {
+        self.0.as_ref().expect("running").id()
+    }
+    fn kill9(&mut self) -> Option<std::process::ExitStatus> {
+        let mut c = self.0.take()?;
+        let _ = c.kill();
+        c.wait().ok()
+    }
+    /// Wait at most `secs`; kill it and panic if it takes longer.
+    fn wait(&mut self, secs: u64, what: &str) -> Output {
+        let mut c = self.0.take().expect("running");
+        let t = Instant::now();
+        loop {
+            if c.try_wait().unwrap().is_some() {
+                return c.wait_with_output().unwrap();
+            }
+            if t.elapsed() > Duration::from_secs(secs) {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("{what} did not finish in {secs} s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Run raidkit with a deadline (a refusal that hangs fails the test).
+fn raidkit_t(a: &[&str], secs: u64) -> Output {
+    Reaped::spawn(
+        Command::new(BIN)
+            .args(a)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .wait(secs, &format!("raidkit {a:?}"))
+}
+
+fn detail(ms: &[String]) -> Value {
+    serde_json::from_slice(&ok(&args(&["detail", "--json"], ms)).stdout).unwrap()
+}
+
+fn digest(ms: &[String]) -> Vec<Vec<u8>> {
+    ms.iter().map(|m| std::fs::read(m).unwrap()).collect()
+}
+
+fn read_array(ms: &[&str], offset: u64, len: u64) -> Output {
+    let (o, l) = (offset.to_string(), len.to_string());
+    let mut a = vec!["read", "--offset", &o, "--length", &l];
+    a.extend_from_slice(ms);
+    raidkit_t(&a, 60)
+}
+
+fn write_array(dir: &Path, ms: &[String], offset: u64, data: &[u8], extra: &[&str]) {
+    let input = dir.join("in.bin");
+    std::fs::write(&input, data).unwrap();
+    let (o, i) = (offset.to_string(), input.display().to_string());
+    let mut a = vec!["write", "--offset", &o, "--in", &i];
+    a.extend_from_slice(extra);
+    ok(&args(&a, ms));
+}
+
+fn status(ctl: &Path) -> Value {
+    let c = ctl.display().to_string();
+    serde_json::from_slice(&ok(&["status", "--control", &c, "--json"]).stdout).unwrap()
+}
+
+/// Wait until the server has no recovery running or pending.
+fn settle(s: &Served) {
+    let c = s.control.display().to_string();
+    let o = raidkit_t(&["wait", "--control", &c, "--timeout", "120"], 150);
+    assert!(
+        o.status.success(),
+        "wait: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn mismatches(ms: &[String]) -> u64 {
+    let o = raidkit_t(&args(&["check", "--json"], ms), 120);
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|_| panic!("check: {}", String::from_utf8_lossy(&o.stderr)));
+    v["mismatches"].as_u64().unwrap()
+}
+
+#[test]
+fn an_old_copy_of_a_member_is_stale_and_resynced() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "32M");
+    let old = dir.path().join("d2.old");
+    std::fs::copy(&ms[2], &old).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    let mut data = vec![0u8; 8 << 20];
+    rng.fill_bytes(&mut data);
+    // Written by a server (through NBD) and by the offline writer.
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let f = dir.path().join("half.bin");
+    std::fs::write(&f, &data[..4 << 20]).unwrap();
+    tool(
+        "timeout",
+        &["60", "nbdcopy", &f.display().to_string(), &s.uri],
+    );
+    assert!(s.stop().success());
+    write_array(dir.path(), &ms, 4 << 20, &data[4 << 20..], &[]);
+    std::fs::copy(&old, &ms[2]).unwrap();
+
+    let d = detail(&ms);
+    assert_eq!(d["state"], "degraded", "{d}");
+    assert_eq!(d["members"][2]["state"], "stale", "{d}");
+    // Offline reads never use it: with another member away they fail
+    // rather than mix old data in.
+    let without3 = [ms[0].as_str(), ms[1].as_str(), ms[2].as_str()];
+    let o = read_array(&without3, 0, 8 << 20);
+    assert!(
+        !o.status.success() || o.stdout == data,
+        "old data was returned"
+    );
+    let all: Vec<&str> = ms.iter().map(|s| s.as_str()).collect();
+    assert_eq!(read_array(&all, 0, 8 << 20).stdout, data);
+
+    // A server takes it back and resyncs it; then every member is current.
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    settle(&s);
+    assert!(s.stop().success(), "{}", s.log());
+    let d = detail(&ms);
+    assert_eq!(d["state"], "optimal", "{d}");
+    assert_eq!(mismatches(&ms), 0);
+    let without1 = [ms[0].as_str(), ms[2].as_str(), ms[3].as_str()];
+    assert_eq!(read_array(&without1, 0, 8 << 20).stdout, data);
+}
+
+#[test]
+fn a_member_one_update_behind_is_current_but_two_are_not() {
+    // A crash in the middle of a superblock update leaves members one
+    // event behind: they must not be taken for stale. A copy from before
+    // a start and a write is two or more behind, and stale.
+    let dir = tmp();
+    let ms = members(dir.path(), 5);
+    create("6", &ms, "16M");
+    let copies: Vec<Vec<u8>> = digest(&ms);
+    write_array(dir.path(), &ms, 0, &[7u8; 65536], &[]);
+    let after = detail(&ms)["events"].as_u64().unwrap();
+    assert!(
+        after >= 4,
+        "start, dirty and clean each raise the events: {after}"
+    );
+    // Put the superblocks of the first copy back on three members: behind.
+    for i in 0..3 {
+        let mut now = std::fs::read(&ms[i]).unwrap();
+        now[..16384].copy_from_slice(&copies[i][..16384]);
+        std::fs::write(&ms[i], &now).unwrap();
+    }
+    let d = detail(&ms);
+    assert_eq!(d["members"][0]["state"], "stale", "{d}");
+    assert_eq!(d["state"], "failed", "{d}");
+}
+
+/// Random bytes in four member files (the initial sync must make them
+/// consistent).
+fn random_members(dir: &Path, n: usize, size: usize, seed: u64) -> Vec<String> {
+    let ms = members(dir, n);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut buf = vec![0u8; size];
+    for m in &ms {
+        rng.fill_bytes(&mut buf);
+        std::fs::write(m, &buf).unwrap();
+    }
+    ms
+}
+
+#[test]
+fn a_create_killed_during_its_initial_sync_is_resumed_and_finished() {
+    for (level, n) in [("5", 4), ("1", 2), ("6", 5)] {
+        let dir = tmp();
+        // How long an uncut create takes, to cut inside it.
+        let ms = random_members(dir.path(), n, 24 << 20, 1);
+        let t = Instant::now();
+        ok(&args(
+            &[
+                "create", "--level", level, "--chunk", "64K", "--force", "--name", "c",
+            ],
+            &ms,
+        ));
+        let full = t.elapsed();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let (mut mid_sync, cuts) = (0, 12);
+        for cut in 0..cuts {
+            let ms = random_members(dir.path(), n, 24 << 20, cut + 2);
+            let mut c = Reaped::spawn(
+                Command::new(BIN)
+                    .args(args(
+                        &[
+                            "create", "--level", level, "--chunk", "64K", "--force", "--name", "c",
+                        ],
+                        &ms,
+                    ))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null()),
+            );
+            std::thread::sleep(full.mul_f64(rng.gen_range(0.05..0.95)));
+            c.kill9();
+            let d = raidkit_t(&args(&["detail", "--json"], &ms), 30);
+            if !d.status.success() {
+                continue; // cut before the superblocks were written
+            }
+            let d: Value = serde_json::from_slice(&d.stdout).unwrap();
+            if d["resync_offset"].is_null() {
+                continue; // cut after the sync finished
+            }
+            mid_sync += 1;
+            // Offline writes before the resync: parity from all the data.
+            let mut data = vec![0u8; 1 << 20];
+            rng.fill_bytes(&mut data);
+            let at = rng.gen_range(0..15u64) << 20;
+            write_array(dir.path(), &ms, at, &data, &[]);
+            let all: Vec<&str> = ms.iter().map(|s| s.as_str()).collect();
+            for gone in 0..n {
+                let some: Vec<&str> = (0..n).filter(|&i| i != gone).map(|i| all[i]).collect();
+                let o = read_array(&some, at, 1 << 20);
+                // Refused (not yet synced) or right, never wrong.
+                assert!(
+                    !o.status.success() || o.stdout == data,
+                    "RAID-{level} cut {cut}: wrong data without member {gone}"
+                );
+            }
+            let mut s = Served::start(dir.path(), &ms, &[]);
+            settle(&s);
+            assert!(s.stop().success(), "{}", s.log());
+            let d = detail(&ms);
+            assert!(d["resync_offset"].is_null(), "RAID-{level}: {d}");
+            assert_eq!(mismatches(&ms), 0, "RAID-{level} cut {cut}");
+            let whole = read_array(&all, 0, 8 << 20).stdout;
+            assert_eq!(read_array(&all, at, 1 << 20).stdout, data);
+            for gone in 0..n {
+                let some: Vec<&str> = (0..n).filter(|&i| i != gone).map(|i| all[i]).collect();
+                let o = read_array(&some, 0, 8 << 20);
+                assert!(o.status.success(), "RAID-{level} without {gone}");
+                assert_eq!(
+                    o.stdout, whole,
+                    "RAID-{level} cut {cut} without member {gone}"
+                );
+            }
+        }
+        assert!(
+            mid_sync >= 3,
+            "RAID-{level}: only {mid_sync} of {cuts} cuts landed in the sync"
+        );
+    }
+}
+
+#[test]
+fn detail_after_a_killed_rebuild_says_rebuilding() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "64M");
+    let mut s = Served::start(
+        dir.path(),
+        &ms[..3],
+        &["--run", "--rebuild-min", "4M", "--rebuild-max", "4M"],
+    );
+    let ctl = s.control.display().to_string();
+    // The fourth member came back blank: added as new, rebuilt slowly.
+    std::fs::File::create(&ms[3])
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    ok(&["add", "--control", &ctl, &ms[3]]);
+    wait_for("a rebuild checkpoint", 30, || {
+        status(&s.control)["recovery"]["bytes_done"]
+            .as_u64()
+            .unwrap_or(0)
+            > 12 << 20
+    });
+    s.kill9();
+    let d = detail(&ms);
+    assert_eq!(d["state"], "degraded", "{d}");
+    let m = d["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["path"] == ms[3].as_str())
+        .unwrap_or_else(|| panic!("{d}"))
+        .clone();
+    assert_eq!(m["state"], "rebuilding", "{d}");
+    assert!(m["recovery_offset"].as_u64().unwrap() > 0, "{d}");
+}
+
+#[test]
+fn a_degraded_start_needs_run() {
+    let dir = tmp();
+    let ms = members(dir.path(), 5);
+    create("6", &ms, "16M");
+    let before = digest(&ms);
+    let four = &ms[..4];
+    let o = raidkit_t(&args(&["serve", "--listen", "127.0.0.1:0"], four), 30);
+    assert_eq!(o.status.code(), Some(1));
+    let o = raidkit_t(
+        &args(&["write", "--offset", "0", "--in", "/dev/null"], four),
+        30,
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        digest(&ms) == before,
+        "a refused start wrote to the members"
+    );
+    // With --run it starts; then it knows it is degraded and needs no --run.
+    let mut s = Served::start(dir.path(), four, &["--run"]);
+    tool(
+        "timeout",
+        &[
+            "30",
+            "qemu-io",
+            "-f",
+            "raw",
+            "-c",
+            "write -P 5 0 64k",
+            &s.uri,
+        ],
+    );
+    assert!(s.stop().success());
+    let mut s = Served::start(dir.path(), four, &[]);
+    assert!(s.stop().success());
+    // `missing` at create is an absent member: degraded from the start.
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    let mut a = args(
+        &["create", "--level", "5", "--size", "16M", "--name", "m"],
+        &ms,
+    );
+    a[8] = "missing";
+    ok(&a);
+    assert!(!dir.path().join("missing").exists());
+    let present = [ms[0].clone(), ms[2].clone()];
+    let d = detail(&present);
+    assert_eq!(d["state"], "degraded", "{d}");
+    let mut s = Served::start(dir.path(), &present, &[]);
+    assert!(s.stop().success());
+}
+
+#[test]
+fn check_refuses_members_a_server_holds_and_special_files_are_refused() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "16M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let o = raidkit_t(&args(&["check"], &ms), 30);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(s.stop().success());
+    assert_eq!(mismatches(&ms), 0);
+    // A FIFO, a character device, a directory: refused without blocking.
+    let fifo = dir.path().join("fifo");
+    tool("mkfifo", &[&fifo.display().to_string()]);
+    let f = fifo.display().to_string();
+    for cmd in [
+        vec!["examine", f.as_str()],
+        vec!["detail", f.as_str()],
+        vec!["serve", "--listen", "127.0.0.1:0", f.as_str()],
+        vec!["examine", "/dev/zero"],
+        vec![
+            "create",
+            "--level",
+            "1",
+            "--force",
+            f.as_str(),
+            ms[0].as_str(),
+        ],
+    ] {
+        let o = raidkit_t(&cmd, 20);
+        assert_eq!(o.status.code(), Some(1), "{cmd:?}");
+    }
+}
+
+/// A server started by a shell that first puts itself in cgroup `cg`.
+fn serve_in_cgroup(dir: &Path, cg: &Path, ms: &[String]) -> (Reaped, String, String) {
+    let ctl = dir.join("ctl").display().to_string();
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec {BIN} \"$@\"",
+        cg.display()
+    );
+    let mut a = vec![
+        "-c",
+        &script,
+        "sh",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--control",
+        &ctl,
+    ];
+    a.extend(ms.iter().map(|s| s.as_str()));
+    let mut c = Command::new("sh")
+        .args(&a)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = c.stdout.take().unwrap();
+    let served = Reaped(Some(c));
+    use std::io::BufRead;
+    let mut addr = String::new();
+    for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+        if let Some(i) = line.find("nbd://") {
+            addr = line[i + 6..].split('/').next().unwrap().to_string();
+            break;
+        }
+    }
+    assert!(!addr.is_empty(), "server did not start");
+    (served, addr, ctl)
+}
+
+/// An NBD connection through its handshake (fixed newstyle, NBD_OPT_EXPORT_NAME).
+fn nbd_connect(addr: &str) -> Option<std::net::TcpStream> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).ok()?;
+    s.write_all(&3u32.to_be_bytes()).ok()?; // FIXED_NEWSTYLE | NO_ZEROES
+    let mut opt = Vec::new();
+    opt.extend_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes());
+    opt.extend_from_slice(&1u32.to_be_bytes()); // EXPORT_NAME
+    opt.extend_from_slice(&0u32.to_be_bytes());
+    s.write_all(&opt).ok()?;
+    let mut info = [0u8; 10];
+    s.read_exact(&mut info).ok()?;
+    Some(s)
+}
+
+/// One 4 KiB NBD write; Some(error code) if a reply came.
+fn nbd_write(s: &mut std::net::TcpStream, offset: u64, byte: u8) -> Option<u32> {
+    use std::io::{Read, Write};
+    let mut req = Vec::new();
+    req.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+    req.extend_from_slice(&0u16.to_be_bytes());
+    req.extend_from_slice(&1u16.to_be_bytes()); // WRITE
+    req.extend_from_slice(&7u64.to_be_bytes());
+    req.extend_from_slice(&offset.to_be_bytes());
+    req.extend_from_slice(&4096u32.to_be_bytes());
+    req.extend_from_slice(&[byte; 4096]);
+    s.write_all(&req).ok()?;
+    let mut rep = [0u8; 16];
+    s.read_exact(&mut rep).ok()?;
+    Some(u32::from_be_bytes(rep[4..8].try_into().unwrap()))
+}
+
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Removes a cgroup directory (once its processes are gone).
+struct Cgroup(std::path::PathBuf);
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn a_server_out_of_threads_refuses_connections_but_keeps_serving_and_the_array() {
+    let root = Path::new("/sys/fs/cgroup/pids");
+    assert!(
+        root.join("cgroup.procs").exists(),
+        "this test needs the pids cgroup controller (v1) at {}",
+        root.display()
+    );
+    let cg = Cgroup(root.join(format!("raidkit-test-{}", std::process::id())));
+    std::fs::create_dir(&cg.0).unwrap();
+    let dir = tmp();
+    let ms = members(dir.path(), 5);
+    create("6", &ms, "16M");
+    let (mut server, addr, ctl) = serve_in_cgroup(dir.path(), &cg.0, &ms);
+    let pid = server.id();
+    let base = threads_of(pid);
+    // Room for about four connections of nine threads each.
+    std::fs::write(cg.0.join("pids.max"), (base + 40).to_string()).unwrap();
+    let mut conns: Vec<_> = (0..60).filter_map(|_| nbd_connect(&addr)).collect();
+    assert!(conns.len() >= 2, "no connection got through");
+    // Writes on every connection still open (the first write marks the
+    // array dirty: superblock writes with no thread to spare).
+    let mut acked = 0;
+    for (i, c) in conns.iter_mut().enumerate() {
+        if let Some(err) = nbd_write(c, i as u64 * 65536, i as u8) {
+            assert_eq!(err, 0, "write on connection {i} failed");
+            acked += 1;
+        }
+    }
+    assert!(acked >= 2, "only {acked} writes were answered");
+    assert!(
+        std::fs::metadata(format!("/proc/{pid}")).is_ok(),
+        "the server died"
+    );
+    drop(conns);
+    std::fs::write(cg.0.join("pids.max"), "max").unwrap();
+    let st = status(Path::new(&ctl));
+    assert!(st["connections"]["refused"].as_u64().unwrap() > 0, "{st}");
+    assert_eq!(st["state"], "optimal", "{st}");
+    tool("kill", &["-TERM", &pid.to_string()]);
+    let o = server.wait(60, "the server's stop");
+    assert!(o.status.success());
+    let d = detail(&ms);
+    assert_eq!(d["state"], "optimal", "{d}");
+    assert_eq!(d["array_state"], "clean", "{d}");
+    assert_eq!(mismatches(&ms), 0);
+}
+
+#[test]
+fn a_member_truncated_under_fio_verify_is_failed_and_fio_sees_no_error() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "64M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let mut fio = Reaped::spawn(
+        Command::new("fio")
+            .args([
+                "--name=v",
+                "--ioengine=nbd",
+                &format!("--uri={}", s.uri),
+                "--rw=randwrite",
+                "--bs=4k",
+                "--iodepth=8",
+                "--size=120M",
+                "--verify=crc32c",
+                "--verify_fatal=1",
+                "--output=/dev/null",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    tool("truncate", &["-s", "16M", &ms[2]]);
+    let o = fio.wait(300, "fio");
+    assert!(
+        o.status.success(),
+        "fio: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let st = status(&s.control);
+    assert_eq!(st["state"], "degraded", "{st}");
+    let m = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["path"] == ms[2].as_str())
+        .unwrap_or_else(|| panic!("{st}"))
+        .clone();
+    assert_eq!(m["state"], "faulty", "{st}");
+    assert!(s.stop().success());
+}
