@@ -317,11 +317,7 @@ impl Array {
             .collect();
         let began = std::time::Instant::now();
         let total = units.len() as u64 * chunk;
-        let kind = if plan.from.is_some() {
-            "resync"
-        } else {
-            "parity-resync"
-        };
+        let kind = "parity-resync";
         let resumed_from = plan.from.filter(|&f| f > 0).map_or(0, |f| f * chunk);
         self.recovery_started(RecoveryStatus {
             kind,
