@@ -7,7 +7,12 @@ may hold anything but its last flushed contents or one of the writes issued
 after that flush.
 
 usage: scripts/torture.py [--cycles N] [--level 5|6] [--seed S] [--raidkit PATH]
-Prints one line per cycle and a summary; exits 1 on any loss.
+                          [--sabotage] [--serve-arg=ARG ...]
+Prints one line per cycle and a summary. Exits 0 when nothing was lost, 1 on
+any loss (the summary line says how many blocks), 2 on any other failure: an
+NBD error that is not the server's death at the planned kill, a server that
+does not start, a cycle in which no write was acknowledged, or anything
+unexpected. A failure is never reported as a loss, nor a loss as success.
 """
 
 import argparse
@@ -20,8 +25,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import select
 import threading
 import time
+import traceback
 
 import nbd
 
@@ -44,7 +51,7 @@ def free_port():
 
 
 class Server:
-    def __init__(self, raidkit, members, workdir, log):
+    def __init__(self, raidkit, members, workdir, log, extra=()):
         self.port = free_port()
         self.uri = f"nbd://127.0.0.1:{self.port}/torture"
         self.control = os.path.join(workdir, "ctl")
@@ -52,24 +59,40 @@ class Server:
             [raidkit, "serve", "--listen", f"127.0.0.1:{self.port}",
              "--control", os.path.join(workdir, "ctl"), "--rebuild-min", "0",
              # A cycle may start without a member on purpose (a dead disk).
-             "--run"] + members,
+             "--run"] + list(extra) + members,
             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+        self.killed = False
         deadline = time.time() + 60
-        for line in self.proc.stdout:
-            if b"listening on" in line:
-                break
-            if time.time() > deadline:
-                break
-        if self.proc.poll() is not None:
+        out = b""
+        fd = self.proc.stdout.fileno()
+        while b"listening on" not in out and time.time() < deadline:
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if not ready:
+                continue
+            more = os.read(fd, 4096)
+            if not more:
+                break  # the server exited
+            out += more
+        started = b"listening on" in out
+        if not started:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
             raise RuntimeError(f"server did not start (exit {self.proc.returncode})")
 
     def in_sync(self, raidkit):
         """Whether every member is in sync (asked just before a kill)."""
-        r = subprocess.run([raidkit, "status", "--json", "--control", self.control],
-                           capture_output=True, text=True)
+        try:
+            r = subprocess.run([raidkit, "status", "--json", "--control", self.control],
+                               capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            return False
         return r.returncode == 0 and '"state": "optimal"' in r.stdout
 
     def kill9(self):
+        # Set before the signal: an NBD error seen after this is the
+        # server's death; one seen before it is a real error.
+        self.killed = True
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         self.proc.stdout.close()
@@ -111,6 +134,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sabotage", action="store_true",
                     help="scribble over the first 64 KiB of every member's data after the first kill: the check must see it")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="pass this argument to every `raidkit serve` (for the tests: "
+                    "--serve-arg=--read-only must make the run fail)")
     ap.add_argument("--raidkit", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "raidkit"))
     args = ap.parse_args()
@@ -137,7 +163,7 @@ def main():
                 # only that one can be (the array needs all the others).
                 missing = unsynced if unsynced is not None else rng.randrange(n)
                 present = [m for i, m in enumerate(members) if i != missing]
-            server = Server(args.raidkit, present, work, log)
+            server = Server(args.raidkit, present, work, log, args.serve_arg)
             h = connect(server.uri)
             bad = check(h, expected, maybe)
             losses += len(bad)
@@ -170,9 +196,21 @@ def main():
                         expected[b] = s
                         maybe.pop(b, None)
                     acked += len(pending)
-            except nbd.Error:
-                pass  # the server is gone
+            except nbd.Error as e:
+                # Whether the kill had begun when the error came (read
+                # before waiting for the timer, which kills in any case).
+                dead = server.killed
+                killer.cancel()
+                killer.join()
+                if not dead:
+                    # Not the planned kill: the server refused or failed a
+                    # request while alive. That is a failure, not a cycle.
+                    raise RuntimeError(f"cycle {cycle + 1}: NBD error while the server "
+                                       f"was alive: {e}") from e
             killer.join()
+            if acked == 0:
+                raise RuntimeError(f"cycle {cycle + 1}: no write was acknowledged "
+                                   f"in {kill_after:.2f}s")
             del h
             if args.sabotage and cycle == 0:
                 for m in members:
@@ -188,7 +226,7 @@ def main():
                   f"and flushed{'' if missing is None else f', member {missing} left out'}; "
                   f"check at start: {len(bad)} bad blocks", flush=True)
         # A last restart with every member: everything must be there.
-        server = Server(args.raidkit, members, work, log)
+        server = Server(args.raidkit, members, work, log, args.serve_arg)
         h = connect(server.uri)
         bad = check(h, expected, maybe)
         losses += len(bad)
@@ -199,11 +237,13 @@ def main():
               f"losses: {losses}")
         return 1 if losses else 0
     except Exception:
+        traceback.print_exc()
         logf = os.path.join(work, "serve.log")
         if os.path.exists(logf):
             sys.stderr.write("--- server log (tail) ---\n")
             sys.stderr.write(open(logf, errors="replace").read()[-3000:])
-        raise
+        print("error: the torture run failed (not a loss)", flush=True)
+        return 2
     finally:
         if server is not None and server.proc.poll() is None:
             server.kill9()

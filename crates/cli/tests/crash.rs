@@ -6,29 +6,71 @@
 mod common;
 
 use common::*;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-fn torture(extra: &[&str]) -> (bool, String) {
+/// How long one torture run may take before it is killed (with the
+/// servers it started: they are in its process group).
+const TORTURE_DEADLINE: Duration = Duration::from_secs(240);
+
+/// Runs scripts/torture.py; (exit code, stdout and stderr).
+fn torture(extra: &[&str]) -> (Option<i32>, String) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/torture.py");
-    let o = Command::new("/usr/bin/python3")
-        .arg(script)
-        .args(["--raidkit", BIN])
-        .args(extra)
-        .output()
-        .expect("python3 (installed by .ci/run)");
+    let o = output_within(
+        Command::new("/usr/bin/python3")
+            .arg(script)
+            .args(["--raidkit", BIN])
+            .args(extra),
+        TORTURE_DEADLINE,
+    );
     let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-    (o.status.success(), text)
+    (o.status.code(), text)
+}
+
+/// The figures of the summary line: (cycles, blocks acknowledged and
+/// flushed, losses). None when there is no summary (the run failed).
+fn summary(out: &str) -> Option<(u64, u64, u64)> {
+    let line = out.lines().find(|l| l.starts_with("summary: "))?;
+    let num = |after: &str| -> Option<u64> {
+        let i = line.find(after)? + after.len();
+        line[i..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    let cycles = num("summary: ")?;
+    let acked = num("cycles, ")?;
+    Some((cycles, acked, num("losses: ")?))
+}
+
+/// Blocks acknowledged and flushed in each cycle, from the cycle lines.
+fn acked_per_cycle(out: &str) -> Vec<u64> {
+    out.lines()
+        .filter(|l| l.starts_with("cycle "))
+        .map(|l| {
+            let i = l.find("s, ").expect("cycle line") + 3;
+            l[i..].split(' ').next().unwrap().parse().expect("a count")
+        })
+        .collect()
 }
 
 #[test]
 fn kill9_torture_loses_nothing_flushed() {
     for (level, seed) in [("5", "3"), ("6", "4")] {
-        let (ok, out) = torture(&["--cycles", "6", "--level", level, "--seed", seed]);
-        assert!(ok, "RAID-{level}:\n{out}");
-        assert!(
-            out.contains("6 cycles") && out.contains("losses: 0"),
-            "{out}"
-        );
+        let (code, out) = torture(&["--cycles", "6", "--level", level, "--seed", seed]);
+        assert_eq!(code, Some(0), "RAID-{level}:\n{out}");
+        let (cycles, acked, losses) = summary(&out).unwrap_or_else(|| panic!("{out}"));
+        assert_eq!((cycles, losses), (6, 0), "{out}");
+        // Work was done: a server that refused or dropped writes would have
+        // none acknowledged (the script fails on any NBD error but the kill).
+        // Each cycle writes for 0.2-1.5 s; about 10000 blocks a second are
+        // acknowledged on this machine: the bounds are far below that.
+        let per = acked_per_cycle(&out);
+        assert_eq!(per.len(), 6, "{out}");
+        assert!(per.iter().all(|&n| n >= 20), "a cycle did little:\n{out}");
+        assert_eq!(per.iter().sum::<u64>(), acked, "{out}");
+        assert!(acked >= 1000, "only {acked} blocks acknowledged:\n{out}");
         assert!(
             out.contains("left out"),
             "no cycle ran without a member:\n{out}"
@@ -38,9 +80,23 @@ fn kill9_torture_loses_nothing_flushed() {
 
 #[test]
 fn kill9_torture_sees_a_planted_loss() {
-    let (ok, out) = torture(&["--cycles", "2", "--sabotage"]);
-    assert!(!ok, "a scribbled block went unnoticed:\n{out}");
-    assert!(!out.contains("losses: 0"), "{out}");
+    // The scribbled blocks must be reported as lost (exit 1, with the count
+    // in the summary), not as any other failure (exit 2).
+    let (code, out) = torture(&["--cycles", "2", "--sabotage"]);
+    assert_eq!(code, Some(1), "a scribbled block went unnoticed:\n{out}");
+    let (_, acked, losses) = summary(&out).unwrap_or_else(|| panic!("{out}"));
+    assert!(losses >= 1, "{out}");
+    assert!(acked > 0, "{out}");
+    assert!(!out.contains("error:"), "{out}");
+}
+
+#[test]
+fn torture_script_fails_when_the_server_refuses_writes() {
+    // A read-only server refuses every write (EPERM): the script must fail
+    // as an error (exit 2), never report the run as passed or as losses.
+    let (code, out) = torture(&["--cycles", "1", "--serve-arg=--read-only"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(summary(&out).is_none(), "{out}");
 }
 
 /// kill -9 while whole stripes are being received straight into the
@@ -58,23 +114,25 @@ fn kill9_during_mapped_parity_writes_leaves_a_consistent_array() {
         // are written through the mappings).
         let mut s = Served::start(dir.path(), &ms, &[]);
         let fio = |uri: &str, loops: &str| {
-            Command::new("fio")
-                .args([
-                    "--name=w",
-                    "--ioengine=nbd",
-                    &format!("--uri={uri}"),
-                    "--rw=write",
-                    "--bs=1M",
-                    "--iodepth=32",
-                    "--size=40M",
-                    &format!("--loops={loops}"),
-                    "--output=/dev/null",
-                ])
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .expect("fio (installed by .ci/run)")
+            Guarded::spawn(
+                Command::new("fio")
+                    .args([
+                        "--name=w",
+                        "--ioengine=nbd",
+                        &format!("--uri={uri}"),
+                        "--rw=write",
+                        "--bs=1M",
+                        "--iodepth=32",
+                        "--size=40M",
+                        &format!("--loops={loops}"),
+                        "--output=/dev/null",
+                    ])
+                    .stderr(Stdio::null()),
+            )
         };
-        assert!(fio(&uri_of(&s), "1").wait().unwrap().success());
+        assert!(fio(&uri_of(&s), "1")
+            .wait_within(Duration::from_secs(120))
+            .success());
         let mut writer = fio(&uri_of(&s), "1000");
         let ctl = s.control.display().to_string();
         wait_for("mapped writes", 30, || {
@@ -84,8 +142,7 @@ fn kill9_during_mapped_parity_writes_leaves_a_consistent_array() {
             st["io"]["mapped_writes"].as_u64().unwrap() > 100
         });
         s.kill9();
-        let _ = writer.kill();
-        let _ = writer.wait();
+        writer.kill();
         // The restart replays the journal; a clean stop then leaves the
         // array clean for the offline check.
         let mut s = Served::start(dir.path(), &ms, &[]);

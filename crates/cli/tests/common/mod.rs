@@ -1,12 +1,120 @@
 //! Helpers shared by the tests that drive the real binary.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_raidkit");
+
+/// How long one run of an external tool, or of a raidkit command that is
+/// expected to end by itself (a refusal included), may take: past it the
+/// run is killed and the test fails, so a regression that hangs cannot
+/// hang the suite.
+pub const DEADLINE: Duration = Duration::from_secs(300);
+
+/// A spawned child in a process group of its own (its pid), killed with
+/// that whole group (SIGKILL) when dropped while still running: a test
+/// that panics leaves no fio, qemu-io or server behind. Only this child's
+/// group is signalled, and only while the child is not yet reaped, so its
+/// id cannot have been reused.
+pub struct Guarded {
+    child: Option<Child>,
+    what: String,
+}
+
+impl Guarded {
+    /// Spawn `cmd` (stdin from /dev/null) in a process group of its own.
+    pub fn spawn(cmd: &mut Command) -> Guarded {
+        let what = format!("{cmd:?}");
+        let child = cmd
+            .stdin(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {what} (installed by scripts/deps.sh): {e}"));
+        Guarded {
+            child: Some(child),
+            what,
+        }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    pub fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("running")
+    }
+
+    /// Whether it has exited (and its status), without waiting.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child().try_wait().expect("try_wait")
+    }
+
+    /// Kill its process group now and reap it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            if matches!(c.try_wait(), Ok(None)) {
+                // SAFETY: kill(2) on the group of our own, unreaped child.
+                unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Wait at most `limit` for it to exit; past that, kill it and panic.
+    pub fn wait_within(&mut self, limit: Duration) -> ExitStatus {
+        let t = Instant::now();
+        loop {
+            if let Some(st) = self.try_wait() {
+                self.child = None;
+                return st;
+            }
+            if t.elapsed() > limit {
+                self.kill();
+                panic!("{} did not finish within {limit:?}: killed", self.what);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Its stdout and stderr (if piped) and exit status, waiting at most
+    /// `limit` (then killed, and the test fails).
+    pub fn output_within(mut self, limit: Duration) -> Output {
+        let c = self.child();
+        let reader = |r: Option<Box<dyn Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                if let Some(mut r) = r {
+                    let _ = r.read_to_end(&mut v);
+                }
+                v
+            })
+        };
+        let out = reader(c.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+        let err = reader(c.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+        let status = self.wait_within(limit);
+        Output {
+            status,
+            stdout: out.join().unwrap(),
+            stderr: err.join().unwrap(),
+        }
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Run `cmd` to its end with its output captured, at most `limit`.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
+    Guarded::spawn(cmd.stdout(Stdio::piped()).stderr(Stdio::piped())).output_within(limit)
+}
 
 /// A scratch directory, on the RAM disk when there is one; removed on drop.
 pub fn tmp() -> tempfile::TempDir {
@@ -18,12 +126,9 @@ pub fn tmp() -> tempfile::TempDir {
     }
 }
 
+/// Run raidkit to its end (at most `DEADLINE`).
 pub fn raidkit(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run raidkit")
+    output_within(Command::new(BIN).args(args), DEADLINE)
 }
 
 pub fn ok(args: &[&str]) -> Output {
@@ -50,13 +155,15 @@ pub fn args<'a>(head: &[&'a str], ms: &'a [String]) -> Vec<&'a str> {
         .collect()
 }
 
-/// Run an external tool; panics with its output if it fails or is missing.
+/// Run an external tool (at most `DEADLINE`), whatever its exit status.
+pub fn try_tool(cmd: &str, a: &[&str]) -> Output {
+    output_within(Command::new(cmd).args(a), DEADLINE)
+}
+
+/// Run an external tool (at most `DEADLINE`); panics with its output if it
+/// fails, is missing or hangs.
 pub fn tool(cmd: &str, a: &[&str]) -> Output {
-    let o = Command::new(cmd)
-        .args(a)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd} (installed by .ci/run): {e}"));
+    let o = try_tool(cmd, a);
     assert!(
         o.status.success(),
         "{cmd} {a:?} failed ({}):\n{}\n{}",
@@ -78,6 +185,13 @@ pub struct Served {
 
 impl Served {
     pub fn start(dir: &Path, members: &[String], extra: &[&str]) -> Served {
+        Served::start_on(dir, members, &["--listen", "127.0.0.1:0"], extra)
+    }
+
+    /// As `start`, listening where `listen` says (`--listen ADDR`,
+    /// `--socket PATH`, or both); `uri` is the first endpoint printed
+    /// (`nbd://` or `nbd+unix://`).
+    pub fn start_on(dir: &Path, members: &[String], listen: &[&str], extra: &[&str]) -> Served {
         let control = dir.join("control.sock");
         let log = dir.join(format!("serve-{}.log", std::process::id()));
         let logf = std::fs::OpenOptions::new()
@@ -86,7 +200,9 @@ impl Served {
             .open(&log)
             .unwrap();
         let ctl = control.display().to_string();
-        let mut a = vec!["serve", "--listen", "127.0.0.1:0", "--control", &ctl];
+        let mut a = vec!["serve"];
+        a.extend_from_slice(listen);
+        a.extend(["--control", ctl.as_str()]);
         a.extend_from_slice(extra);
         a.extend(members.iter().map(|s| s.as_str()));
         let mut child = Command::new(BIN)
@@ -100,7 +216,7 @@ impl Served {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(i) = line.find("nbd://") {
+                if let Some(i) = line.find("nbd://").or_else(|| line.find("nbd+unix://")) {
                     let _ = tx.send(line[i..].split_whitespace().next().unwrap().to_string());
                 }
             }
