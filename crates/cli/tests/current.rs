@@ -566,6 +566,7 @@ fn a_member_truncated_under_fio_verify_is_failed_and_fio_sees_no_error() {
                 "--size=120M",
                 "--verify=crc32c",
                 "--verify_fatal=1",
+                "--verify_state_save=0",
                 "--output=/dev/null",
             ])
             .stdout(Stdio::piped())
