@@ -93,21 +93,20 @@ fn without<'a>(ps: &'a [PathBuf], gone: &[usize]) -> Vec<Option<&'a PathBuf>> {
 
 /// Open the array from the members present (None = absent).
 fn open_ro(paths: &[Option<&PathBuf>]) -> Result<Array, Error> {
-    let ms: Vec<Arc<dyn Member>> = paths
-        .iter()
-        .flatten()
-        .map(|p| Arc::new(FileMember::open(p, true).unwrap()) as Arc<dyn Member>)
-        .collect();
-    Array::open(assemble(ms)?, "t", true)
+    open_as(paths, true)
 }
 
 fn open(paths: &[Option<&PathBuf>]) -> Result<Array, Error> {
+    open_as(paths, false)
+}
+
+fn open_as(paths: &[Option<&PathBuf>], read_only: bool) -> Result<Array, Error> {
     let ms: Vec<Arc<dyn Member>> = paths
         .iter()
         .flatten()
-        .map(|p| Arc::new(FileMember::open(p, false).unwrap()) as Arc<dyn Member>)
+        .map(|p| Arc::new(FileMember::open(p, read_only).unwrap()) as Arc<dyn Member>)
         .collect();
-    Array::open(assemble(ms)?, "t", false)
+    Array::open(assemble(ms)?, "t", read_only)
 }
 
 fn random_writes(a: &Array, model: &mut [u8], rng: &mut impl Rng, count: usize) {
