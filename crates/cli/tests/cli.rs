@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{args, fails, members, ok, raidkit, tmp};
+use common::{args, fails, members, ok, raidkit_refused, tmp};
 use rand::{seq::SliceRandom, Rng, SeedableRng};
 use serde_json::Value;
 use std::path::Path;
@@ -226,7 +226,7 @@ fn bad_input_is_refused_and_overwrites_nothing() {
         "nothing written",
     );
     // Bad sizes and missing flags are usage errors.
-    let o = raidkit(&args(&["read", "--offset", "12Q", "--length", "1"], &ms));
+    let o = raidkit_refused(&args(&["read", "--offset", "12Q", "--length", "1"], &ms));
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(digest(&ms), first);
     assert_eq!(digest(&other), second);
@@ -378,7 +378,7 @@ fn every_command_has_help() {
         assert!(String::from_utf8_lossy(&o.stdout).contains("Usage: raidkit"));
     }
     ok(&["--help"]);
-    let o = raidkit(&["frobnicate"]);
+    let o = raidkit_refused(&["frobnicate"]);
     assert_eq!(o.status.code(), Some(2));
 }
 
@@ -472,4 +472,66 @@ fn fault_injected_members_still_read_correctly() {
     // A bad fault spec is a clear error.
     let bad = vec![format!("fault:{}?explode=1", ms[0]), ms[1].clone()];
     fails(&args(&["detail"], &bad), "unknown fault 'explode'");
+}
+
+/// Whether process `pid` is gone (or a zombie: killed, not yet reaped).
+fn gone(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// A shell that starts a grandchild (`sleep`), writes its pid to `pidf`
+/// and waits for it.
+fn sh_with_grandchild(pidf: &Path) -> std::process::Command {
+    let mut c = std::process::Command::new("sh");
+    c.args([
+        "-c",
+        &format!("sleep 600 & echo $! > {}; wait", pidf.display()),
+    ]);
+    c
+}
+
+fn read_pid(pidf: &Path) -> String {
+    common::wait_for("the grandchild's pid", 30, || {
+        std::fs::read_to_string(pidf).is_ok_and(|s| s.ends_with('\n'))
+    });
+    std::fs::read_to_string(pidf).unwrap().trim().to_string()
+}
+
+#[test]
+fn a_hung_tool_is_killed_at_its_deadline_with_its_children() {
+    let dir = tmp();
+    let pidf = dir.path().join("grandchild.pid");
+    let r = std::panic::catch_unwind(|| {
+        common::output_within(
+            &mut sh_with_grandchild(&pidf),
+            std::time::Duration::from_secs(1),
+        )
+    });
+    assert!(r.is_err(), "a hung tool ran past its deadline unnoticed");
+    let pid = read_pid(&pidf);
+    common::wait_for("the grandchild to be killed", 10, || gone(&pid));
+}
+
+#[test]
+fn a_guarded_child_is_killed_when_the_test_panics() {
+    let dir = tmp();
+    let pidf = dir.path().join("grandchild.pid");
+    let child = std::sync::Mutex::new(String::new());
+    let r = std::panic::catch_unwind(|| {
+        let g = common::Guarded::spawn(&mut sh_with_grandchild(&pidf));
+        *child.lock().unwrap() = g.id().to_string();
+        read_pid(&pidf);
+        panic!("a failing test");
+    });
+    assert!(r.is_err());
+    let (pid, sh) = (read_pid(&pidf), child.into_inner().unwrap());
+    common::wait_for("the child and grandchild to be killed", 10, || {
+        gone(&pid) && gone(&sh)
+    });
 }

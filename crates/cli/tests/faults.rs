@@ -44,6 +44,11 @@ fn check_offline(ms: &[String]) {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["mismatches"], 0, "{v}");
     assert!(v["checked"].as_u64().unwrap() > 0);
+    // Every stripe was checked: as many as a member's data area holds
+    // chunks (whether `check` can fail at all is shown in cli.rs).
+    let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+    let stripes = e["data_size"].as_u64().unwrap() / e["chunk"].as_u64().unwrap();
+    assert_eq!(v["checked"], stripes, "{v}");
 }
 
 #[test]
@@ -74,33 +79,32 @@ fn fio_verifies_on_raid6_through_fail_spare_fail_add() {
     let out = dir.path().join("fio.json");
     // Four connections writing at a bounded rate, so that the faults below
     // land while they run; every block is verified (as it goes and at the end).
-    let mut fio = Command::new("fio")
-        .args([
-            "--name=faults",
-            "--ioengine=nbd",
-            &format!("--uri={}", s.uri),
-            "--rw=randwrite",
-            "--bsrange=4k-64k",
-            "--iodepth=8",
-            "--numjobs=4",
-            "--size=16M",
-            "--offset_increment=16M",
-            "--rate=3m",
-            "--verify=crc32c",
-            "--verify_backlog=256",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            // No verify state file left in the working directory.
-            "--verify_state_save=0",
-            "--group_reporting",
-            "--output-format=json",
-            &format!("--output={}", out.display()),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("fio (installed by .ci/run)");
+    let mut fio = Guarded::spawn(
+        Command::new("fio")
+            .args([
+                "--name=faults",
+                "--ioengine=nbd",
+                &format!("--uri={}", s.uri),
+                "--rw=randwrite",
+                "--bsrange=4k-64k",
+                "--iodepth=8",
+                "--numjobs=4",
+                "--size=16M",
+                "--offset_increment=16M",
+                "--rate=3m",
+                "--verify=crc32c",
+                "--verify_backlog=256",
+                "--do_verify=1",
+                "--verify_fatal=1",
+                // No verify state file left in the working directory.
+                "--verify_state_save=0",
+                "--group_reporting",
+                "--output-format=json",
+                &format!("--output={}", out.display()),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
     std::thread::sleep(Duration::from_secs(1));
 
     // First failure: the hot spare takes over and is rebuilt.
@@ -125,7 +129,7 @@ fn fio_verifies_on_raid6_through_fail_spare_fail_add() {
     let fresh = blank(dir.path(), "new.img", 40 << 20);
     ctl(&s, &["add", &fresh]);
     assert!(
-        fio.try_wait().unwrap().is_none(),
+        fio.try_wait().is_none(),
         "fio finished before the faults: the test did not overlap them"
     );
     ctl(&s, &["wait", "--timeout", "120"]);
@@ -134,7 +138,7 @@ fn fio_verifies_on_raid6_through_fail_spare_fail_add() {
     assert_eq!(st["members"][3]["path"], fresh.as_str());
     assert_eq!(st["last_recovery"]["result"], "done");
 
-    let fio_out = fio.wait_with_output().unwrap();
+    let fio_out = fio.output_within(Duration::from_secs(300));
     assert!(
         fio_out.status.success(),
         "fio failed: {}",
@@ -404,25 +408,48 @@ fn a_failed_array_fails_safe_and_force_brings_it_back() {
     ctl(&s, &["fail", &ms[0]]);
     // A second failure would stop the array: refused without --force.
     let c = s.control.display().to_string();
-    let o = raidkit(&["fail", &ms[3], "--control", &c]);
+    let o = raidkit_refused(&["fail", &ms[3], "--control", &c]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--force"));
     ctl(&s, &["fail", &ms[3], "--force"]);
     assert_eq!(status(&s)["state"], "failed");
-    // Requests get errors, never wrong data.
-    let o = Command::new("qemu-io")
-        .args(["-f", "raw", "-c", "read -P 0x42 0 64k", &s.uri])
-        .output()
-        .unwrap();
+    // Requests get errors, never wrong data. (qemu-io's "Pattern
+    // verification failed" is wrong data returned as a success: never an
+    // error here.)
+    let o = try_tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x42 0 64k", &s.uri],
+    );
     let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
     assert!(
-        !o.status.success() || text.contains("error") || text.contains("failed"),
+        !text.contains("Pattern verification failed"),
+        "a failed array returned wrong data: {text}"
+    );
+    assert!(
+        !o.status.success(),
         "a read of a failed array succeeded: {text}"
     );
+    // The same read with libnbd: the request gets EIO, no data at all.
+    let o = tool(
+        "/usr/bin/python3",
+        &[
+            "-c",
+            "import errno, nbd, sys\n\
+             h = nbd.NBD()\n\
+             h.connect_uri(sys.argv[1])\n\
+             try:\n    d = h.pread(65536, 0)\n    print('data', d == bytes([0x42]) * 65536)\n\
+             except nbd.Error as e:\n    \
+             n = e.errno if isinstance(e.errno, int) else getattr(errno, e.errno)\n    \
+             print('errno', n)\n",
+            &s.uri,
+        ],
+    );
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(said.trim(), "errno 5", "a read of a failed array: {said}");
     // Stopping says the array failed.
     assert_ne!(s.stop().code(), Some(0));
     let before: Vec<Vec<u8>> = ms.iter().map(|m| std::fs::read(m).unwrap()).collect();
-    let o = raidkit(&args(&["serve", "--listen", "127.0.0.1:0"], &ms));
+    let o = raidkit_refused(&args(&["serve", "--listen", "127.0.0.1:0"], &ms));
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(

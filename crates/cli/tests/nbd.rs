@@ -9,7 +9,7 @@ use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 fn host_port(uri: &str) -> String {
@@ -53,10 +53,7 @@ fn nbdinfo_shows_size_and_honest_flags() {
     let default_uri = s.uri.trim_end_matches("lab").to_string();
     let o = tool("nbdinfo", &["--size", &default_uri]);
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), size.to_string());
-    let bad = Command::new("nbdinfo")
-        .arg(format!("{default_uri}nosuch"))
-        .output()
-        .unwrap();
+    let bad = try_tool("nbdinfo", &[&format!("{default_uri}nosuch")]);
     assert!(!bad.status.success());
     // Status through the control socket.
     let ctl = s.control.display().to_string();
@@ -75,10 +72,7 @@ fn nbdinfo_shows_size_and_honest_flags() {
     let mut s = Served::start(dir.path(), &ms, &["--read-only"]);
     let v: Value = serde_json::from_slice(&tool("nbdinfo", &["--json", &s.uri]).stdout).unwrap();
     assert_eq!(v["exports"][0]["is_read_only"], true);
-    let o = Command::new("qemu-io")
-        .args(["-f", "raw", "-c", "write -P 1 0 4k", &s.uri])
-        .output()
-        .unwrap();
+    let o = try_tool("qemu-io", &["-f", "raw", "-c", "write -P 1 0 4k", &s.uri]);
     let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
     // qemu honours the read-only flag and will not even open it for writing.
     assert!(out.contains("Permission denied"), "{out}");
@@ -570,7 +564,7 @@ fn fio_four_connections_verify_on_raid6() {
 /// the file system inside; both undone on drop.
 struct Fuse {
     dir: PathBuf,
-    child: Option<Child>,
+    child: Option<Guarded>,
     mnt: Option<PathBuf>,
 }
 
@@ -579,11 +573,12 @@ impl Fuse {
         std::fs::create_dir_all(dir).unwrap();
         let pidfile = dir.with_extension("pid");
         let _ = std::fs::remove_file(&pidfile);
-        let child = Command::new("nbdfuse")
-            .args(["-P", pidfile.to_str().unwrap(), dir.to_str().unwrap(), uri])
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("nbdfuse (installed by .ci/run)");
+        let child = Guarded::spawn(Command::new("nbdfuse").args([
+            "-P",
+            pidfile.to_str().unwrap(),
+            dir.to_str().unwrap(),
+            uri,
+        ]));
         let f = Fuse {
             dir: dir.to_path_buf(),
             child: Some(child),
@@ -617,25 +612,26 @@ impl Fuse {
     fn stop(&mut self) {
         self.umount();
         if let Some(mut c) = self.child.take() {
-            let _ = Command::new("fusermount3")
-                .args(["-u", self.dir.to_str().unwrap()])
-                .status();
-            let _ = c.wait();
+            let _ = try_tool("fusermount3", &["-u", self.dir.to_str().unwrap()]);
+            c.wait_within(Duration::from_secs(60));
         }
     }
 }
 
 impl Drop for Fuse {
     fn drop(&mut self) {
+        // (no panics here: this may run while a test unwinds)
+        let limit = Duration::from_secs(30);
         if let Some(m) = self.mnt.take() {
-            let _ = Command::new("umount").arg("-l").arg(&m).status();
+            cleanup("umount", &["-l", &m.display().to_string()], limit);
         }
         if let Some(mut c) = self.child.take() {
-            let _ = Command::new("fusermount3")
-                .args(["-u", "-z", self.dir.to_str().unwrap()])
-                .status();
-            let _ = c.kill();
-            let _ = c.wait();
+            cleanup(
+                "fusermount3",
+                &["-u", "-z", &self.dir.display().to_string()],
+                limit,
+            );
+            c.kill();
         }
     }
 }
@@ -699,13 +695,13 @@ fn sigterm_finishes_cleanly_and_marks_the_array_clean() {
     // While it runs, nobody else may write its members.
     let input = dir.path().join("x.bin");
     std::fs::write(&input, [1u8; 10]).unwrap();
-    let o = raidkit(&args(
+    let o = raidkit_refused(&args(
         &["write", "--offset", "0", "--in", input.to_str().unwrap()],
         &ms,
     ));
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("in use"));
-    let o = raidkit(&args(&["serve", "--listen", "127.0.0.1:0"], &ms));
+    let o = raidkit_refused(&args(&["serve", "--listen", "127.0.0.1:0"], &ms));
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("in use"));
     assert_eq!(s.stop().code(), Some(0));
