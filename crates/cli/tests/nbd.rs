@@ -1041,3 +1041,197 @@ fn small_write_replies_share_sends_but_never_wait_for_a_request_still_arriving()
         stop_and_check(&mut s, &ms);
     }
 }
+
+/// A handshake up to the option phase (fixed newstyle, no zeroes).
+fn options(uri: &str) -> Raw {
+    let mut r = Raw::connect(uri);
+    r.s.write_all(&3u32.to_be_bytes()).unwrap();
+    r
+}
+
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes(b[..4].try_into().unwrap())
+}
+
+#[test]
+fn list_export_name_and_abort_options() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "16M");
+    let size = detail(&ms)["size"].as_u64().unwrap();
+    let mut s = Served::start(dir.path(), &ms, &["--export", "lab"]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x3c 0 64k", &s.uri],
+    );
+
+    // LIST: one NBD_REP_SERVER naming the export, then the ACK.
+    let mut r = options(&s.uri);
+    r.option(3, &[]);
+    let (kind, p) = r.option_reply();
+    assert_eq!(kind, 2, "NBD_REP_SERVER");
+    let len = be32(&p) as usize;
+    assert_eq!(&p[4..4 + len], b"lab");
+    assert_eq!(r.option_reply().0, 1, "NBD_REP_ACK after the list");
+    // LIST with data is invalid, and negotiation goes on: ABORT is acked
+    // and the server closes the connection.
+    r.option(3, b"x");
+    assert_eq!(r.option_reply().0, (1 << 31) | 3, "NBD_REP_ERR_INVALID");
+    r.option(2, &[]);
+    assert_eq!(r.option_reply().0, 1, "ABORT acknowledged");
+    assert!(r.closed(), "the connection stays open after ABORT");
+
+    // EXPORT_NAME (the old way in): size and flags, then transmission.
+    for name in ["lab", ""] {
+        let mut r = options(&s.uri);
+        r.option(1, name.as_bytes());
+        let mut h = [0u8; 10]; // size, flags; no zeroes (asked for)
+        r.s.read_exact(&mut h).unwrap();
+        assert_eq!(u64::from_be_bytes(h[..8].try_into().unwrap()), size);
+        let flags = u16::from_be_bytes(h[8..10].try_into().unwrap());
+        assert_eq!(flags & 1, 1, "NBD_FLAG_HAS_FLAGS");
+        assert_eq!(flags & 2, 0, "read-only flag on a writable export");
+        r.request(0, 0, 4096, 512, &[]);
+        assert_eq!(r.reply(512), (0, vec![0x3c; 512]), "export '{name}'");
+        r.request(1, 0, 8192, 512, &[0x4d; 512]);
+        assert_eq!(r.reply(0).0, 0);
+        r.request(0, 0, 8192, 512, &[]);
+        assert_eq!(r.reply(512), (0, vec![0x4d; 512]));
+    }
+    // An unknown name: no export data, the connection is closed.
+    let mut r = options(&s.uri);
+    r.option(1, b"nosuch");
+    assert!(r.closed());
+    // The server took none of this badly.
+    tool("qemu-io", &["-f", "raw", "-c", "read -P 0x3c 0 4k", &s.uri]);
+    assert_eq!(s.stop().code(), Some(0));
+}
+
+#[test]
+fn block_status_reports_the_range_as_allocated_data() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "16M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let mut r = options(&s.uri);
+    r.option(8, &[]); // STRUCTURED_REPLY
+    assert_eq!(r.option_reply().0, 1);
+    // SET_META_CONTEXT for the default export: base:allocation.
+    let mut q = 0u32.to_be_bytes().to_vec();
+    q.extend_from_slice(&1u32.to_be_bytes());
+    q.extend_from_slice(&(15u32).to_be_bytes());
+    q.extend_from_slice(b"base:allocation");
+    r.option(10, &q);
+    let (kind, p) = r.option_reply();
+    assert_eq!(kind, 4, "NBD_REP_META_CONTEXT");
+    let id = be32(&p);
+    assert_eq!(&p[4..], b"base:allocation");
+    assert_eq!(r.option_reply().0, 1);
+    let mut go = 0u32.to_be_bytes().to_vec();
+    go.extend_from_slice(&0u16.to_be_bytes());
+    r.option(7, &go);
+    let mut size = 0;
+    loop {
+        let (kind, p) = r.option_reply();
+        if kind == 1 {
+            break;
+        }
+        assert_eq!(kind, 3, "NBD_REP_INFO");
+        if p[..2] == [0, 0] {
+            size = u64::from_be_bytes(p[2..10].try_into().unwrap());
+        }
+    }
+    assert!(size > 0);
+    // BLOCK_STATUS over 1 MiB at 4 KiB: one structured reply, done, of
+    // type BLOCK_STATUS, for the negotiated context, whose extents cover
+    // the range as data (flags 0: neither hole nor zero).
+    let (at, len) = (4096u64, 1u32 << 20);
+    r.s.write_all(&encode(7, 0, 77, at, len, &[])).unwrap();
+    let mut h = [0u8; 20];
+    r.s.read_exact(&mut h).unwrap();
+    assert_eq!(be32(&h), 0x668e_33ef, "structured reply magic");
+    let flags = u16::from_be_bytes(h[4..6].try_into().unwrap());
+    let kind = u16::from_be_bytes(h[6..8].try_into().unwrap());
+    assert_eq!(u64::from_be_bytes(h[8..16].try_into().unwrap()), 77);
+    assert_eq!(
+        (flags & 1, kind),
+        (1, 5),
+        "DONE, NBD_REPLY_TYPE_BLOCK_STATUS"
+    );
+    let mut p = vec![0u8; be32(&h[16..]) as usize];
+    r.s.read_exact(&mut p).unwrap();
+    assert_eq!(be32(&p), id, "context id");
+    let extents: Vec<(u32, u32)> = p[4..].chunks(8).map(|e| (be32(e), be32(&e[4..]))).collect();
+    assert!(
+        !extents.is_empty() && (p.len() - 4).is_multiple_of(8),
+        "{p:?}"
+    );
+    assert_eq!(extents.iter().map(|e| e.0 as u64).sum::<u64>(), len as u64);
+    assert!(extents.iter().all(|e| e.1 == 0), "{extents:?}");
+    // Past the end: an error, not a status.
+    r.s.write_all(&encode(7, 0, 78, size - 4096, 8192, &[]))
+        .unwrap();
+    let mut h = [0u8; 20];
+    r.s.read_exact(&mut h).unwrap();
+    let kind = u16::from_be_bytes(h[6..8].try_into().unwrap());
+    assert_eq!(kind & 0x8000, 0x8000, "an error reply, type {kind:#x}");
+    let mut p = vec![0u8; be32(&h[16..]) as usize];
+    r.s.read_exact(&mut p).unwrap();
+    assert_eq!(be32(&p), 22, "EINVAL");
+    // nbdinfo agrees: the whole export is one data extent.
+    let o = tool("nbdinfo", &["--map", "--json", &s.uri]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let total: u64 = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            assert_eq!(e["type"], 0, "{e}");
+            e["length"].as_u64().unwrap()
+        })
+        .sum();
+    assert_eq!(total, size);
+    assert_eq!(s.stop().code(), Some(0));
+}
+
+#[test]
+fn serving_on_a_unix_socket_only() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "16M");
+    let sock = dir.path().join("nbd.sock");
+    let sp = sock.display().to_string();
+    let mut s = Served::start_on(dir.path(), &ms, &["--socket", &sp], &[]);
+    assert!(s.uri.starts_with("nbd+unix:///"), "{}", s.uri);
+    assert!(s.uri.ends_with(&format!("?socket={sp}")), "{}", s.uri);
+    assert!(sock.exists());
+    let out = qemu_io(
+        &s.uri,
+        &["write -P 0x61 12345 100000", "read -P 0x61 12345 100000"],
+    );
+    assert!(
+        !out.contains("failed") && out.contains("read 100000/100000"),
+        "{out}"
+    );
+    let size = detail(&ms)["size"].as_u64().unwrap();
+    let o = tool("nbdinfo", &["--size", &s.uri]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), size.to_string());
+    // No TCP listener: the status lists the socket as the only endpoint.
+    let ctl = s.control.display().to_string();
+    let st: Value =
+        serde_json::from_slice(&ok(&["status", "--control", &ctl, "--json"]).stdout).unwrap();
+    assert_eq!(st["endpoints"], serde_json::json!([s.uri]), "{st}");
+    // A second server on the same socket is refused while this one runs.
+    let other = members(&dir.path().join("o"), 3);
+    std::fs::create_dir_all(dir.path().join("o")).unwrap();
+    create("5", &other, "16M");
+    let o = raidkit_refused(&args(&["serve", "--socket", &sp], &other));
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(s.stop().code(), Some(0));
+    assert!(!sock.exists(), "socket left behind");
+    let o = ok(&args(
+        &["read", "--offset", "12345", "--length", "100000"],
+        &ms,
+    ));
+    assert!(o.stdout.iter().all(|&b| b == 0x61));
+}
