@@ -471,3 +471,111 @@ fn a_failed_array_fails_safe_and_force_brings_it_back() {
     assert_eq!(s.stop().code(), Some(0));
     check_offline(&ms);
 }
+
+/// One 4 KiB write through libnbd, then, the moment its reply is in,
+/// kill -9 of the server (nothing more can be written after the reply).
+/// Returns whether the write succeeded.
+fn write_then_kill9(s: &mut Served, offset: u64) -> bool {
+    // The server is killed by the script itself, right after the reply.
+    let o = tool(
+        "/usr/bin/python3",
+        &[
+            "-c",
+            "import nbd, os, signal, sys\n\
+             h = nbd.NBD()\n\
+             h.connect_uri(sys.argv[1])\n\
+             try:\n    h.pwrite(b'\\x77' * 4096, int(sys.argv[3])); ok = True\n\
+             except nbd.Error:\n    ok = False\n\
+             os.kill(int(sys.argv[2]), signal.SIGKILL)\n\
+             print('ok' if ok else 'error')\n",
+            &s.uri,
+            &s.pid().to_string(),
+            &offset.to_string(),
+        ],
+    );
+    s.kill9(); // reaps it
+    String::from_utf8_lossy(&o.stdout).trim() == "ok"
+}
+
+#[test]
+fn a_write_error_fails_the_member_durably_before_the_request_completes() {
+    // Member 1 fails its first write, or its fourth (the superblocks it was
+    // marked dirty with went through, a later write of the request did
+    // not). Either way the others' superblocks record it before the reply:
+    // a kill -9 right after the reply finds it recorded on disk.
+    for after in [0, 3] {
+        let dir = tmp();
+        let ms = members(dir.path(), 4);
+        create("5", &ms, "16M");
+        let d = |ms: &[String]| -> Value {
+            serde_json::from_slice(&ok(&args(&["detail", "--json"], ms)).stdout).unwrap()
+        };
+        let e0: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+        let mut faulty = ms.clone();
+        faulty[1] = format!("fault:{}?fail-writes-after={after}", ms[1]);
+        let mut s = Served::start(dir.path(), &faulty, &[]);
+        assert_eq!(member_state(&status(&s), 1), "active");
+        assert!(
+            write_then_kill9(&mut s, 64 << 10),
+            "fail-writes-after={after}: the write failed"
+        );
+        let v = d(&ms);
+        assert_eq!(v["state"], "degraded", "fail-writes-after={after}: {v}");
+        assert_ne!(v["members"][1]["state"], "active", "{v}");
+        assert_eq!(v["members"][0]["state"], "active", "{v}");
+        let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+        assert!(e["events"].as_u64() > e0["events"].as_u64(), "{e}");
+        // And the data written is there (degraded: member 1 left out).
+        let o = ok(&args(
+            &["read", "--offset", "65536", "--length", "4096"],
+            &[ms[0].clone(), ms[2].clone(), ms[3].clone()],
+        ));
+        assert!(
+            o.stdout.iter().all(|&b| b == 0x77),
+            "fail-writes-after={after}"
+        );
+    }
+}
+
+#[test]
+fn an_unreadable_journal_refuses_to_start() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "16M");
+    let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+    let data_offset = e["data_offset"].as_u64().unwrap();
+    // A write, then kill -9: the array is dirty and its journal must be
+    // read at the next start.
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    assert!(write_then_kill9(&mut s, 0));
+    let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+    assert_eq!(e["state"], "dirty");
+    // Read errors in the journal area (past the superblocks and bitmap,
+    // before the data) of every member: refused, nothing written.
+    let bad = |m: &String| format!("fault:{m}?read-error-at={}", data_offset - 4096);
+    let all_bad: Vec<String> = ms.iter().map(bad).collect();
+    let before: Vec<Vec<u8>> = ms.iter().map(|m| std::fs::read(m).unwrap()).collect();
+    let ctl = dir.path().join("refused.ctl").display().to_string();
+    let o = raidkit_refused(&args(
+        &["serve", "--listen", "127.0.0.1:0", "--control", &ctl],
+        &all_bad,
+    ));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "served with no journal readable: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for (m, b) in ms.iter().zip(&before) {
+        assert!(std::fs::read(m).unwrap() == *b, "{m} was written");
+    }
+    // One member's journal readable: it starts (the record is there), and
+    // the data written before the kill reads back.
+    let mut one_good = all_bad.clone();
+    one_good[2] = ms[2].clone();
+    let mut s = Served::start(dir.path(), &one_good, &[]);
+    let o = tool("qemu-io", &["-f", "raw", "-c", "read -P 0x77 0 4k", &s.uri]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(!text.contains("Pattern verification failed"), "{text}");
+    s.kill9();
+}
