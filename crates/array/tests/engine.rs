@@ -238,6 +238,10 @@ fn every_level_against_a_model_with_every_member_missing() {
             match open_ro(&present) {
                 Ok(d) => {
                     assert!(g.survives(&gone));
+                    assert!(
+                        md_survives(level, layout, n, &gone),
+                        "{level} {layout} without {gone:?}: md would not run it"
+                    );
                     assert!(read_all(&d) == model, "{level} {layout} without {gone:?}");
                     // Mirrors read the copy that is there; parity levels
                     // decline ranges that need the missing member rebuilt.
@@ -255,6 +259,10 @@ fn every_level_against_a_model_with_every_member_missing() {
                 }
                 Err(e) => {
                     assert!(!g.survives(&gone), "{level} {layout} without {gone:?}: {e}");
+                    assert!(
+                        !md_survives(level, layout, n, &gone),
+                        "{level} {layout} without {gone:?}: md would run it: {e}"
+                    );
                     assert!(matches!(e, Error::NotEnoughMembers { .. }), "{e}");
                     let msg = e.to_string();
                     for r in &gone {
@@ -264,6 +272,92 @@ fn every_level_against_a_model_with_every_member_missing() {
             }
         }
     }
+}
+
+/// Whether md runs an array of `n` members with the roles in `missing`
+/// absent, written here from md's own rules rather than from
+/// `Geometry::survives`: RAID-1 needs one member, RAID-4/5 lose at most
+/// one, RAID-6 two, linear and RAID-0 none; RAID-10 as md's `_enough()`
+/// (drivers/md/raid10.c): the members taken in groups of `copies`
+/// consecutive roles (wrapping around), a group starting at role 0 and
+/// each next one `copies` roles further on until the start comes back to
+/// 0, and every group must keep a member. (With near copies only, a group
+/// is the set of members that hold copies of some chunk.)
+fn md_survives(level: Level, layout: Layout, n: usize, missing: &[usize]) -> bool {
+    let lost = |r: usize| missing.contains(&r);
+    match level {
+        _ if missing.is_empty() => true,
+        Level::Linear | Level::Raid0 => false,
+        Level::Raid1 => missing.len() < n,
+        Level::Raid4 | Level::Raid5 => missing.len() <= 1,
+        Level::Raid6 => missing.len() <= 2,
+        Level::Raid10 => {
+            let Layout::Near(copies) = layout else {
+                panic!("RAID-10 layout {layout}")
+            };
+            let copies = copies as usize;
+            let mut first = 0;
+            loop {
+                if (0..copies).all(|j| lost((first + j) % n)) {
+                    return false;
+                }
+                first = (first + copies) % n;
+                if first == 0 {
+                    return true;
+                }
+            }
+        }
+    }
+}
+
+/// Every set of members of `n`, as lists of roles.
+fn all_subsets(n: usize) -> Vec<Vec<usize>> {
+    (0..1u32 << n)
+        .map(|bits| (0..n).filter(|&i| bits & (1 << i) != 0).collect())
+        .collect()
+}
+
+#[test]
+fn raid10_runs_exactly_when_mds_rule_says_every_chunk_keeps_a_copy() {
+    // Every set of lost members, on near layouts with members a multiple
+    // of the copies and not: the array opens exactly when md's rule says
+    // so, and then reads every byte right.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(10);
+    let mut seen = (0, 0, 0); // (runs with more lost than copies - 1, runs, refused)
+    for (copies, n) in [(2, 3), (2, 4), (2, 5), (2, 6), (3, 4), (3, 5), (3, 6)] {
+        let layout = Layout::Near(copies);
+        let dir = tmp();
+        let ps = paths(dir.path(), n);
+        make(Level::Raid10, layout, &ps);
+        let a = open(&without(&ps, &[])).unwrap();
+        let mut model = vec![0u8; a.capacity() as usize];
+        random_writes(&a, &mut model, &mut rng, 40);
+        a.close().unwrap();
+        drop(a);
+        for gone in all_subsets(n) {
+            let expect = md_survives(Level::Raid10, layout, n, &gone);
+            match open(&without(&ps, &gone)) {
+                Ok(d) => {
+                    assert!(expect, "n{copies} x{n} without {gone:?}: runs, md refuses");
+                    assert!(read_all(&d) == model, "n{copies} x{n} without {gone:?}");
+                    seen.1 += 1;
+                    if gone.len() >= copies as usize {
+                        seen.0 += 1;
+                    }
+                }
+                Err(e) => {
+                    assert!(
+                        !expect,
+                        "n{copies} x{n} without {gone:?}: refused, md runs it: {e}"
+                    );
+                    seen.2 += 1;
+                }
+            }
+        }
+    }
+    // Both outcomes were tried, and arrays that lost more members than
+    // there are copies (but no whole group) ran.
+    assert!(seen.0 > 0 && seen.1 > 0 && seen.2 > 0, "{seen:?}");
 }
 
 #[test]

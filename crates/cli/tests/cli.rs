@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{args, fails, members, ok, raidkit, tmp};
+use common::{args, fails, members, ok, raidkit_refused, tmp};
 use rand::{seq::SliceRandom, Rng, SeedableRng};
 use serde_json::Value;
 use std::path::Path;
@@ -226,7 +226,7 @@ fn bad_input_is_refused_and_overwrites_nothing() {
         "nothing written",
     );
     // Bad sizes and missing flags are usage errors.
-    let o = raidkit(&args(&["read", "--offset", "12Q", "--length", "1"], &ms));
+    let o = raidkit_refused(&args(&["read", "--offset", "12Q", "--length", "1"], &ms));
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(digest(&ms), first);
     assert_eq!(digest(&other), second);
@@ -384,7 +384,7 @@ fn every_command_has_help() {
         assert!(String::from_utf8_lossy(&o.stdout).contains("Usage: raidkit"));
     }
     ok(&["--help"]);
-    let o = raidkit(&["frobnicate"]);
+    let o = raidkit_refused(&["frobnicate"]);
     assert_eq!(o.status.code(), Some(2));
 }
 
@@ -478,4 +478,164 @@ fn fault_injected_members_still_read_correctly() {
     // A bad fault spec is a clear error.
     let bad = vec![format!("fault:{}?explode=1", ms[0]), ms[1].clone()];
     fails(&args(&["detail"], &bad), "unknown fault 'explode'");
+}
+
+/// Whether process `pid` is gone (or a zombie: killed, not yet reaped).
+fn gone(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// A shell that starts a grandchild (`sleep`), writes its pid to `pidf`
+/// and waits for it.
+fn sh_with_grandchild(pidf: &Path) -> std::process::Command {
+    let mut c = std::process::Command::new("sh");
+    c.args([
+        "-c",
+        &format!("sleep 600 & echo $! > {}; wait", pidf.display()),
+    ]);
+    c
+}
+
+fn read_pid(pidf: &Path) -> String {
+    common::wait_for("the grandchild's pid", 30, || {
+        std::fs::read_to_string(pidf).is_ok_and(|s| s.ends_with('\n'))
+    });
+    std::fs::read_to_string(pidf).unwrap().trim().to_string()
+}
+
+#[test]
+fn a_hung_tool_is_killed_at_its_deadline_with_its_children() {
+    let dir = tmp();
+    let pidf = dir.path().join("grandchild.pid");
+    let r = std::panic::catch_unwind(|| {
+        common::output_within(
+            &mut sh_with_grandchild(&pidf),
+            std::time::Duration::from_secs(1),
+        )
+    });
+    assert!(r.is_err(), "a hung tool ran past its deadline unnoticed");
+    let pid = read_pid(&pidf);
+    common::wait_for("the grandchild to be killed", 10, || gone(&pid));
+}
+
+#[test]
+fn a_guarded_child_is_killed_when_the_test_panics() {
+    let dir = tmp();
+    let pidf = dir.path().join("grandchild.pid");
+    let child = std::sync::Mutex::new(String::new());
+    let r = std::panic::catch_unwind(|| {
+        let g = common::Guarded::spawn(&mut sh_with_grandchild(&pidf));
+        *child.lock().unwrap() = g.id().to_string();
+        read_pid(&pidf);
+        panic!("a failing test");
+    });
+    assert!(r.is_err());
+    let (pid, sh) = (read_pid(&pidf), child.into_inner().unwrap());
+    common::wait_for("the child and grandchild to be killed", 10, || {
+        gone(&pid) && gone(&sh)
+    });
+}
+
+/// `check --json`: (exit code, mismatches, checked).
+fn check(ms: &[String]) -> (Option<i32>, u64, u64) {
+    let o = common::raidkit(&args(&["check", "--json"], ms));
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
+    (
+        o.status.code(),
+        v["mismatches"].as_u64().unwrap(),
+        v["checked"].as_u64().unwrap(),
+    )
+}
+
+/// Flip one byte of `member`'s data area at `at` (from the data start).
+fn flip(member: &str, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let e: Value = serde_json::from_slice(&ok(&["examine", "--json", member]).stdout).unwrap();
+    let off = e["data_offset"].as_u64().unwrap() + at;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(member)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, off).unwrap();
+    f.write_all_at(&[b[0] ^ 0x5a], off).unwrap();
+}
+
+#[test]
+fn create_syncs_members_that_hold_data_and_check_finds_planted_mismatches() {
+    // `check` reports counts, not which stripes or roles: what is checked
+    // here is the count of stripes (chunks for mirrors) that disagree and
+    // the exit status.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    const CHUNK: u64 = 64 << 10;
+    for (level, n, layout) in [("5", 4, None), ("6", 5, None), ("10", 4, Some("n2"))] {
+        let dir = tmp();
+        let ms = members(dir.path(), n);
+        // Members full of random bytes (not blank): create needs --force,
+        // and then syncs their redundancy.
+        let mut junk = || {
+            for m in &ms {
+                let mut b = vec![0u8; 8 << 20];
+                rng.fill(&mut b[..]);
+                std::fs::write(m, b).unwrap();
+            }
+        };
+        junk();
+        let mut head = vec!["create", "--level", level, "--size", "8M", "--chunk", "64K"];
+        if let Some(l) = layout {
+            head.extend(["--layout", l]);
+        }
+        fails(&args(&head, &ms), "holds data");
+        head.push("--force");
+        let mut with_json = head.clone();
+        with_json.push("--json");
+        let o = ok(&args(&with_json, &ms));
+        let (code, bad, checked) = check(&ms);
+        assert_eq!(
+            (code, bad),
+            (Some(0), 0),
+            "RAID-{level} after the initial sync"
+        );
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["initial_sync"], true, "RAID-{level}: {v}");
+        let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+        let rows = e["data_size"].as_u64().unwrap() / CHUNK;
+        // Parity levels: stripes; RAID-10: chunks of the array.
+        let expect = if level == "10" {
+            rows * n as u64 / 2
+        } else {
+            rows
+        };
+        assert_eq!(checked, expect, "RAID-{level}");
+        // Planted: one byte in row 3 of member 1, one in row 7 of member 1
+        // and of member 2 (the same row: one stripe, but for RAID-10 n2 on
+        // 4 members two mirror pairs), one in row 9 of member 0.
+        flip(&ms[1], 3 * CHUNK + 100);
+        flip(&ms[1], 7 * CHUNK + 5);
+        flip(&ms[2], 7 * CHUNK + 6000);
+        flip(&ms[0], 9 * CHUNK + CHUNK - 1);
+        let (code, bad, _) = check(&ms);
+        let want = if level == "10" { 4 } else { 3 };
+        assert_eq!(
+            code,
+            Some(1),
+            "RAID-{level}: check passed with planted mismatches"
+        );
+        assert_eq!(bad, want, "RAID-{level}");
+        // Without the initial sync, random members disagree nearly everywhere.
+        junk();
+        head.push("--assume-clean");
+        ok(&args(&head, &ms));
+        let (code, bad, checked) = check(&ms);
+        assert_eq!(code, Some(1), "RAID-{level}");
+        assert!(bad > checked / 2, "RAID-{level}: {bad} of {checked}");
+    }
 }

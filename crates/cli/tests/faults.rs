@@ -44,6 +44,11 @@ fn check_offline(ms: &[String]) {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["mismatches"], 0, "{v}");
     assert!(v["checked"].as_u64().unwrap() > 0);
+    // Every stripe was checked: as many as a member's data area holds
+    // chunks (whether `check` can fail at all is shown in cli.rs).
+    let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+    let stripes = e["data_size"].as_u64().unwrap() / e["chunk"].as_u64().unwrap();
+    assert_eq!(v["checked"], stripes, "{v}");
 }
 
 #[test]
@@ -74,33 +79,32 @@ fn fio_verifies_on_raid6_through_fail_spare_fail_add() {
     let out = dir.path().join("fio.json");
     // Four connections writing at a bounded rate, so that the faults below
     // land while they run; every block is verified (as it goes and at the end).
-    let mut fio = Command::new("fio")
-        .args([
-            "--name=faults",
-            "--ioengine=nbd",
-            &format!("--uri={}", s.uri),
-            "--rw=randwrite",
-            "--bsrange=4k-64k",
-            "--iodepth=8",
-            "--numjobs=4",
-            "--size=16M",
-            "--offset_increment=16M",
-            "--rate=3m",
-            "--verify=crc32c",
-            "--verify_backlog=256",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            // No verify state file left in the working directory.
-            "--verify_state_save=0",
-            "--group_reporting",
-            "--output-format=json",
-            &format!("--output={}", out.display()),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("fio (installed by .ci/run)");
+    let mut fio = Guarded::spawn(
+        Command::new("fio")
+            .args([
+                "--name=faults",
+                "--ioengine=nbd",
+                &format!("--uri={}", s.uri),
+                "--rw=randwrite",
+                "--bsrange=4k-64k",
+                "--iodepth=8",
+                "--numjobs=4",
+                "--size=16M",
+                "--offset_increment=16M",
+                "--rate=3m",
+                "--verify=crc32c",
+                "--verify_backlog=256",
+                "--do_verify=1",
+                "--verify_fatal=1",
+                // No verify state file left in the working directory.
+                "--verify_state_save=0",
+                "--group_reporting",
+                "--output-format=json",
+                &format!("--output={}", out.display()),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
     std::thread::sleep(Duration::from_secs(1));
 
     // First failure: the hot spare takes over and is rebuilt.
@@ -125,7 +129,7 @@ fn fio_verifies_on_raid6_through_fail_spare_fail_add() {
     let fresh = blank(dir.path(), "new.img", 40 << 20);
     ctl(&s, &["add", &fresh]);
     assert!(
-        fio.try_wait().unwrap().is_none(),
+        fio.try_wait().is_none(),
         "fio finished before the faults: the test did not overlap them"
     );
     ctl(&s, &["wait", "--timeout", "120"]);
@@ -134,7 +138,7 @@ fn fio_verifies_on_raid6_through_fail_spare_fail_add() {
     assert_eq!(st["members"][3]["path"], fresh.as_str());
     assert_eq!(st["last_recovery"]["result"], "done");
 
-    let fio_out = fio.wait_with_output().unwrap();
+    let fio_out = fio.output_within(Duration::from_secs(300));
     assert!(
         fio_out.status.success(),
         "fio failed: {}",
@@ -404,25 +408,48 @@ fn a_failed_array_fails_safe_and_force_brings_it_back() {
     ctl(&s, &["fail", &ms[0]]);
     // A second failure would stop the array: refused without --force.
     let c = s.control.display().to_string();
-    let o = raidkit(&["fail", &ms[3], "--control", &c]);
+    let o = raidkit_refused(&["fail", &ms[3], "--control", &c]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--force"));
     ctl(&s, &["fail", &ms[3], "--force"]);
     assert_eq!(status(&s)["state"], "failed");
-    // Requests get errors, never wrong data.
-    let o = Command::new("qemu-io")
-        .args(["-f", "raw", "-c", "read -P 0x42 0 64k", &s.uri])
-        .output()
-        .unwrap();
+    // Requests get errors, never wrong data. (qemu-io's "Pattern
+    // verification failed" is wrong data returned as a success: never an
+    // error here.)
+    let o = try_tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x42 0 64k", &s.uri],
+    );
     let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
     assert!(
-        !o.status.success() || text.contains("error") || text.contains("failed"),
+        !text.contains("Pattern verification failed"),
+        "a failed array returned wrong data: {text}"
+    );
+    assert!(
+        !o.status.success(),
         "a read of a failed array succeeded: {text}"
     );
+    // The same read with libnbd: the request gets EIO, no data at all.
+    let o = tool(
+        "/usr/bin/python3",
+        &[
+            "-c",
+            "import errno, nbd, sys\n\
+             h = nbd.NBD()\n\
+             h.connect_uri(sys.argv[1])\n\
+             try:\n    d = h.pread(65536, 0)\n    print('data', d == bytes([0x42]) * 65536)\n\
+             except nbd.Error as e:\n    \
+             n = e.errno if isinstance(e.errno, int) else getattr(errno, e.errno)\n    \
+             print('errno', n)\n",
+            &s.uri,
+        ],
+    );
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(said.trim(), "errno 5", "a read of a failed array: {said}");
     // Stopping says the array failed.
     assert_ne!(s.stop().code(), Some(0));
     let before: Vec<Vec<u8>> = ms.iter().map(|m| std::fs::read(m).unwrap()).collect();
-    let o = raidkit(&args(&["serve", "--listen", "127.0.0.1:0"], &ms));
+    let o = raidkit_refused(&args(&["serve", "--listen", "127.0.0.1:0"], &ms));
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -443,4 +470,112 @@ fn a_failed_array_fails_safe_and_force_brings_it_back() {
     );
     assert_eq!(s.stop().code(), Some(0));
     check_offline(&ms);
+}
+
+/// One 4 KiB write through libnbd, then, the moment its reply is in,
+/// kill -9 of the server (nothing more can be written after the reply).
+/// Returns whether the write succeeded.
+fn write_then_kill9(s: &mut Served, offset: u64) -> bool {
+    // The server is killed by the script itself, right after the reply.
+    let o = tool(
+        "/usr/bin/python3",
+        &[
+            "-c",
+            "import nbd, os, signal, sys\n\
+             h = nbd.NBD()\n\
+             h.connect_uri(sys.argv[1])\n\
+             try:\n    h.pwrite(b'\\x77' * 4096, int(sys.argv[3])); ok = True\n\
+             except nbd.Error:\n    ok = False\n\
+             os.kill(int(sys.argv[2]), signal.SIGKILL)\n\
+             print('ok' if ok else 'error')\n",
+            &s.uri,
+            &s.pid().to_string(),
+            &offset.to_string(),
+        ],
+    );
+    s.kill9(); // reaps it
+    String::from_utf8_lossy(&o.stdout).trim() == "ok"
+}
+
+#[test]
+fn a_write_error_fails_the_member_durably_before_the_request_completes() {
+    // Member 1 fails its first write, or its fourth (the superblocks it was
+    // marked dirty with went through, a later write of the request did
+    // not). Either way the others' superblocks record it before the reply:
+    // a kill -9 right after the reply finds it recorded on disk.
+    for after in [0, 3] {
+        let dir = tmp();
+        let ms = members(dir.path(), 4);
+        create("5", &ms, "16M");
+        let d = |ms: &[String]| -> Value {
+            serde_json::from_slice(&ok(&args(&["detail", "--json"], ms)).stdout).unwrap()
+        };
+        let e0: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+        let mut faulty = ms.clone();
+        faulty[1] = format!("fault:{}?fail-writes-after={after}", ms[1]);
+        let mut s = Served::start(dir.path(), &faulty, &[]);
+        assert_eq!(member_state(&status(&s), 1), "active");
+        assert!(
+            write_then_kill9(&mut s, 64 << 10),
+            "fail-writes-after={after}: the write failed"
+        );
+        let v = d(&ms);
+        assert_eq!(v["state"], "degraded", "fail-writes-after={after}: {v}");
+        assert_ne!(v["members"][1]["state"], "active", "{v}");
+        assert_eq!(v["members"][0]["state"], "active", "{v}");
+        let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+        assert!(e["events"].as_u64() > e0["events"].as_u64(), "{e}");
+        // And the data written is there (degraded: member 1 left out).
+        let o = ok(&args(
+            &["read", "--offset", "65536", "--length", "4096"],
+            &[ms[0].clone(), ms[2].clone(), ms[3].clone()],
+        ));
+        assert!(
+            o.stdout.iter().all(|&b| b == 0x77),
+            "fail-writes-after={after}"
+        );
+    }
+}
+
+#[test]
+fn an_unreadable_journal_refuses_to_start() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "16M");
+    let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+    let data_offset = e["data_offset"].as_u64().unwrap();
+    // A write, then kill -9: the array is dirty and its journal must be
+    // read at the next start.
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    assert!(write_then_kill9(&mut s, 0));
+    let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+    assert_eq!(e["state"], "dirty");
+    // Read errors in the journal area (past the superblocks and bitmap,
+    // before the data) of every member: refused, nothing written.
+    let bad = |m: &String| format!("fault:{m}?read-error-at={}", data_offset - 4096);
+    let all_bad: Vec<String> = ms.iter().map(bad).collect();
+    let before: Vec<Vec<u8>> = ms.iter().map(|m| std::fs::read(m).unwrap()).collect();
+    let ctl = dir.path().join("refused.ctl").display().to_string();
+    let o = raidkit_refused(&args(
+        &["serve", "--listen", "127.0.0.1:0", "--control", &ctl],
+        &all_bad,
+    ));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "served with no journal readable: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for (m, b) in ms.iter().zip(&before) {
+        assert!(std::fs::read(m).unwrap() == *b, "{m} was written");
+    }
+    // One member's journal readable: it starts (the record is there), and
+    // the data written before the kill reads back.
+    let mut one_good = all_bad.clone();
+    one_good[2] = ms[2].clone();
+    let mut s = Served::start(dir.path(), &one_good, &[]);
+    let o = tool("qemu-io", &["-f", "raw", "-c", "read -P 0x77 0 4k", &s.uri]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(!text.contains("Pattern verification failed"), "{text}");
+    s.kill9();
 }

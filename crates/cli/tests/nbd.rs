@@ -9,7 +9,7 @@ use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 fn host_port(uri: &str) -> String {
@@ -53,10 +53,7 @@ fn nbdinfo_shows_size_and_honest_flags() {
     let default_uri = s.uri.trim_end_matches("lab").to_string();
     let o = tool("nbdinfo", &["--size", &default_uri]);
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), size.to_string());
-    let bad = Command::new("nbdinfo")
-        .arg(format!("{default_uri}nosuch"))
-        .output()
-        .unwrap();
+    let bad = try_tool("nbdinfo", &[&format!("{default_uri}nosuch")]);
     assert!(!bad.status.success());
     // Status through the control socket.
     let ctl = s.control.display().to_string();
@@ -75,10 +72,7 @@ fn nbdinfo_shows_size_and_honest_flags() {
     let mut s = Served::start(dir.path(), &ms, &["--read-only"]);
     let v: Value = serde_json::from_slice(&tool("nbdinfo", &["--json", &s.uri]).stdout).unwrap();
     assert_eq!(v["exports"][0]["is_read_only"], true);
-    let o = Command::new("qemu-io")
-        .args(["-f", "raw", "-c", "write -P 1 0 4k", &s.uri])
-        .output()
-        .unwrap();
+    let o = try_tool("qemu-io", &["-f", "raw", "-c", "write -P 1 0 4k", &s.uri]);
     let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
     // qemu honours the read-only flag and will not even open it for writing.
     assert!(out.contains("Permission denied"), "{out}");
@@ -572,7 +566,7 @@ fn fio_four_connections_verify_on_raid6() {
 /// the file system inside; both undone on drop.
 struct Fuse {
     dir: PathBuf,
-    child: Option<Child>,
+    child: Option<Guarded>,
     mnt: Option<PathBuf>,
 }
 
@@ -581,11 +575,12 @@ impl Fuse {
         std::fs::create_dir_all(dir).unwrap();
         let pidfile = dir.with_extension("pid");
         let _ = std::fs::remove_file(&pidfile);
-        let child = Command::new("nbdfuse")
-            .args(["-P", pidfile.to_str().unwrap(), dir.to_str().unwrap(), uri])
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("nbdfuse (installed by .ci/run)");
+        let child = Guarded::spawn(Command::new("nbdfuse").args([
+            "-P",
+            pidfile.to_str().unwrap(),
+            dir.to_str().unwrap(),
+            uri,
+        ]));
         let f = Fuse {
             dir: dir.to_path_buf(),
             child: Some(child),
@@ -619,25 +614,26 @@ impl Fuse {
     fn stop(&mut self) {
         self.umount();
         if let Some(mut c) = self.child.take() {
-            let _ = Command::new("fusermount3")
-                .args(["-u", self.dir.to_str().unwrap()])
-                .status();
-            let _ = c.wait();
+            let _ = try_tool("fusermount3", &["-u", self.dir.to_str().unwrap()]);
+            c.wait_within(Duration::from_secs(60));
         }
     }
 }
 
 impl Drop for Fuse {
     fn drop(&mut self) {
+        // (no panics here: this may run while a test unwinds)
+        let limit = Duration::from_secs(30);
         if let Some(m) = self.mnt.take() {
-            let _ = Command::new("umount").arg("-l").arg(&m).status();
+            cleanup("umount", &["-l", &m.display().to_string()], limit);
         }
         if let Some(mut c) = self.child.take() {
-            let _ = Command::new("fusermount3")
-                .args(["-u", "-z", self.dir.to_str().unwrap()])
-                .status();
-            let _ = c.kill();
-            let _ = c.wait();
+            cleanup(
+                "fusermount3",
+                &["-u", "-z", &self.dir.display().to_string()],
+                limit,
+            );
+            c.kill();
         }
     }
 }
@@ -701,13 +697,13 @@ fn sigterm_finishes_cleanly_and_marks_the_array_clean() {
     // While it runs, nobody else may write its members.
     let input = dir.path().join("x.bin");
     std::fs::write(&input, [1u8; 10]).unwrap();
-    let o = raidkit(&args(
+    let o = raidkit_refused(&args(
         &["write", "--offset", "0", "--in", input.to_str().unwrap()],
         &ms,
     ));
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("in use"));
-    let o = raidkit(&args(&["serve", "--listen", "127.0.0.1:0"], &ms));
+    let o = raidkit_refused(&args(&["serve", "--listen", "127.0.0.1:0"], &ms));
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("in use"));
     assert_eq!(s.stop().code(), Some(0));
@@ -1046,4 +1042,338 @@ fn small_write_replies_share_sends_but_never_wait_for_a_request_still_arriving()
         }
         stop_and_check(&mut s, &ms);
     }
+}
+
+/// A handshake up to the option phase (fixed newstyle, no zeroes).
+fn options(uri: &str) -> Raw {
+    let mut r = Raw::connect(uri);
+    r.s.write_all(&3u32.to_be_bytes()).unwrap();
+    r
+}
+
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes(b[..4].try_into().unwrap())
+}
+
+#[test]
+fn list_export_name_and_abort_options() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "16M");
+    let size = detail(&ms)["size"].as_u64().unwrap();
+    let mut s = Served::start(dir.path(), &ms, &["--export", "lab"]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x3c 0 64k", &s.uri],
+    );
+
+    // LIST: one NBD_REP_SERVER naming the export, then the ACK.
+    let mut r = options(&s.uri);
+    r.option(3, &[]);
+    let (kind, p) = r.option_reply();
+    assert_eq!(kind, 2, "NBD_REP_SERVER");
+    let len = be32(&p) as usize;
+    assert_eq!(&p[4..4 + len], b"lab");
+    assert_eq!(r.option_reply().0, 1, "NBD_REP_ACK after the list");
+    // LIST with data is invalid, and negotiation goes on: ABORT is acked
+    // and the server closes the connection.
+    r.option(3, b"x");
+    assert_eq!(r.option_reply().0, (1 << 31) | 3, "NBD_REP_ERR_INVALID");
+    r.option(2, &[]);
+    assert_eq!(r.option_reply().0, 1, "ABORT acknowledged");
+    assert!(r.closed(), "the connection stays open after ABORT");
+
+    // EXPORT_NAME (the old way in): size and flags, then transmission.
+    for name in ["lab", ""] {
+        let mut r = options(&s.uri);
+        r.option(1, name.as_bytes());
+        let mut h = [0u8; 10]; // size, flags; no zeroes (asked for)
+        r.s.read_exact(&mut h).unwrap();
+        assert_eq!(u64::from_be_bytes(h[..8].try_into().unwrap()), size);
+        let flags = u16::from_be_bytes(h[8..10].try_into().unwrap());
+        assert_eq!(flags & 1, 1, "NBD_FLAG_HAS_FLAGS");
+        assert_eq!(flags & 2, 0, "read-only flag on a writable export");
+        r.request(0, 0, 4096, 512, &[]);
+        assert_eq!(r.reply(512), (0, vec![0x3c; 512]), "export '{name}'");
+        r.request(1, 0, 8192, 512, &[0x4d; 512]);
+        assert_eq!(r.reply(0).0, 0);
+        r.request(0, 0, 8192, 512, &[]);
+        assert_eq!(r.reply(512), (0, vec![0x4d; 512]));
+    }
+    // An unknown name: no export data, the connection is closed.
+    let mut r = options(&s.uri);
+    r.option(1, b"nosuch");
+    assert!(r.closed());
+    // The server took none of this badly.
+    tool("qemu-io", &["-f", "raw", "-c", "read -P 0x3c 0 4k", &s.uri]);
+    assert_eq!(s.stop().code(), Some(0));
+}
+
+#[test]
+fn block_status_reports_the_range_as_allocated_data() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "16M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let mut r = options(&s.uri);
+    r.option(8, &[]); // STRUCTURED_REPLY
+    assert_eq!(r.option_reply().0, 1);
+    // SET_META_CONTEXT for the default export: base:allocation.
+    let mut q = 0u32.to_be_bytes().to_vec();
+    q.extend_from_slice(&1u32.to_be_bytes());
+    q.extend_from_slice(&(15u32).to_be_bytes());
+    q.extend_from_slice(b"base:allocation");
+    r.option(10, &q);
+    let (kind, p) = r.option_reply();
+    assert_eq!(kind, 4, "NBD_REP_META_CONTEXT");
+    let id = be32(&p);
+    assert_eq!(&p[4..], b"base:allocation");
+    assert_eq!(r.option_reply().0, 1);
+    let mut go = 0u32.to_be_bytes().to_vec();
+    go.extend_from_slice(&0u16.to_be_bytes());
+    r.option(7, &go);
+    let mut size = 0;
+    loop {
+        let (kind, p) = r.option_reply();
+        if kind == 1 {
+            break;
+        }
+        assert_eq!(kind, 3, "NBD_REP_INFO");
+        if p[..2] == [0, 0] {
+            size = u64::from_be_bytes(p[2..10].try_into().unwrap());
+        }
+    }
+    assert!(size > 0);
+    // BLOCK_STATUS over 1 MiB at 4 KiB: one structured reply, done, of
+    // type BLOCK_STATUS, for the negotiated context, whose extents cover
+    // the range as data (flags 0: neither hole nor zero).
+    let (at, len) = (4096u64, 1u32 << 20);
+    r.s.write_all(&encode(7, 0, 77, at, len, &[])).unwrap();
+    let mut h = [0u8; 20];
+    r.s.read_exact(&mut h).unwrap();
+    assert_eq!(be32(&h), 0x668e_33ef, "structured reply magic");
+    let flags = u16::from_be_bytes(h[4..6].try_into().unwrap());
+    let kind = u16::from_be_bytes(h[6..8].try_into().unwrap());
+    assert_eq!(u64::from_be_bytes(h[8..16].try_into().unwrap()), 77);
+    assert_eq!(
+        (flags & 1, kind),
+        (1, 5),
+        "DONE, NBD_REPLY_TYPE_BLOCK_STATUS"
+    );
+    let mut p = vec![0u8; be32(&h[16..]) as usize];
+    r.s.read_exact(&mut p).unwrap();
+    assert_eq!(be32(&p), id, "context id");
+    let extents: Vec<(u32, u32)> = p[4..].chunks(8).map(|e| (be32(e), be32(&e[4..]))).collect();
+    assert!(
+        !extents.is_empty() && (p.len() - 4).is_multiple_of(8),
+        "{p:?}"
+    );
+    assert_eq!(extents.iter().map(|e| e.0 as u64).sum::<u64>(), len as u64);
+    assert!(extents.iter().all(|e| e.1 == 0), "{extents:?}");
+    // Past the end: an error, not a status.
+    r.s.write_all(&encode(7, 0, 78, size - 4096, 8192, &[]))
+        .unwrap();
+    let mut h = [0u8; 20];
+    r.s.read_exact(&mut h).unwrap();
+    let kind = u16::from_be_bytes(h[6..8].try_into().unwrap());
+    assert_eq!(kind & 0x8000, 0x8000, "an error reply, type {kind:#x}");
+    let mut p = vec![0u8; be32(&h[16..]) as usize];
+    r.s.read_exact(&mut p).unwrap();
+    assert_eq!(be32(&p), 22, "EINVAL");
+    // nbdinfo agrees: the whole export is one data extent.
+    let o = tool("nbdinfo", &["--map", "--json", &s.uri]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let total: u64 = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            assert_eq!(e["type"], 0, "{e}");
+            e["length"].as_u64().unwrap()
+        })
+        .sum();
+    assert_eq!(total, size);
+    assert_eq!(s.stop().code(), Some(0));
+}
+
+#[test]
+fn serving_on_a_unix_socket_only() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "16M");
+    let sock = dir.path().join("nbd.sock");
+    let sp = sock.display().to_string();
+    let mut s = Served::start_on(dir.path(), &ms, &["--socket", &sp], &[]);
+    assert!(s.uri.starts_with("nbd+unix:///"), "{}", s.uri);
+    assert!(s.uri.ends_with(&format!("?socket={sp}")), "{}", s.uri);
+    assert!(sock.exists());
+    let out = qemu_io(
+        &s.uri,
+        &["write -P 0x61 12345 100000", "read -P 0x61 12345 100000"],
+    );
+    assert!(
+        !out.contains("failed") && out.contains("read 100000/100000"),
+        "{out}"
+    );
+    let size = detail(&ms)["size"].as_u64().unwrap();
+    let o = tool("nbdinfo", &["--size", &s.uri]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), size.to_string());
+    // No TCP listener: the status lists the socket as the only endpoint.
+    let ctl = s.control.display().to_string();
+    let st: Value =
+        serde_json::from_slice(&ok(&["status", "--control", &ctl, "--json"]).stdout).unwrap();
+    assert_eq!(st["endpoints"], serde_json::json!([s.uri]), "{st}");
+    // A second server on the same socket is refused while this one runs.
+    let other = members(&dir.path().join("o"), 3);
+    std::fs::create_dir_all(dir.path().join("o")).unwrap();
+    create("5", &other, "16M");
+    let o = raidkit_refused(&args(&["serve", "--socket", &sp], &other));
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(s.stop().code(), Some(0));
+    assert!(!sock.exists(), "socket left behind");
+    let o = ok(&args(
+        &["read", "--offset", "12345", "--length", "100000"],
+        &ms,
+    ));
+    assert!(o.stdout.iter().all(|&b| b == 0x61));
+}
+
+/// fdatasync and fsync calls the server `pid` makes on each member file
+/// while `act` runs, counted with strace (attached to every thread, and
+/// to the threads they start, before `act`; detached after).
+fn member_syncs(pid: u32, ms: &[String], out: &Path, act: impl FnOnce()) -> Vec<usize> {
+    let mut fds = std::collections::HashMap::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
+        let e = e.unwrap();
+        if let Ok(target) = std::fs::read_link(e.path()) {
+            if let Some(i) = ms.iter().position(|m| Path::new(m) == target) {
+                fds.insert(e.file_name().to_string_lossy().to_string(), i);
+            }
+        }
+    }
+    assert!(fds.len() >= ms.len(), "member files not open: {fds:?}");
+    let _ = std::fs::remove_file(out);
+    let mut st = Guarded::spawn(
+        Command::new("strace")
+            .args(["-f", "-qq", "-e", "trace=fsync,fdatasync", "-o"])
+            .arg(out)
+            .args(["-p", &pid.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+    );
+    let tracer = st.id().to_string();
+    wait_for("strace to attach to every thread", 30, || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .all(|t| {
+                std::fs::read_to_string(t.unwrap().path().join("status"))
+                    .unwrap_or_default()
+                    .lines()
+                    .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["TracerPid:", &tracer])
+            })
+    });
+    act();
+    // SIGINT: strace detaches and writes out what it saw.
+    // SAFETY: kill(2) on our own, unreaped child.
+    unsafe { libc::kill(st.id() as i32, libc::SIGINT) };
+    st.wait_within(Duration::from_secs(30));
+    let text = std::fs::read_to_string(out).unwrap();
+    let mut n = vec![0; ms.len()];
+    for l in text.lines() {
+        for call in ["fdatasync(", "fsync("] {
+            if let Some(i) = l.find(call) {
+                let fd: String = l[i + call.len()..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                if let Some(&m) = fds.get(&fd) {
+                    n[m] += 1;
+                }
+            }
+        }
+    }
+    n
+}
+
+#[test]
+fn flush_and_fua_reach_every_members_stable_storage() {
+    // kill -9 keeps the page cache, so the kill tests would pass with
+    // FLUSH doing nothing: here the server's own system calls are watched.
+    // RAID-0 (no journal, no bitmap): writes alone sync nothing, so every
+    // sync seen comes from the FLUSH or the FUA.
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("0", &ms, "16M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let trace = dir.path().join("strace.txt");
+    let (mut r, _) = Raw::go(&s.uri);
+    // The first write marks the array dirty (durably), before any watching.
+    r.request(1, 0, 0, 192 << 10, &[0x11; 192 << 10]);
+    assert_eq!(r.reply(0).0, 0);
+    r.request(3, 0, 0, 0, &[]);
+    assert_eq!(r.reply(0).0, 0);
+    let pid = s.pid();
+    // Plain writes to every member (64 KiB chunks): no sync.
+    let n = member_syncs(pid, &ms, &trace, || {
+        for m in 0..3u64 {
+            r.request(1, 0, m * (64 << 10) + 4096, 4096, &[0x22; 4096]);
+            assert_eq!(r.reply(0).0, 0);
+        }
+    });
+    assert_eq!(
+        n,
+        [0, 0, 0],
+        "syncs without a flush: the check below proves nothing"
+    );
+    // FLUSH: every member's data made durable before the reply.
+    let n = member_syncs(pid, &ms, &trace, || {
+        r.request(3, 0, 0, 0, &[]);
+        assert_eq!(r.reply(0).0, 0);
+    });
+    assert!(n.iter().all(|&c| c >= 1), "FLUSH synced members {n:?}");
+    // A FUA write to member 1's chunk: that member at least, before the reply.
+    let n = member_syncs(pid, &ms, &trace, || {
+        r.request(1, 1, (64 << 10) + 8192, 4096, &[0x33; 4096]);
+        assert_eq!(r.reply(0).0, 0);
+    });
+    assert!(n[1] >= 1, "FUA write synced members {n:?}");
+    assert_eq!(s.stop().code(), Some(0));
+}
+
+#[test]
+fn sigterm_finishes_the_requests_in_flight() {
+    // A mirror whose second member takes 300 ms over every operation:
+    // three writes are in flight (none done) when SIGTERM comes; each still
+    // gets its success reply, the server exits 0, and the data is there.
+    let dir = tmp();
+    let ms = members(dir.path(), 2);
+    create("1", &ms, "16M");
+    let slow = vec![ms[0].clone(), format!("fault:{}?delay=300ms", ms[1])];
+    let mut s = Served::start(dir.path(), &slow, &[]);
+    let (mut r, _) = Raw::go(&s.uri);
+    let at = |i: u64| i * (1 << 20) + 4096;
+    for i in 1..=3u64 {
+        r.s.write_all(&encode(1, 0, i, at(i), 4096, &[i as u8; 4096]))
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(io_count(&s, "writes"), 0, "the writes were not in flight");
+    // SAFETY: kill(2) on our own child (the server), not yet reaped.
+    unsafe { libc::kill(s.pid() as i32, libc::SIGTERM) };
+    let got = r.replies(3, (u64::MAX, 0));
+    assert_eq!(
+        got.iter().map(|g| (g.0, g.1)).collect::<Vec<_>>(),
+        [(0, 1), (0, 2), (0, 3)]
+    );
+    assert!(r.closed(), "the connection outlived the server's stop");
+    assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+    for i in 1..=3u64 {
+        let o = ok(&args(
+            &["read", "--offset", &at(i).to_string(), "--length", "4096"],
+            &ms,
+        ));
+        assert!(o.stdout.iter().all(|&b| b == i as u8), "write {i}");
+    }
+    let e: Value = serde_json::from_slice(&ok(&["examine", &ms[1], "--json"]).stdout).unwrap();
+    assert_eq!(e["state"], "clean");
 }

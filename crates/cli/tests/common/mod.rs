@@ -67,15 +67,23 @@ impl Guarded {
 
     /// Wait at most `limit` for it to exit; past that, kill it and panic.
     pub fn wait_within(&mut self, limit: Duration) -> ExitStatus {
+        self.wait_or_kill(limit)
+            .unwrap_or_else(|| panic!("{} did not finish within {limit:?}: killed", self.what))
+    }
+
+    /// Wait at most `limit` for it to exit; past that, kill it (None).
+    /// Never panics: for cleanups that may run while a test unwinds.
+    pub fn wait_or_kill(&mut self, limit: Duration) -> Option<ExitStatus> {
         let t = Instant::now();
         loop {
-            if let Some(st) = self.try_wait() {
+            let c = self.child.as_mut()?;
+            if let Ok(Some(st)) = c.try_wait() {
                 self.child = None;
-                return st;
+                return Some(st);
             }
             if t.elapsed() > limit {
                 self.kill();
-                panic!("{} did not finish within {limit:?}: killed", self.what);
+                return None;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -86,21 +94,31 @@ impl Guarded {
     pub fn output_within(mut self, limit: Duration) -> Output {
         let c = self.child();
         let reader = |r: Option<Box<dyn Read + Send>>| {
+            let (tx, rx) = std::sync::mpsc::channel();
             std::thread::spawn(move || {
                 let mut v = Vec::new();
                 if let Some(mut r) = r {
                     let _ = r.read_to_end(&mut v);
                 }
-                v
-            })
+                let _ = tx.send(v);
+            });
+            rx
         };
         let out = reader(c.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
         let err = reader(c.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
         let status = self.wait_within(limit);
+        // A process it left behind may hold its pipes open: not forever.
+        let what = &self.what;
+        let collect = |rx: std::sync::mpsc::Receiver<Vec<u8>>| {
+            rx.recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| {
+                    panic!("{what} exited, but something it started still holds its output open")
+                })
+        };
         Output {
             status,
-            stdout: out.join().unwrap(),
-            stderr: err.join().unwrap(),
+            stdout: collect(out),
+            stderr: collect(err),
         }
     }
 }
@@ -108,6 +126,25 @@ impl Guarded {
 impl Drop for Guarded {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Run a cleanup command (output discarded) for at most `limit`; never
+/// panics, whether it is missing, fails or hangs (then killed).
+pub fn cleanup(cmd: &str, a: &[&str], limit: Duration) {
+    let spawned = Command::new(cmd)
+        .args(a)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn();
+    if let Ok(child) = spawned {
+        let mut g = Guarded {
+            child: Some(child),
+            what: cmd.to_string(),
+        };
+        let _ = g.wait_or_kill(limit);
     }
 }
 
@@ -129,6 +166,15 @@ pub fn tmp() -> tempfile::TempDir {
 /// Run raidkit to its end (at most `DEADLINE`).
 pub fn raidkit(args: &[&str]) -> Output {
     output_within(Command::new(BIN).args(args), DEADLINE)
+}
+
+/// How long a raidkit run that must be refused (a `serve` that may not
+/// start, bad input) may take: a refusal comes at once.
+pub const REFUSAL: Duration = Duration::from_secs(60);
+
+/// Run raidkit expecting it to end quickly (at most `REFUSAL`).
+pub fn raidkit_refused(args: &[&str]) -> Output {
+    output_within(Command::new(BIN).args(args), REFUSAL)
 }
 
 pub fn ok(args: &[&str]) -> Output {
@@ -305,7 +351,7 @@ pub fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
 
 /// Runs, expects failure (exit 1) with `needle` in the message.
 pub fn fails(args: &[&str], needle: &str) -> String {
-    let o = raidkit(args);
+    let o = raidkit_refused(args);
     let err = String::from_utf8_lossy(&o.stderr).to_string();
     assert_eq!(o.status.code(), Some(1), "raidkit {args:?}: {err}");
     assert!(
