@@ -468,22 +468,31 @@ impl Array {
             }
             last = seq;
         }
-        // Then the windows rewritten whole get parity from their data, where
-        // every data member is here to give it (otherwise the window, all of
-        // it written since the last flush, keeps what it has).
+        // Then the windows rewritten whole get parity from their data. A
+        // data member that is missing, or being resynced (a stale copy taken
+        // back), gives its part through reconstruction, so that all parity
+        // agrees (on RAID-6 a torn P and Q would otherwise rebuild that
+        // member one way and leave Q saying another). Where the data cannot
+        // be had (too many absent, or a stripe never synced), the window,
+        // all of it written since the last flush, keeps what it has.
         let chunk = self.geom.chunk;
         for &(_, stripe, dev, len) in &intents {
             let sm = self.geom.stripe_map(stripe);
-            if sm
+            let absent = sm
                 .data
                 .iter()
-                .any(|&r| v.roles[r].disk.is_none() || v.roles[r].sync.is_some())
-            {
+                .filter(|&&r| Self::readable(&v, r, dev, len).is_none())
+                .count();
+            if absent > 0 && (self.unsynced(stripe) || absent > 1 + usize::from(sm.q.is_some())) {
                 continue;
             }
             let _g = self.lock(stripe);
             let col = dev - stripe * chunk;
-            let rows = self.read_rows(&v, stripe, col, len, &vec![true; sm.data.len()])?;
+            let rows = match self.read_rows(&v, stripe, col, len, &vec![true; sm.data.len()]) {
+                Ok(rows) => rows,
+                Err(Error::Unavailable { .. }) => continue,
+                Err(e) => return Err(e),
+            };
             let (p, q) = parity_of(&sm, &rows, len as usize);
             if Self::writable(&v, sm.p) {
                 self.member_write(&v, sm.p, &p, dev)?;

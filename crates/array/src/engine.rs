@@ -562,10 +562,12 @@ impl Array {
         };
         a.recovery.note(notes);
         if !opts.read_only {
+            // Recovery first: a start it refuses (the write hole, no
+            // readable journal) must leave every member as it was.
+            a.recover_unclean(unclean, opts.force)?;
             // Every start is an event: a copy of a member taken before it
             // is one behind, and any later update makes it stale.
             a.write_superblocks(&mut a.meta.locked())?;
-            a.recover_unclean(unclean, opts.force)?;
             a.use_spares()?;
         }
         Ok(a)
@@ -774,7 +776,7 @@ impl Array {
     }
 
     /// Whether `role` can serve reads of device range `[dev, dev+len)`.
-    fn readable(v: &View, role: usize, dev: u64, len: u64) -> Option<&Arc<Disk>> {
+    pub(crate) fn readable(v: &View, role: usize, dev: u64, len: u64) -> Option<&Arc<Disk>> {
         let rv = &v.roles[role];
         let d = rv.disk.as_ref()?;
         match &rv.sync {

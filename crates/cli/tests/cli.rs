@@ -327,7 +327,7 @@ fn json_reports_and_stale_members() {
     let input = write_file(dir.path(), "in.bin", &data);
     let without: Vec<String> = [0, 2, 3].iter().map(|&i| ms[i].clone()).collect();
     // Starting it without a member it did not know to be gone needs --run.
-    let refused = raidkit(&args(&["write", "--offset", "0", "--in", &input], &without));
+    let refused = raidkit_refused(&args(&["write", "--offset", "0", "--in", &input], &without));
     assert_eq!(refused.status.code(), Some(1));
     ok(&args(
         &["write", "--run", "--offset", "0", "--in", &input],
