@@ -7,7 +7,18 @@ may hold anything but its last flushed contents or one of the writes issued
 after that flush.
 
 usage: scripts/torture.py [--cycles N] [--level 5|6] [--seed S] [--raidkit PATH]
-                          [--sabotage] [--serve-arg=ARG ...]
+                          [--sabotage] [--old-copy] [--sync-cut] [--serve-arg=ARG ...]
+
+--old-copy: every fourth cycle copies the member files before the start, and
+two cycles later, if every member is in sync, one member's old copy is put
+back in its place (a restored backup, a disk swapped back): it missed the
+writes since, and must never serve them. Only the cycle after that runs
+without a member.
+--sync-cut: the members start full of random bytes and `create` is killed
+during its initial sync; the servers resume it. No member is left out until
+a kill finds the sync done. At the end the array is stopped cleanly once in
+sync, `raidkit check` must find every stripe consistent, and every block is
+checked again with a member left out (rebuilt from parity).
 Prints one line per cycle and a summary. Exits 0 when nothing was lost, 1 on
 any loss (the summary line says how many blocks), 2 on any other failure: an
 NBD error that is not the server's death at the planned kill, a server that
@@ -104,19 +115,25 @@ def connect(uri):
     return h
 
 
-def check(h, expected, maybe):
+def check(h, expected, maybe, initial=None):
     """Blocks whose contents are not allowed. Afterwards `expected` holds
-    what is there (every block now has a definite value)."""
+    what is there (every block now has a definite value). `initial`: what
+    never-written blocks hold (zeros if absent); an empty dict is filled
+    from this read (the first, before any write)."""
     bad = []
+    record = initial is not None and not initial
     for start in range(0, SPAN_BLOCKS, 256):
         data = h.pread(256 * BLOCK, start * BLOCK)
         for i in range(256):
             b = start + i
             got = data[i * BLOCK:(i + 1) * BLOCK]
-            # None: a block never written, still zero.
+            if record:
+                initial[b] = got
+            never = bytes(BLOCK) if initial is None else initial.get(b, bytes(BLOCK))
+            # None: a block never written, as it was at the start.
             allowed = [expected.get(b)] + sorted(maybe.get(b, ()))
             match = [s for s in allowed
-                     if got == (bytes(BLOCK) if s is None else content(s, b))]
+                     if got == (never if s is None else content(s, b))]
             if not match:
                 bad.append(b)
             elif match[0] is None:
@@ -127,6 +144,39 @@ def check(h, expected, maybe):
     return bad
 
 
+def final_sync_check(args, server, members, work, log, expected, initial, rng):
+    """Once the sync is done: stop cleanly, `raidkit check` finds nothing,
+    and with a member left out every block reads as before. Returns the
+    blocks lost."""
+    deadline = time.time() + 120
+    while not server.in_sync(args.raidkit):
+        if time.time() > deadline:
+            raise RuntimeError("the initial sync did not finish within 120 s")
+        time.sleep(0.5)
+    server.proc.send_signal(signal.SIGTERM)
+    if server.proc.wait(timeout=60) != 0:
+        raise RuntimeError(f"serve exited {server.proc.returncode} on SIGTERM")
+    server.proc.stdout.close()
+    r = subprocess.run([args.raidkit, "check"] + members, capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode != 0:
+        print(f"check after the sync: exit {r.returncode}: {r.stdout.strip()} "
+              f"{r.stderr.strip()}", flush=True)
+        return 1
+    gone = rng.randrange(len(members))
+    degraded = Server(args.raidkit, [m for i, m in enumerate(members) if i != gone],
+                      work, log, args.serve_arg)
+    try:
+        h = connect(degraded.uri)
+        bad = check(h, expected, {}, initial)
+        del h
+    finally:
+        degraded.kill9()
+    print(f"after the sync: check clean, member {gone} left out: {len(bad)} bad blocks",
+          flush=True)
+    return len(bad)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cycles", type=int, default=20)
@@ -134,6 +184,10 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sabotage", action="store_true",
                     help="scribble over the first 64 KiB of every member's data after the first kill: the check must see it")
+    ap.add_argument("--old-copy", action="store_true",
+                    help="put an old copy of a member back in its place every fourth cycle")
+    ap.add_argument("--sync-cut", action="store_true",
+                    help="members full of random bytes, create killed during its initial sync")
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="pass this argument to every `raidkit serve` (for the tests: "
                     "--serve-arg=--read-only must make the run fail)")
@@ -147,25 +201,66 @@ def main():
     try:
         n = 4 if args.level == "5" else 5
         members = [os.path.join(work, f"d{i}.img") for i in range(n)]
-        subprocess.run([args.raidkit, "create", "--level", args.level, "--size", "48M",
-                        "--chunk", "64K", "--bitmap-region", "1M", "--name", "torture"]
-                       + members, check=True, stdout=subprocess.DEVNULL)
+        create = [args.raidkit, "create", "--level", args.level, "--size", "48M",
+                  "--chunk", "64K", "--bitmap-region", "1M", "--name", "torture"]
+        initial = None
+        unsynced = None  # a member that may not be in sync yet ("all": the initial sync)
+        if args.sync_cut:
+            initial = {}
+            size = 256 << 20  # big enough for the sync to take about a second
+            for m in members:
+                with open(m, "wb") as f:
+                    f.write(os.urandom(size))
+            p = subprocess.Popen(create[:5] + [str(size), "--force"] + create[6:] + members,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # Killed a moment after the superblocks are written (the sync
+            # follows them).
+            deadline = time.time() + 60
+            while p.poll() is None and time.time() < deadline and subprocess.run(
+                    [args.raidkit, "examine", members[-1]], capture_output=True,
+                    timeout=60).returncode != 0:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.05, 0.3))
+            p.kill()
+            p.wait()
+            r = subprocess.run([args.raidkit, "detail", "--json"] + members,
+                               capture_output=True, text=True, timeout=60)
+            if '"resync_offset"' not in r.stdout:
+                raise RuntimeError("create finished its sync before the kill: "
+                                   "nothing left to resume\n" + r.stdout + r.stderr)
+            print("create killed during its initial sync", flush=True)
+            unsynced = "all"
+        else:
+            subprocess.run(create + members, check=True, stdout=subprocess.DEVNULL)
         log = open(os.path.join(work, "serve.log"), "ab")
         expected, maybe = {}, {}
         seed_counter = 0
         acked_total = losses = 0
-        unsynced = None  # a member that may not be in sync yet
+        copies = None
         for cycle in range(args.cycles):
             present = list(members)
             missing = None
-            if cycle % 2 == 1:
+            put_back = None
+            if args.old_copy and cycle % 4 == 0:
+                copies = work + "/copies"
+                os.makedirs(copies, exist_ok=True)
+                for m in members:
+                    shutil.copyfile(m, os.path.join(copies, os.path.basename(m)))
+            leave_out = cycle % (4 if args.old_copy else 2) == (3 if args.old_copy else 1)
+            if args.old_copy and cycle % 4 == 2 and copies and unsynced is None:
+                # A member the array holds in sync (one it knows to be
+                # gone or resyncing would be refused for that alone).
+                put_back = rng.randrange(n)
+                shutil.copyfile(os.path.join(copies, os.path.basename(members[put_back])),
+                                members[put_back])
+            elif leave_out and unsynced != "all":
                 # Leave a member out; while one is still being resynced,
                 # only that one can be (the array needs all the others).
                 missing = unsynced if unsynced is not None else rng.randrange(n)
                 present = [m for i, m in enumerate(members) if i != missing]
             server = Server(args.raidkit, present, work, log, args.serve_arg)
             h = connect(server.uri)
-            bad = check(h, expected, maybe)
+            bad = check(h, expected, maybe, initial)
             losses += len(bad)
             # Write and flush until killed.
             kill_after = rng.uniform(0.2, 1.5)
@@ -221,16 +316,21 @@ def main():
                 unsynced = missing
             elif synced and synced[0]:
                 unsynced = None
+            elif put_back is not None:
+                unsynced = put_back
             acked_total += acked
             print(f"cycle {cycle + 1}: killed after {kill_after:.2f}s, {acked} blocks acknowledged "
-                  f"and flushed{'' if missing is None else f', member {missing} left out'}; "
+                  f"and flushed{'' if missing is None else f', member {missing} left out'}"
+                  f"{'' if put_back is None else f', old copy of member {put_back} put back'}; "
                   f"check at start: {len(bad)} bad blocks", flush=True)
         # A last restart with every member: everything must be there.
         server = Server(args.raidkit, members, work, log, args.serve_arg)
         h = connect(server.uri)
-        bad = check(h, expected, maybe)
+        bad = check(h, expected, maybe, initial)
         losses += len(bad)
         del h
+        if args.sync_cut:
+            losses += final_sync_check(args, server, members, work, log, expected, initial, rng)
         server.kill9()
         server = None
         print(f"summary: {args.cycles} cycles, {acked_total} blocks acknowledged and flushed, "
