@@ -227,6 +227,23 @@ pub struct FileMember {
     regular: bool,
     /// Found shorter than `len`: every operation fails from then on.
     shrunk: std::sync::atomic::AtomicBool,
+    /// When (`clock_ns`) reads and writes next look at the file's size.
+    next_size_check: std::sync::atomic::AtomicU64,
+}
+
+/// How often, at most, reads and writes of a regular file look at its size
+/// (an fstat: about a microsecond here, as much as a 4 KiB write to the page
+/// cache, so once per write cost a third of the 4 KiB random-write rate;
+/// docs/performance.md). Flushes always look.
+const SIZE_CHECK_EVERY_NS: u64 = 1_000_000;
+
+/// Nanoseconds since the first call: a cheap, monotonic clock (vDSO).
+fn clock_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
 }
 
 /// Refuse what is neither a regular file nor a block device before opening
@@ -288,6 +305,7 @@ impl FileMember {
             len,
             regular,
             shrunk: Default::default(),
+            next_size_check: Default::default(),
         })
     }
 
@@ -312,6 +330,7 @@ impl FileMember {
             len,
             regular: true,
             shrunk: Default::default(),
+            next_size_check: Default::default(),
         })
     }
 
@@ -333,10 +352,32 @@ impl FileMember {
         }
     }
 
+    /// `check_size`, at most once every `SIZE_CHECK_EVERY_NS` (and on every
+    /// call once the file was found short). A file cut by another process
+    /// is found within that time by reads and writes, and by the next flush
+    /// in any case; until then a write past the cut grows the file back (a
+    /// write to its very last block would hide the cut from later checks;
+    /// a short read is found at once).
+    fn check_size_soon(&self, op: Op, offset: u64, len: u64) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        if !self.regular {
+            return Ok(());
+        }
+        if !self.shrunk.load(Ordering::Relaxed) {
+            let now = clock_ns();
+            if now < self.next_size_check.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            self.next_size_check
+                .store(now + SIZE_CHECK_EVERY_NS, Ordering::Relaxed);
+        }
+        self.check_size(op, offset, len)
+    }
+
     /// Fail if the file has become shorter than it was when opened (cut by
     /// another process): a write there would silently grow it back with a
-    /// hole of zeros in between, and reads would return those zeros. One
-    /// fstat per write of a regular file; a device cannot shrink.
+    /// hole of zeros in between, and reads would return those zeros. An
+    /// fstat of a regular file; a device cannot shrink.
     fn check_size(&self, op: Op, offset: u64, len: u64) -> Result<()> {
         use std::sync::atomic::Ordering;
         if !self.regular {
@@ -405,6 +446,7 @@ impl Member for FileMember {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
         check_range(&self.name, Op::Read, offset, len, self.len)?;
+        self.check_size_soon(Op::Read, offset, len)?;
         self.file.read_exact_at(buf, offset).map_err(|e| {
             // A short read: say why if the file was cut.
             if e.kind() == io::ErrorKind::UnexpectedEof {
@@ -419,7 +461,7 @@ impl Member for FileMember {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
         check_range(&self.name, Op::Write, offset, len, self.len)?;
-        self.check_size(Op::Write, offset, len)?;
+        self.check_size_soon(Op::Write, offset, len)?;
         self.file
             .write_all_at(buf, offset)
             .map_err(|e| MemberError::new(&self.name, Op::Write, offset, len, e))
