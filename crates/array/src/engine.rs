@@ -220,6 +220,22 @@ pub struct MemberStatus {
     pub reason: Option<String>,
 }
 
+/// A stripe (chunk, for RAID-10) whose redundancy disagrees with its data.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Mismatch {
+    /// The stripe number (parity levels, RAID-1) or the array's chunk
+    /// number (RAID-10).
+    pub unit: u64,
+    /// Where its data begins in the array.
+    pub array_offset: u64,
+    /// Where it lies on the members, from the start of their data area.
+    pub member_offset: u64,
+    /// Parity levels: the roles holding the P (and Q) that disagree.
+    /// Mirrors: the roles whose copies differ (which one is right cannot
+    /// be told).
+    pub roles: Vec<usize>,
+}
+
 /// How an array is started.
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
@@ -1909,6 +1925,12 @@ impl Array {
     /// disagrees with the data, P and Q recomputed by the slow reference
     /// code. Needs every member present and in sync.
     pub fn count_mismatches(&self) -> Result<u64> {
+        self.scan_mismatches(&mut |_| {})
+    }
+
+    /// As `count_mismatches`, calling `each` with every mismatch found, in
+    /// order: which unit, where, and which roles disagree.
+    pub fn scan_mismatches(&self, each: &mut dyn FnMut(Mismatch)) -> Result<u64> {
         let v = self.view.load();
         if !v.degraded_roles().is_empty() {
             return Err(Error::Invalid(
@@ -1943,11 +1965,32 @@ impl Array {
                     }
                     let refs: Vec<&[u8]> = order.iter().map(|&r| bufs[r].as_slice()).collect();
                     let (rp, rq) = parity::reference::pq(&refs);
-                    if rp != bufs[sm.p] || sm.q.is_some_and(|q| rq != bufs[q]) {
+                    let mut roles = Vec::new();
+                    if rp != bufs[sm.p] {
+                        roles.push(sm.p);
+                    }
+                    if let Some(q) = sm.q.filter(|&q| rq != bufs[q]) {
+                        roles.push(q);
+                    }
+                    if !roles.is_empty() {
                         bad += 1;
+                        each(Mismatch {
+                            unit: s,
+                            array_offset: self.geom.stripe_data_offset(s, 0),
+                            member_offset: s * chunk as u64,
+                            roles,
+                        });
                     }
                 }
-                Level::Raid1 if bufs.iter().any(|b| b != &bufs[0]) => bad += 1,
+                Level::Raid1 if bufs.iter().any(|b| b != &bufs[0]) => {
+                    bad += 1;
+                    each(Mismatch {
+                        unit: s,
+                        array_offset: s * chunk as u64,
+                        member_offset: s * chunk as u64,
+                        roles: (0..n).collect(),
+                    });
+                }
                 _ => {}
             }
         }
@@ -1955,15 +1998,20 @@ impl Array {
             let cap = self.capacity();
             let mut a = vec![0u8; chunk];
             let mut b = vec![0u8; chunk];
-            for p in
-                (0..cap / chunk as u64).map(|c| self.geom.pieces(c * chunk as u64, chunk as u64))
-            {
+            for c in 0..cap / chunk as u64 {
+                let p = self.geom.pieces(c * chunk as u64, chunk as u64);
                 let (r0, d0) = p[0].copies[0];
                 rd(r0, &mut a, d0)?;
                 for &(r, d) in &p[0].copies[1..] {
                     rd(r, &mut b, d)?;
                     if a != b {
                         bad += 1;
+                        each(Mismatch {
+                            unit: c,
+                            array_offset: c * chunk as u64,
+                            member_offset: d0,
+                            roles: vec![r0, r],
+                        });
                     }
                 }
             }

@@ -26,7 +26,7 @@ pub mod spec;
 pub mod superblock;
 
 pub use assemble::Health;
-pub use engine::{Array, MemberStatus, OpenOptions, DEFAULT_MEMBER_TIMEOUT};
+pub use engine::{Array, MemberStatus, Mismatch, OpenOptions, DEFAULT_MEMBER_TIMEOUT};
 pub use error::{Error, Result};
 pub use manage::Added;
 pub use recovery::{LastRecovery, RecoveryStatus, DEFAULT_MIN_RATE};

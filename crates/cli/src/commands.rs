@@ -137,7 +137,14 @@ fn cmd_check(a: crate::cli::CheckArgs) -> Result<()> {
     } else {
         "chunks"
     };
-    let bad = array.count_mismatches()?;
+    // The first ones are named (a junk array disagrees everywhere).
+    const NAMED: usize = 100;
+    let mut found = Vec::new();
+    let bad = array.scan_mismatches(&mut |m| {
+        if found.len() < NAMED {
+            found.push(m);
+        }
+    })?;
     let total = if geom.level.is_parity() || geom.level == raidkit_layout::Level::Raid1 {
         geom.stripes()
     } else {
@@ -146,9 +153,36 @@ fn cmd_check(a: crate::cli::CheckArgs) -> Result<()> {
     if a.json {
         println!(
             "{}",
-            json!({"level": geom.level.to_string(), "checked": total, "unit": unit, "mismatches": bad})
+            json!({"level": geom.level.to_string(), "checked": total, "unit": unit,
+                   "mismatches": bad, "found": found})
         );
     } else {
+        let what = if geom.level.is_parity() {
+            "parity disagrees with the data on role"
+        } else {
+            "copies differ on roles"
+        };
+        for m in &found {
+            println!(
+                "{} {}: array offset {}, member offset {}: {what} {}",
+                if geom.level.is_parity() || geom.level == raidkit_layout::Level::Raid1 {
+                    "stripe"
+                } else {
+                    "chunk"
+                },
+                m.unit,
+                m.array_offset,
+                m.member_offset,
+                m.roles
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        if (bad as usize) > found.len() {
+            println!("(and {} more)", bad as usize - found.len());
+        }
         println!(
             "{} {unit} checked, {bad} with redundancy that disagrees with the data",
             total

@@ -544,13 +544,38 @@ fn a_guarded_child_is_killed_when_the_test_panics() {
 
 /// `check --json`: (exit code, mismatches, checked).
 fn check(ms: &[String]) -> (Option<i32>, u64, u64) {
+    let (code, bad, checked, _) = check_named(ms);
+    (code, bad, checked)
+}
+
+/// `check --json`: (exit code, mismatches, checked, and those named as
+/// (unit, member offset, roles)).
+fn check_named(ms: &[String]) -> (Option<i32>, u64, u64, Vec<(u64, u64, Vec<u64>)>) {
     let o = common::raidkit(&args(&["check", "--json"], ms));
     let v: Value = serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
+    let found = v["found"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["unit"].as_u64().unwrap(),
+                f["member_offset"].as_u64().unwrap(),
+                f["roles"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.as_u64().unwrap())
+                    .collect(),
+            )
+        })
+        .collect();
     (
         o.status.code(),
         v["mismatches"].as_u64().unwrap(),
         v["checked"].as_u64().unwrap(),
+        found,
     )
 }
 
@@ -571,9 +596,9 @@ fn flip(member: &str, at: u64) {
 
 #[test]
 fn create_syncs_members_that_hold_data_and_check_finds_planted_mismatches() {
-    // `check` reports counts, not which stripes or roles: what is checked
-    // here is the count of stripes (chunks for mirrors) that disagree and
-    // the exit status.
+    // `check` counts the stripes (chunks for mirrors) that disagree, names
+    // each (unit, where on the members, which roles: the parity that
+    // disagrees, or the copies that differ), and exits 1.
     let mut rng = rand::rngs::StdRng::seed_from_u64(21);
     const CHUNK: u64 = 64 << 10;
     for (level, n, layout) in [("5", 4, None), ("6", 5, None), ("10", 4, Some("n2"))] {
@@ -622,7 +647,7 @@ fn create_syncs_members_that_hold_data_and_check_finds_planted_mismatches() {
         flip(&ms[1], 7 * CHUNK + 5);
         flip(&ms[2], 7 * CHUNK + 6000);
         flip(&ms[0], 9 * CHUNK + CHUNK - 1);
-        let (code, bad, _) = check(&ms);
+        let (code, bad, _, found) = check_named(&ms);
         let want = if level == "10" { 4 } else { 3 };
         assert_eq!(
             code,
@@ -630,6 +655,40 @@ fn create_syncs_members_that_hold_data_and_check_finds_planted_mismatches() {
             "RAID-{level}: check passed with planted mismatches"
         );
         assert_eq!(bad, want, "RAID-{level}");
+        // Named, by md's placement written out here: left-symmetric puts
+        // P of stripe s on role n-1-(s mod n) and Q on the next role; n2
+        // on four members mirrors array chunk 2r+p on roles 2p, 2p+1 at
+        // row r.
+        let parity = |s: u64| -> Vec<u64> {
+            let n = n as u64;
+            let p = n - 1 - s % n;
+            match level {
+                "5" => vec![p],
+                _ => vec![p, (p + 1) % n],
+            }
+        };
+        let expect: Vec<(u64, u64, Vec<u64>)> = match level {
+            "5" => vec![
+                (3, 3 * CHUNK, parity(3)),
+                (7, 7 * CHUNK, parity(7)),
+                (9, 9 * CHUNK, parity(9)),
+            ],
+            // Stripe 3: role 1 is its P (Q is right); stripe 7: P and Q
+            // both disagree (a data and the P flipped); stripe 9: role 0
+            // is its P.
+            "6" => vec![
+                (3, 3 * CHUNK, vec![parity(3)[0]]),
+                (7, 7 * CHUNK, parity(7)),
+                (9, 9 * CHUNK, vec![parity(9)[0]]),
+            ],
+            _ => vec![
+                (6, 3 * CHUNK, vec![0, 1]),
+                (14, 7 * CHUNK, vec![0, 1]),
+                (15, 7 * CHUNK, vec![2, 3]),
+                (18, 9 * CHUNK, vec![0, 1]),
+            ],
+        };
+        assert_eq!(found, expect, "RAID-{level}: the mismatches named");
         // Without the initial sync, random members disagree nearly everywhere.
         junk();
         head.push("--assume-clean");
