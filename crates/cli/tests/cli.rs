@@ -548,9 +548,11 @@ fn check(ms: &[String]) -> (Option<i32>, u64, u64) {
     (code, bad, checked)
 }
 
-/// `check --json`: (exit code, mismatches, checked, and those named as
-/// (unit, member offset, roles)).
-fn check_named(ms: &[String]) -> (Option<i32>, u64, u64, Vec<(u64, u64, Vec<u64>)>) {
+/// A mismatch `check` names: (unit, member offset, roles).
+type Named = (u64, u64, Vec<u64>);
+
+/// `check --json`: (exit code, mismatches, checked, those named).
+fn check_named(ms: &[String]) -> (Option<i32>, u64, u64, Vec<Named>) {
     let o = common::raidkit(&args(&["check", "--json"], ms));
     let v: Value = serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
@@ -667,7 +669,7 @@ fn create_syncs_members_that_hold_data_and_check_finds_planted_mismatches() {
                 _ => vec![p, (p + 1) % n],
             }
         };
-        let expect: Vec<(u64, u64, Vec<u64>)> = match level {
+        let expect: Vec<Named> = match level {
             "5" => vec![
                 (3, 3 * CHUNK, parity(3)),
                 (7, 7 * CHUNK, parity(7)),
