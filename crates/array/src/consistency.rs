@@ -156,7 +156,7 @@ impl Array {
     fn journal_checkpoint(&self, seq: u64) -> Result<()> {
         self.flush()?;
         let mut meta = self.meta.locked();
-        meta.sb.journal[2] = seq;
+        meta.sb.journal.applied_seq = seq;
         self.write_superblocks(&mut meta)
     }
 
@@ -165,7 +165,7 @@ impl Array {
     pub(crate) fn journal_settle(&self) {
         if let Some(j) = &self.journal {
             let seq = j.quiesce();
-            self.meta.locked().sb.journal[2] = seq;
+            self.meta.locked().sb.journal.applied_seq = seq;
         }
     }
 
@@ -421,7 +421,7 @@ impl Array {
         let j = self.journal.as_ref().expect("journal");
         let (uuid, after) = {
             let meta = self.meta.locked();
-            (meta.sb.array_uuid, meta.sb.journal[2])
+            (meta.sb.array_uuid, meta.sb.journal.applied_seq)
         };
         let v = self.view.load_full();
         let mut records: BTreeMap<u64, Record> = BTreeMap::new();
@@ -505,7 +505,7 @@ impl Array {
         self.flush()?;
         j.advance_to(last);
         let mut meta = self.meta.locked();
-        meta.sb.journal[2] = last;
+        meta.sb.journal.applied_seq = last;
         self.write_superblocks(&mut meta)?;
         drop(meta);
         if count > 0 {

@@ -5,7 +5,8 @@ use crate::engine::Array;
 use crate::error::{Error, Result};
 use crate::spec::{self, Spec};
 use crate::superblock::{
-    data_offset_for, probe, write_superblock, ArrayState, Role, RoleEntry, RoleState, Superblock,
+    data_offset_for, probe, write_superblock, ArrayState, BitmapArea, JournalArea, Role, RoleEntry,
+    RoleState, Superblock,
 };
 use crate::{assemble, bitmap, journal, SB_SIZE};
 use raidkit_layout::{Geometry, Layout, Level};
@@ -75,9 +76,9 @@ impl Policy {
 
     /// The policy a superblock describes.
     pub fn of(sb: &Superblock) -> Policy {
-        if sb.journal[1] > 0 {
+        if sb.journal.size > 0 {
             Policy::Journal
-        } else if sb.bitmap[1] > 0 {
+        } else if sb.bitmap.region > 0 {
             Policy::Bitmap
         } else {
             Policy::None
@@ -273,9 +274,13 @@ pub fn create(
                 end
             )));
         }
-        [start, size, 0]
+        JournalArea {
+            offset: start,
+            size,
+            applied_seq: 0,
+        }
     } else {
-        [0; 3]
+        JournalArea::default()
     };
 
     let missing_roles: Vec<usize> = (0..specs.len())
@@ -374,9 +379,13 @@ pub fn create(
             state: ArrayState::Clean,
             recovery_offset: None,
             bitmap: if bitmap_region > 0 {
-                [bitmap::BITMAP_OFFSET, bitmap_region, 1]
+                BitmapArea {
+                    offset: bitmap::BITMAP_OFFSET,
+                    region: bitmap_region,
+                    events_cleared: 1,
+                }
             } else {
-                [0; 3]
+                BitmapArea::default()
             },
             journal,
             // The initial sync's position: `serve` resumes it if this

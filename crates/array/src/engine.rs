@@ -429,7 +429,7 @@ impl Array {
         let geom = asm.geometry.clone();
         let mut sb = asm.sb.clone();
         let dev_size = geom.member_sizes.iter().copied().max().unwrap_or(0);
-        let bitmap_region = sb.bitmap[1];
+        let bitmap_region = sb.bitmap.region;
         // The bitmap: the union of every fresh member's copy.
         let bitmap = if bitmap_region > 0 && geom.level.has_redundancy() {
             let mut set: Option<RegionSet> = None;
@@ -473,8 +473,8 @@ impl Array {
                             Some(b)
                                 if msb.member_uuid == sb.roles[r].member_uuid
                                     && msb.recovery_offset.is_none()
-                                    && msb.events >= sb.bitmap[2]
-                                    && sb.bitmap[2] > 0 =>
+                                    && msb.events >= sb.bitmap.events_cleared
+                                    && sb.bitmap.events_cleared > 0 =>
                             {
                                 Some(b.snapshot())
                             }
@@ -553,8 +553,14 @@ impl Array {
                 });
             }
         }
-        let journal = (sb.journal[1] > 0 && geom.level.is_parity())
-            .then(|| Journal::new(sb.journal[0], sb.journal[1], geom.members(), sb.journal[2]));
+        let journal = (sb.journal.size > 0 && geom.level.is_parity()).then(|| {
+            Journal::new(
+                sb.journal.offset,
+                sb.journal.size,
+                geom.members(),
+                sb.journal.applied_seq,
+            )
+        });
         let unclean = sb.state == ArrayState::Dirty;
         let resync_from = sb.resync.filter(|_| geom.level.has_redundancy());
         let a = Array {

@@ -14,16 +14,16 @@
 //! ```
 
 pub mod assemble;
-pub mod bitmap;
 mod consistency;
 pub mod create;
 mod engine;
 pub mod error;
-pub mod journal;
 mod manage;
+pub mod metadata;
 mod recovery;
 pub mod spec;
-pub mod superblock;
+// The metadata formats keep their paths (raidkit_array::superblock...).
+pub use metadata::{bitmap, journal, superblock};
 
 pub use assemble::Health;
 pub use engine::{Array, MemberStatus, Mismatch, OpenOptions, DEFAULT_MEMBER_TIMEOUT};

@@ -424,8 +424,8 @@ impl Array {
                     let dirty = match &self.bitmap {
                         Some(b)
                             if msb.recovery_offset.is_none()
-                                && meta.sb.bitmap[2] > 0
-                                && msb.events >= meta.sb.bitmap[2] =>
+                                && meta.sb.bitmap.events_cleared > 0
+                                && msb.events >= meta.sb.bitmap.events_cleared =>
                         {
                             Some(b.snapshot())
                         }

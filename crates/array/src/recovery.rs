@@ -965,7 +965,7 @@ impl Array {
             b.clear_idle(&members, || {
                 // The event count this update records (write_superblocks
                 // raises it): a member copy from before it is older.
-                meta.sb.bitmap[2] = meta.sb.events + 1;
+                meta.sb.bitmap.events_cleared = meta.sb.events + 1;
                 let _ = self.write_superblocks(&mut meta);
             })
         };

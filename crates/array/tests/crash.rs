@@ -277,7 +277,8 @@ fn applied_seq(img: &[u8]) -> u64 {
     raidkit_array::superblock::read_superblock(&m)
         .unwrap()
         .sb
-        .journal[2]
+        .journal
+        .applied_seq
 }
 
 #[test]

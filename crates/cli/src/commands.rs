@@ -237,10 +237,10 @@ fn cmd_examine(a: ExamineArgs) -> Result<()> {
                 "ctime": sb.ctime,
                 "utime": sb.utime,
                 "recovery_offset": sb.recovery_offset,
-                "bitmap": (sb.bitmap[1] > 0).then(|| json!({
-                    "offset": sb.bitmap[0],
-                    "region": sb.bitmap[1],
-                    "events_cleared": sb.bitmap[2],
+                "bitmap": (sb.bitmap.region > 0).then(|| json!({
+                    "offset": sb.bitmap.offset,
+                    "region": sb.bitmap.region,
+                    "events_cleared": sb.bitmap.events_cleared,
                 })),
                 "superblock_copies_valid": r.copies_valid,
                 "roles": roles,

@@ -148,14 +148,37 @@ pub struct Superblock {
     pub array_size: u64,
     pub state: ArrayState,
     pub recovery_offset: Option<u64>,
-    pub bitmap: [u64; 3],
-    /// Journal: offset, size (0: no journal), sequence number of the last
-    /// record known applied in place (replay starts after it).
-    pub journal: [u64; 3],
+    pub bitmap: BitmapArea,
+    pub journal: JournalArea,
     /// A resync still to finish: units (stripes of parity levels, chunks
     /// of mirrors) from this one on have redundancy never made consistent.
     pub resync: Option<u64>,
     pub roles: Vec<RoleEntry>,
+}
+
+/// Where the write-intent bitmap lies on each member, and what it covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BitmapArea {
+    /// Byte offset on the member.
+    pub offset: u64,
+    /// Bytes of the member's data area one bit covers; 0: no bitmap.
+    pub region: u64,
+    /// The event count when bits were last cleared: a member that left
+    /// before it missed writes the bitmap no longer shows, and needs a
+    /// full rebuild rather than a resync of the marked regions.
+    pub events_cleared: u64,
+}
+
+/// Where the journal lies on each member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct JournalArea {
+    /// Byte offset on the member.
+    pub offset: u64,
+    /// Bytes; 0: no journal.
+    pub size: u64,
+    /// Sequence number of the last record known applied in place (replay
+    /// starts after it).
+    pub applied_seq: u64,
 }
 
 /// Flag bit: `resync` holds a pending resync's position.
@@ -227,12 +250,12 @@ impl Superblock {
         put_u64(&mut b, 192, self.array_size);
         put_u32(&mut b, 200, (self.state == ArrayState::Dirty) as u32);
         put_u64(&mut b, 208, self.recovery_offset.unwrap_or(u64::MAX));
-        for (i, v) in self.bitmap.iter().enumerate() {
-            put_u64(&mut b, 216 + 8 * i, *v);
-        }
-        for (i, v) in self.journal.iter().enumerate() {
-            put_u64(&mut b, 240 + 8 * i, *v);
-        }
+        put_u64(&mut b, 216, self.bitmap.offset);
+        put_u64(&mut b, 224, self.bitmap.region);
+        put_u64(&mut b, 232, self.bitmap.events_cleared);
+        put_u64(&mut b, 240, self.journal.offset);
+        put_u64(&mut b, 248, self.journal.size);
+        put_u64(&mut b, 256, self.journal.applied_seq);
         if let Some(at) = self.resync {
             put_u32(&mut b, 20, FLAG_RESYNC);
             put_u64(&mut b, 264, at);
@@ -319,8 +342,16 @@ impl Superblock {
                 ArrayState::Clean
             },
             recovery_offset: (rec != u64::MAX).then_some(rec),
-            bitmap: [get_u64(b, 216), get_u64(b, 224), get_u64(b, 232)],
-            journal: [get_u64(b, 240), get_u64(b, 248), get_u64(b, 256)],
+            bitmap: BitmapArea {
+                offset: get_u64(b, 216),
+                region: get_u64(b, 224),
+                events_cleared: get_u64(b, 232),
+            },
+            journal: JournalArea {
+                offset: get_u64(b, 240),
+                size: get_u64(b, 248),
+                applied_seq: get_u64(b, 256),
+            },
             resync: (get_u32(b, 20) & FLAG_RESYNC != 0).then(|| get_u64(b, 264)),
             roles,
         }))
@@ -442,8 +473,12 @@ mod tests {
             array_size: 30 << 20,
             state: ArrayState::Dirty,
             recovery_offset: Some(4096),
-            bitmap: [16384, 4096, 64 << 20],
-            journal: [0, 0, 0],
+            bitmap: BitmapArea {
+                offset: 16384,
+                region: 4096,
+                events_cleared: 64 << 20,
+            },
+            journal: JournalArea::default(),
             resync: Some(77),
             roles: (0..4)
                 .map(|i| RoleEntry {

@@ -1,0 +1,8 @@
+//! What an array records on its members besides data: the superblock
+//! (identity, geometry, state, roles), the write-intent bitmap and the
+//! journal. Each file owns its on-disk format and nothing else; the engine
+//! decides when they are written.
+
+pub mod bitmap;
+pub mod journal;
+pub mod superblock;
