@@ -3,7 +3,6 @@
 
 use crate::engine::Array;
 use crate::error::{Error, Result};
-use crate::spec::{self, Spec};
 use crate::superblock::{
     data_offset_for, probe, write_superblock, ArrayState, BitmapArea, JournalArea, Role, RoleEntry,
     RoleState, Superblock,
@@ -11,7 +10,6 @@ use crate::superblock::{
 use crate::{assemble, bitmap, journal, SB_SIZE};
 use raidkit_layout::{Geometry, Layout, Level};
 use raidkit_member::{FileMember, Member};
-use std::path::Path;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -34,7 +32,7 @@ pub struct CreateOptions {
     /// What keeps redundancy consistent across crashes (see [`Policy`]).
     pub policy: Policy,
     /// Hot spares.
-    pub spares: Vec<Spec>,
+    pub spares: Vec<CreateMember>,
 }
 
 /// How redundancy is kept consistent across crashes, as md's
@@ -98,21 +96,35 @@ pub struct CreateReport {
 /// Name length the superblock holds.
 pub const MAX_NAME: usize = 64;
 
-enum Prepared {
+/// A member of an array to be created, as the caller found it (opening
+/// members is the caller's: see the raidkit-open crate).
+#[derive(Clone)]
+pub enum CreateMember {
+    /// Opened, to be checked blank (unless forced) and written.
     Existing(Arc<dyn Member>),
+    /// A file that does not exist yet: created of `--size`.
     New(String),
     /// `missing`: the role is created empty, as mdadm's (the array starts
     /// degraded; `add` fills it).
     Missing,
 }
 
+impl std::fmt::Debug for CreateMember {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&prepared_name(self))
+    }
+}
+
+use CreateMember as Prepared;
+
 /// The member name that stands for an absent member, as in mdadm.
 pub const MISSING: &str = "missing";
 
-/// Create an array over `specs`. Nothing is written until every member has
-/// been checked; `progress(done, total)` reports the initial sync.
+/// Create an array over `members` (in role order) with `opts.spares`.
+/// Nothing is written until every member has been checked;
+/// `progress(done, total)` reports the initial sync.
 pub fn create(
-    specs: &[Spec],
+    members: Vec<CreateMember>,
     opts: &CreateOptions,
     progress: impl FnMut(u64, u64),
 ) -> Result<CreateReport> {
@@ -122,8 +134,7 @@ pub fn create(
             opts.name.len()
         )));
     }
-    let all: Vec<Spec> = specs.iter().chain(&opts.spares).cloned().collect();
-    check_distinct(&all)?;
+    let n_roles = members.len();
     if opts.bitmap_region != 0 && !opts.bitmap_region.is_power_of_two() {
         return Err(Error::Invalid(format!(
             "bitmap region {} is not a power of two",
@@ -136,28 +147,19 @@ pub fn create(
             opts.level
         )));
     }
-    let mut prepared = Vec::with_capacity(all.len());
-    for (i, s) in all.iter().enumerate() {
-        if i < specs.len() && s.path() == Some(MISSING) {
-            prepared.push(Prepared::Missing);
-            continue;
-        }
-        let exists = match s {
-            Spec::File(p) => Path::new(p).exists(),
-            Spec::Array(_) | Spec::Fault(..) | Spec::Sim(..) => true,
-        };
-        if exists {
-            let m = spec::open(s, false)?;
-            check_blank(m.as_ref(), opts.force)?;
-            prepared.push(Prepared::Existing(m));
-        } else {
-            let path = s.path().expect("arrays exist").to_string();
-            if opts.size.is_none() {
+    let prepared: Vec<Prepared> = members.into_iter().chain(opts.spares.clone()).collect();
+    for (i, p) in prepared.iter().enumerate() {
+        match p {
+            Prepared::Existing(m) => check_blank(m.as_ref(), opts.force)?,
+            Prepared::New(path) if opts.size.is_none() => {
                 return Err(Error::Invalid(format!(
                     "{path} does not exist; give --size to create it"
-                )));
+                )))
             }
-            prepared.push(Prepared::New(path));
+            Prepared::Missing if i >= n_roles => {
+                return Err(Error::Invalid("a spare cannot be 'missing'".into()))
+            }
+            Prepared::New(_) | Prepared::Missing => {}
         }
     }
 
@@ -186,15 +188,15 @@ pub fn create(
         .filter(|p| matches!(p, Prepared::Missing))
         .count();
     if n_missing > 0 {
-        if n_missing == specs.len() {
+        if n_missing == n_roles {
             return Err(Error::Invalid("every member is 'missing'".into()));
         }
-        let like = (0..specs.len())
+        let like = (0..n_roles)
             .filter(|&i| !matches!(prepared[i], Prepared::Missing))
             .map(|i| sizes[i])
             .max()
             .unwrap_or(0);
-        for i in 0..specs.len() {
+        for i in 0..n_roles {
             if matches!(prepared[i], Prepared::Missing) && sizes[i] == 0 {
                 sizes[i] = like;
             }
@@ -210,7 +212,7 @@ pub fn create(
             )));
         }
     }
-    let n = specs.len();
+    let n = n_roles;
     if opts.level != Level::Linear && sizes[..n].iter().any(|&s| s != sizes[0]) {
         let list = prepared
             .iter()
@@ -283,7 +285,7 @@ pub fn create(
         JournalArea::default()
     };
 
-    let missing_roles: Vec<usize> = (0..specs.len())
+    let missing_roles: Vec<usize> = (0..n_roles)
         .filter(|&i| matches!(prepared[i], Prepared::Missing))
         .collect();
     if !missing_roles.is_empty() && !geom.survives(&missing_roles) {
@@ -423,30 +425,6 @@ fn prepared_name(p: &Prepared) -> String {
         Prepared::New(path) => path.clone(),
         Prepared::Missing => MISSING.to_string(),
     }
-}
-
-/// The same file named twice (directly, through a link, or inside a nested spec).
-fn check_distinct(specs: &[Spec]) -> Result<()> {
-    let all: Vec<&str> = specs
-        .iter()
-        .flat_map(|s| s.files())
-        .filter(|&f| f != MISSING)
-        .collect();
-    let mut seen: Vec<(String, Option<(u64, u64)>)> = Vec::new();
-    for p in all {
-        use std::os::unix::fs::MetadataExt;
-        let id = std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-        if let Some((first, _)) = seen
-            .iter()
-            .find(|(q, qid)| q == p || (id.is_some() && *qid == id))
-        {
-            return Err(Error::Invalid(format!(
-                "{p} is given more than once (also as {first})"
-            )));
-        }
-        seen.push((p.to_string(), id));
-    }
-    Ok(())
 }
 
 /// Refuse, unless forced, a member that belongs to an array or holds data.

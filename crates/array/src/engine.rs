@@ -2189,8 +2189,8 @@ impl Member for Array {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::create::{create, CreateOptions, Policy};
-    use crate::spec::{self, Spec};
+    use crate::create::{create, CreateMember, CreateOptions, Policy};
+    use raidkit_member::FileMember;
     use std::cell::RefCell;
 
     thread_local! {
@@ -2280,7 +2280,8 @@ mod tests {
                 .unwrap()
                 .set_len(std::fs::metadata(&members[0]).unwrap().len())
                 .unwrap();
-            a.add_member(&fresh, false).unwrap();
+            a.add_member(Arc::new(FileMember::open(&fresh, false).unwrap()), false)
+                .unwrap();
             a.recover_all().unwrap();
             assert_eq!(a.health(), Health::Optimal);
             go_tx.send(()).unwrap();
@@ -2324,9 +2325,16 @@ mod tests {
             policy,
             spares: Vec::new(),
         };
-        let specs: Vec<Spec> = members.iter().map(|m| Spec::File(m.clone())).collect();
-        create(&specs, &opts, |_, _| {}).unwrap();
-        let asm = crate::assemble::assemble(spec::open_all(&specs, false).unwrap()).unwrap();
+        let new: Vec<CreateMember> = members
+            .iter()
+            .map(|m| CreateMember::New(m.clone()))
+            .collect();
+        create(new, &opts, |_, _| {}).unwrap();
+        let opened: Vec<Arc<dyn Member>> = members
+            .iter()
+            .map(|m| Arc::new(FileMember::open(m, false).unwrap()) as Arc<dyn Member>)
+            .collect();
+        let asm = crate::assemble::assemble(opened).unwrap();
         let a = Array::open(asm, "r", false).unwrap();
         let model: Vec<u8> = (0..a.capacity()).map(|i| (i * 131 % 251) as u8).collect();
         a.write(&model, 0).unwrap();

@@ -3,12 +3,17 @@
 //! and writes through the members at every level, degraded where the level
 //! allows.
 //!
+//! Members are opened by the caller (the raidkit-open crate turns what a
+//! user types into members):
+//!
 //! ```no_run
-//! use raidkit_array::{spec::{self, Spec}, assemble::assemble, Array};
-//! let specs: Vec<Spec> = ["d0.img", "d1.img", "d2.img"].iter()
-//!     .map(|s| Spec::parse(s).unwrap()).collect();
-//! let array = Array::open(assemble(spec::open_all(&specs, false).unwrap()).unwrap(),
-//!                         "demo", false).unwrap();
+//! use raidkit_array::{assemble::assemble, Array};
+//! use raidkit_member::{FileMember, Member};
+//! use std::sync::Arc;
+//! let members: Vec<Arc<dyn Member>> = ["d0.img", "d1.img", "d2.img"].iter()
+//!     .map(|p| Arc::new(FileMember::open(p, false).unwrap()) as Arc<dyn Member>)
+//!     .collect();
+//! let array = Array::open(assemble(members).unwrap(), "demo", false).unwrap();
 //! array.write(b"hello", 0).unwrap();
 //! array.close().unwrap();
 //! ```
@@ -21,7 +26,6 @@ pub mod error;
 mod manage;
 pub mod metadata;
 mod recovery;
-pub mod spec;
 // The metadata formats keep their paths (raidkit_array::superblock...).
 pub use metadata::{bitmap, journal, superblock};
 

@@ -6,7 +6,6 @@
 use crate::assemble::Absence;
 use crate::engine::{Array, Disk, Meta, SyncState, View};
 use crate::error::{Error, Result};
-use crate::spec::{self, Spec};
 use crate::superblock::{
     data_offset_for, probe, write_superblock, Role, RoleState, Superblock, SB_SIZE,
 };
@@ -338,31 +337,41 @@ impl Array {
         Ok(())
     }
 
-    /// Open a member to be added: checked (not in service, big enough,
-    /// blank or ours unless `force`), with its superblock if it has ours.
-    fn prepare(
-        &self,
-        meta: &Meta,
-        v: &View,
-        spec_text: &str,
-        force: bool,
-    ) -> Result<(Arc<dyn Member>, Option<Superblock>)> {
-        let s = Spec::parse(spec_text)?;
+    /// Refuse a member the array already has in service, named as the
+    /// user named it (`spec_text`) or by its file (`path`): to be asked
+    /// before opening it (opening a member in service fails on its lock,
+    /// with a less helpful message).
+    pub fn check_not_in_service(&self, spec_text: &str, path: Option<&str>) -> Result<()> {
+        Self::not_in_service(&self.view.load(), spec_text, path)
+    }
+
+    fn not_in_service(v: &View, spec_text: &str, path: Option<&str>) -> Result<()> {
         let in_service = v
             .writable()
             .iter()
             .chain(&v.spares)
             .chain(v.failed.iter().map(|f| &f.0))
             .any(|d| {
-                same_member(d.name(), spec_text)
-                    || s.path().is_some_and(|p| same_member(d.name(), p))
+                same_member(d.name(), spec_text) || path.is_some_and(|p| same_member(d.name(), p))
             });
         if in_service {
             return Err(Error::Invalid(format!(
                 "{spec_text} is already in the array (a failed member must be removed first: raidkit remove)"
             )));
         }
-        let m = spec::open(&s, false)?;
+        Ok(())
+    }
+
+    /// Check a member to be added (not in service, big enough, blank or
+    /// ours unless `force`), with its superblock if it has ours.
+    fn prepare(
+        &self,
+        meta: &Meta,
+        v: &View,
+        m: Arc<dyn Member>,
+        force: bool,
+    ) -> Result<(Arc<dyn Member>, Option<Superblock>)> {
+        Self::not_in_service(v, m.name(), None)?;
         let sb = &meta.sb;
         let ours = match probe(m.as_ref())? {
             Some(Ok(msb)) if msb.array_uuid == sb.array_uuid => Some(msb),
@@ -402,10 +411,10 @@ impl Array {
         write_superblock(m, sb)
     }
 
-    /// Add a member: it takes the place of a missing one (and is rebuilt,
-    /// only where the bitmap says if it is that member coming back), or
-    /// becomes a spare.
-    pub fn add_member(&self, spec_text: &str, force: bool) -> Result<Added> {
+    /// Add a member (opened by the caller: see the raidkit-open crate): it
+    /// takes the place of a missing one (and is rebuilt, only where the
+    /// bitmap says if it is that member coming back), or becomes a spare.
+    pub fn add_member(&self, m: Arc<dyn Member>, force: bool) -> Result<Added> {
         self.check_writable()?;
         if !self.alive.load(Ordering::Acquire) {
             return Err(Error::Invalid(
@@ -414,7 +423,7 @@ impl Array {
         }
         let mut meta = self.meta.locked();
         let mut v = View::clone(&self.view.load());
-        let (m, ours) = self.prepare(&meta, &v, spec_text, force)?;
+        let (m, ours) = self.prepare(&meta, &v, m, force)?;
         let open_role = (0..v.roles.len()).find(|&r| v.roles[r].disk.is_none());
         // The same member coming back to its role.
         if let Some(msb) = &ours {
@@ -463,13 +472,15 @@ impl Array {
         Ok(added)
     }
 
-    /// Rebuild `who`'s contents onto a new member while `who` stays in
-    /// service; when done the new member takes the role.
-    pub fn replace_member(&self, who: &str, with: &str, force: bool) -> Result<usize> {
+    /// Whether `who` could be replaced now: the role it serves in. To be
+    /// asked before opening the new member.
+    pub fn check_replaceable(&self, who: &str) -> Result<usize> {
         self.check_writable()?;
-        let meta = self.meta.locked();
-        let mut v = View::clone(&self.view.load());
-        let r = match self.find(&v, who)? {
+        self.replaceable(&self.view.load(), who)
+    }
+
+    fn replaceable(&self, v: &View, who: &str) -> Result<usize> {
+        let r = match self.find(v, who)? {
             Place::Role(r) => r,
             _ => {
                 return Err(Error::Invalid(format!(
@@ -482,6 +493,17 @@ impl Array {
                 "role {r} is already being rebuilt; wait for it (raidkit wait)"
             )));
         }
+        Ok(r)
+    }
+
+    /// Rebuild `who`'s contents onto a new member (opened by the caller)
+    /// while `who` stays in service; when done the new member takes the
+    /// role.
+    pub fn replace_member(&self, who: &str, with: Arc<dyn Member>, force: bool) -> Result<usize> {
+        self.check_writable()?;
+        let meta = self.meta.locked();
+        let mut v = View::clone(&self.view.load());
+        let r = self.replaceable(&v, who)?;
         let (m, _) = self.prepare(&meta, &v, with, force)?;
         let mut sb = self.new_member_sb(&meta, m.as_ref());
         self.init_member(m.as_ref(), &mut sb)?;

@@ -13,11 +13,11 @@
 //! must find the write hole: that is what the journal is for.
 
 use raidkit_array::assemble::assemble;
-use raidkit_array::create::{create, CreateOptions, Policy};
-use raidkit_array::spec::Spec;
+use raidkit_array::create::{CreateOptions, Policy};
 use raidkit_array::{Array, OpenOptions};
 use raidkit_layout::Level;
 use raidkit_member::{CutRng, Member, PowerCutMember};
+use raidkit_open::spec::Spec;
 use std::sync::Arc;
 
 const CHUNK: u64 = 16 << 10;
@@ -43,7 +43,7 @@ fn template(level: Level, n: usize, policy: Policy) -> Vec<Vec<u8>> {
         spares: Vec::new(),
     };
     let specs: Vec<Spec> = paths.iter().map(|p| Spec::File(p.clone())).collect();
-    create(&specs, &opts, |_, _| {}).unwrap();
+    raidkit_open::create(&specs, &[], &opts, |_, _| {}).unwrap();
     paths.iter().map(|p| std::fs::read(p).unwrap()).collect()
 }
 

@@ -4,12 +4,12 @@
 //! every member (and for RAID-6 every pair) missing.
 
 use raidkit_array::assemble::{assemble, Absence};
-use raidkit_array::create::{create, CreateOptions};
-use raidkit_array::spec::{self, Spec};
+use raidkit_array::create::CreateOptions;
 use raidkit_array::superblock::read_superblock;
 use raidkit_array::{Array, Error};
 use raidkit_layout::{Layout, Level, ParityLayout};
 use raidkit_member::{FileMember, Member};
+use raidkit_open::spec::{self, Spec};
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -80,7 +80,7 @@ fn make(level: Level, layout: Layout, paths: &[PathBuf]) {
         policy: raidkit_array::create::Policy::None,
         spares: Vec::new(),
     };
-    create(&specs(paths), &opts, |_, _| {}).unwrap();
+    raidkit_open::create(&specs(paths), &[], &opts, |_, _| {}).unwrap();
 }
 
 /// The members with the roles in `gone` left out.
@@ -420,7 +420,7 @@ fn raid50_nests_arrays_as_members() {
             policy: raidkit_array::create::Policy::None,
             spares: Vec::new(),
         };
-        create(&specs(ps), &opts, |_, _| {}).unwrap();
+        raidkit_open::create(&specs(ps), &[], &opts, |_, _| {}).unwrap();
     }
     let outer = vec![Spec::Array(specs(&a_paths)), Spec::Array(specs(&b_paths))];
     let opts = CreateOptions {
@@ -435,7 +435,7 @@ fn raid50_nests_arrays_as_members() {
         policy: raidkit_array::create::Policy::None,
         spares: Vec::new(),
     };
-    create(&outer, &opts, |_, _| {}).unwrap();
+    raidkit_open::create(&outer, &[], &opts, |_, _| {}).unwrap();
     let top = Spec::Array(outer.clone());
     let arr = spec::open_array(&top, false).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(50);
@@ -503,7 +503,7 @@ fn full_stripe_writes_with_large_chunks() {
             policy: raidkit_array::create::Policy::None,
             spares: Vec::new(),
         };
-        create(&specs(&ps), &opts, |_, _| {}).unwrap();
+        raidkit_open::create(&specs(&ps), &[], &opts, |_, _| {}).unwrap();
         let a = open(&without(&ps, &[])).unwrap();
         let stripe = a.geometry().data_members() as u64 * chunk;
         let mut model = vec![0u8; a.capacity() as usize];

@@ -4,10 +4,10 @@
 //! and redundancy against the slow reference code.
 
 use raidkit_array::assemble::assemble;
-use raidkit_array::create::{create, CreateOptions};
-use raidkit_array::spec::{self, Spec};
+use raidkit_array::create::CreateOptions;
 use raidkit_array::{Added, Array, Health, OpenOptions};
 use raidkit_layout::Level;
+use raidkit_open::spec::{self, Spec};
 use rand::{Rng, SeedableRng};
 use std::path::Path;
 
@@ -40,12 +40,13 @@ fn make(dir: &Path, level: Level, n: usize, spares: usize) -> Vec<String> {
         assume_clean: false,
         bitmap_region: REGION,
         policy: raidkit_array::create::Policy::Bitmap,
-        spares: (0..spares)
-            .map(|i| Spec::File(path(dir, &format!("s{i}.img"))))
-            .collect(),
+        spares: Vec::new(),
     };
+    let spares: Vec<Spec> = (0..spares)
+        .map(|i| Spec::File(path(dir, &format!("s{i}.img"))))
+        .collect();
     let specs: Vec<Spec> = members.iter().map(|m| Spec::File(m.clone())).collect();
-    create(&specs, &opts, |_, _| {}).unwrap();
+    raidkit_open::create(&specs, &spares, &opts, |_, _| {}).unwrap();
     members
 }
 
@@ -150,7 +151,7 @@ fn raid6_fail_spare_rebuild_fail_again_add_rebuild() {
         .set_len(MEMBER)
         .unwrap();
     assert_eq!(
-        a.add_member(&fresh, false).unwrap(),
+        raidkit_open::add_member(&a, &fresh, false).unwrap(),
         Added::Role {
             role: 3,
             resync: false
@@ -187,12 +188,13 @@ fn refusals_are_clear() {
     a.fail_member(&members[0], false).unwrap();
     let e = a.fail_member(&members[1], false).unwrap_err().to_string();
     assert!(e.contains("--force"), "{e}");
-    let e = a.add_member(&members[0], false).unwrap_err().to_string();
+    let e = raidkit_open::add_member(&a, &members[0], false)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("remove"), "{e}");
     let e = a.fail_member("9", false).unwrap_err().to_string();
     assert!(e.contains("no role 9"), "{e}");
-    let e = a
-        .add_member(&path(d.path(), "nope.img"), false)
+    let e = raidkit_open::add_member(&a, &path(d.path(), "nope.img"), false)
         .unwrap_err()
         .to_string();
     assert!(e.contains("nope.img"), "{e}");
@@ -202,11 +204,15 @@ fn refusals_are_clear() {
         .unwrap()
         .set_len(1 << 20)
         .unwrap();
-    let e = a.add_member(&small, false).unwrap_err().to_string();
+    let e = raidkit_open::add_member(&a, &small, false)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("too small"), "{e}");
     let full = path(d.path(), "full.img");
     std::fs::write(&full, vec![7u8; MEMBER as usize]).unwrap();
-    let e = a.add_member(&full, false).unwrap_err().to_string();
+    let e = raidkit_open::add_member(&a, &full, false)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("holds data"), "{e}");
     done(a);
 }
@@ -226,7 +232,7 @@ fn readd_resyncs_only_regions_written_while_away() {
     // A few writes in the first 256 KiB of the array only.
     scribble(&a, &mut model, 5, 20, 256 << 10);
     assert_eq!(
-        a.add_member(&members[2], false).unwrap(),
+        raidkit_open::add_member(&a, &members[2], false).unwrap(),
         Added::Role {
             role: 2,
             resync: true
@@ -433,7 +439,10 @@ fn replace_copies_a_member_while_it_serves() {
         .unwrap()
         .set_len(MEMBER)
         .unwrap();
-    assert_eq!(a.replace_member(&members[2], &new, false).unwrap(), 2);
+    assert_eq!(
+        raidkit_open::replace_member(&a, &members[2], &new, false).unwrap(),
+        2
+    );
     assert_eq!(a.health(), Health::Optimal);
     scribble(&a, &mut model, 13, 30, a.capacity());
     a.recover_all().unwrap();

@@ -5,10 +5,10 @@
 use crate::cli::BenchEngineArgs;
 use anyhow::{bail, Context, Result};
 use raidkit_array::assemble::assemble;
-use raidkit_array::create::{create, CreateOptions};
-use raidkit_array::spec::{self, Spec};
+use raidkit_array::create::CreateOptions;
 use raidkit_array::Array;
 use raidkit_layout::Level;
+use raidkit_open::spec::{self, Spec};
 use std::time::{Duration, Instant};
 
 struct Bench {
@@ -43,7 +43,8 @@ fn build(a: &BenchEngineArgs, level: Level, tag: &str) -> Result<(Bench, Vec<Str
         policy: raidkit_array::create::Policy::parse(&a.policy)?,
         spares: Vec::new(),
     };
-    create(&specs, &opts, |_, _| {}).with_context(|| format!("creating the {level} array"))?;
+    raidkit_open::create(&specs, &[], &opts, |_, _| {})
+        .with_context(|| format!("creating the {level} array"))?;
     let array = Array::open(assemble(spec::open_all(&specs, false)?)?, tag, false)?;
     let data = array.geometry().data_members() as u64;
     Ok((

@@ -4,11 +4,11 @@ use crate::cli::{Cli, Command, CreateArgs, DetailArgs, ExamineArgs, ReadArgs, Wr
 use crate::units::human;
 use anyhow::{bail, Context, Result};
 use raidkit_array::assemble::{assemble, Absence, Assembly};
-use raidkit_array::create::{create, CreateOptions};
-use raidkit_array::spec::{self, Spec};
+use raidkit_array::create::CreateOptions;
 use raidkit_array::superblock::{read_superblock, Role, Superblock};
 use raidkit_array::Array;
 use raidkit_layout::{Layout, Level};
+use raidkit_open::spec::{self, Spec};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 
@@ -71,14 +71,15 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
             Some(p) => raidkit_array::create::Policy::parse(p)?,
             None => raidkit_array::create::Policy::Journal,
         },
-        spares: a
-            .spare
-            .iter()
-            .map(|s| Spec::parse(s))
-            .collect::<raidkit_array::Result<_>>()?,
+        spares: Vec::new(),
     };
+    let spares = a
+        .spare
+        .iter()
+        .map(|s| Spec::parse(s))
+        .collect::<raidkit_array::Result<Vec<_>>>()?;
     let mut last_pct = u64::MAX;
-    let report = create(&specs, &opts, |done, total| {
+    let report = raidkit_open::create(&specs, &spares, &opts, |done, total| {
         let pct = done * 100 / total.max(1);
         if pct != last_pct && pct % 10 == 0 {
             eprintln!("raidkit: initial sync {pct}%");

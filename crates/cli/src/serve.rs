@@ -207,8 +207,7 @@ fn control_handler(
                 .remove_member(&text("member")?)
                 .map(|m| one("member", json!(m)))
                 .map_err(|e| e.to_string()),
-            "add" => array
-                .add_member(&text("member")?, flag("force"))
+            "add" => raidkit_open::add_member(&array, &text("member")?, flag("force"))
                 .map(|added| match added {
                     raidkit_array::Added::Role { role, resync } => {
                         let mut m = one("role", json!(role));
@@ -218,8 +217,9 @@ fn control_handler(
                     raidkit_array::Added::Spare => one("as", json!("spare")),
                 })
                 .map_err(|e| e.to_string()),
-            "replace" => array
-                .replace_member(&text("member")?, &text("with")?, flag("force"))
+            "replace" => {
+                raidkit_open::replace_member(&array, &text("member")?, &text("with")?, flag("force"))
+            }
                 .map(|r| one("role", json!(r)))
                 .map_err(|e| e.to_string()),
             "speed" => {

@@ -7,11 +7,11 @@
 use crate::cli::SweepArgs;
 use anyhow::{bail, Context, Result};
 use raidkit_array::assemble::assemble;
-use raidkit_array::create::{create, CreateOptions, Policy};
-use raidkit_array::spec::{self, Spec};
+use raidkit_array::create::{CreateOptions, Policy};
 use raidkit_array::Array;
 use raidkit_layout::Level;
 use raidkit_member::SimConfig;
+use raidkit_open::spec::{self, Spec};
 use serde_json::json;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -124,7 +124,8 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
                     spares: Vec::new(),
                 };
                 let files: Vec<Spec> = paths.iter().map(|p| Spec::File(p.clone())).collect();
-                create(&files, &opts, |_, _| {}).context("creating the array")?;
+                raidkit_open::create(&files, &[], &opts, |_, _| {})
+                    .context("creating the array")?;
                 let sims: Vec<Spec> = files
                     .into_iter()
                     .map(|f| Spec::Sim(Box::new(f), disk, a.disk.clone()))

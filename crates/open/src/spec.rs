@@ -9,9 +9,8 @@
 //! - `sim:SPEC?TIMING`: SPEC with a simulated disk's timing (see
 //!   [`raidkit_member::sim`]), e.g. `sim:d0.img?bw=150M&seek=8ms`.
 
-use crate::assemble::assemble;
-use crate::engine::Array;
-use crate::error::{Error, Result};
+use raidkit_array::assemble::assemble;
+use raidkit_array::{Array, Error, Result};
 use raidkit_member::{FaultConfig, FaultMember, FileMember, Member, SimConfig, SimDisk};
 use std::sync::Arc;
 

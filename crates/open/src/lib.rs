@@ -1,0 +1,95 @@
+//! Opening members from what a user types: files and block devices,
+//! nested arrays (`array[...]`), fault injection (`fault:`) and simulated
+//! disks (`sim:`). The engine (raidkit-array) takes members already opened;
+//! this crate is the one place that turns names into members, so that a new
+//! kind of member (a remote one, say) is added here and nowhere else.
+
+pub mod spec;
+
+pub use spec::{open, open_all, open_array, Spec};
+
+use raidkit_array::create::{CreateMember, CreateOptions, CreateReport, MISSING};
+use raidkit_array::{Added, Array, Error, Result};
+use std::path::Path;
+
+/// What `create` is to do with a member a user named: open it if it
+/// exists (a file, a device, a nested array...), create it if it is a file
+/// that does not, or leave its role empty for `missing`.
+pub fn create_member(spec: &Spec, is_role: bool) -> Result<CreateMember> {
+    if is_role && spec.path() == Some(MISSING) {
+        return Ok(CreateMember::Missing);
+    }
+    match spec {
+        Spec::File(p) if !Path::new(p).exists() => Ok(CreateMember::New(p.clone())),
+        _ => Ok(CreateMember::Existing(open(spec, false)?)),
+    }
+}
+
+/// Create an array over the members `specs` names (in role order) and the
+/// spares `spares` names: every name is checked distinct, and every
+/// member opened and checked before anything is written.
+pub fn create(
+    specs: &[Spec],
+    spares: &[Spec],
+    opts: &CreateOptions,
+    progress: impl FnMut(u64, u64),
+) -> Result<CreateReport> {
+    let all: Vec<Spec> = specs.iter().chain(spares).cloned().collect();
+    check_distinct(&all)?;
+    let members = specs
+        .iter()
+        .map(|s| create_member(s, true))
+        .collect::<Result<Vec<_>>>()?;
+    let spares = spares
+        .iter()
+        .map(|s| create_member(s, false))
+        .collect::<Result<Vec<_>>>()?;
+    let opts = CreateOptions {
+        spares,
+        ..opts.clone()
+    };
+    raidkit_array::create::create(members, &opts, progress)
+}
+
+/// Add the member `spec_text` names to a running array (see
+/// `Array::add_member`): refused before it is opened if the array already
+/// has it in service.
+pub fn add_member(array: &Array, spec_text: &str, force: bool) -> Result<Added> {
+    let s = Spec::parse(spec_text)?;
+    array.check_not_in_service(spec_text, s.path())?;
+    array.add_member(open(&s, false)?, force)
+}
+
+/// Rebuild `who` onto the member `with_text` names (see
+/// `Array::replace_member`); what can be refused is refused before the new
+/// member is opened.
+pub fn replace_member(array: &Array, who: &str, with_text: &str, force: bool) -> Result<usize> {
+    array.check_replaceable(who)?;
+    let s = Spec::parse(with_text)?;
+    array.check_not_in_service(with_text, s.path())?;
+    array.replace_member(who, open(&s, false)?, force)
+}
+
+/// The same file named twice (directly, through a link, or inside a nested spec).
+fn check_distinct(specs: &[Spec]) -> Result<()> {
+    let all: Vec<&str> = specs
+        .iter()
+        .flat_map(|s| s.files())
+        .filter(|&f| f != MISSING)
+        .collect();
+    let mut seen: Vec<(String, Option<(u64, u64)>)> = Vec::new();
+    for p in all {
+        use std::os::unix::fs::MetadataExt;
+        let id = std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+        if let Some((first, _)) = seen
+            .iter()
+            .find(|(q, qid)| q == p || (id.is_some() && *qid == id))
+        {
+            return Err(Error::Invalid(format!(
+                "{p} is given more than once (also as {first})"
+            )));
+        }
+        seen.push((p.to_string(), id));
+    }
+    Ok(())
+}
