@@ -15,6 +15,7 @@ use crate::bitmap::{Bitmap, RegionSet};
 use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::recovery::Recovery;
+use crate::seams;
 use crate::superblock::{ArrayState, RoleState, Superblock};
 use arc_swap::ArcSwap;
 use raidkit_layout::{Geometry, Level, Piece, StripeMap};
@@ -857,7 +858,6 @@ impl Array {
         self.view.load_full()
     }
 
-    /// Whether `role` has a member that takes writes.
     /// Every role served by its own member, in sync, nothing being
     /// replaced: full-stripe updates may then log their intent only.
     fn whole(v: &View) -> bool {
@@ -866,6 +866,7 @@ impl Array {
             .all(|r| r.disk.is_some() && r.sync.is_none() && r.replacement.is_none())
     }
 
+    /// Whether `role` has a member that takes writes.
     pub(crate) fn writable(v: &View, role: usize) -> bool {
         v.roles[role].disk.is_some() || v.roles[role].replacement.is_some()
     }
@@ -1132,8 +1133,7 @@ impl Array {
                 return false;
             }
         }
-        #[cfg(test)]
-        tests::before_parity_in_place();
+        seams::before_parity_in_place();
         let isa = parity::Isa::best();
         let mut refs: Small<&[u8]> = smallvec![&[][..]; k];
         for (dd, r) in ranges[..k].iter().enumerate() {
@@ -1157,8 +1157,7 @@ impl Array {
                 None => parity::gen_p_with(isa, &refs, p),
             })
         };
-        #[cfg(test)]
-        tests::note_parity_in_place(done.is_ok());
+        seams::parity_in_place(done.is_ok());
         done.is_ok()
     }
 
@@ -1603,8 +1602,7 @@ impl Array {
         let chunk = self.geom.chunk;
         let first = pieces.first().expect("pieces");
         let last = pieces.last().expect("pieces");
-        #[cfg(test)]
-        tests::before_stripe_lock();
+        seams::before_stripe_lock();
         let _locks = self.lock_range(
             first.logical / chunk,
             (last.logical + last.len - 1) / chunk + 1,
@@ -1643,8 +1641,7 @@ impl Array {
 
     /// Write one piece of a non-parity level to every copy.
     fn write_copies(&self, v: &View, p: &Piece, data: &[u8], mirrored: bool) -> Result<()> {
-        #[cfg(test)]
-        tests::before_stripe_lock();
+        seams::before_stripe_lock();
         // Mirrors must not diverge under concurrent writes to one chunk.
         let _g = mirrored.then(|| self.lock(p.logical / self.geom.chunk));
         let now = mirrored.then(|| self.view_under_lock());
@@ -1678,8 +1675,7 @@ impl Array {
     /// reads less (md's handle_stripe_dirtying), or no reads at all for a
     /// full-stripe write.
     fn write_stripe(&self, stripe: u64, pieces: &[(&Piece, &[u8])]) -> Result<()> {
-        #[cfg(test)]
-        tests::before_stripe_lock();
+        seams::before_stripe_lock();
         let _g = self.lock(stripe);
         let v: &View = &self.view_under_lock();
         let sm = self.geom.stripe_map(stripe);
@@ -2077,9 +2073,6 @@ impl Array {
     }
 }
 
-/// The part of a piece within columns `[lo, hi)` of its chunk.
-/// P (and Q) of one column of a full stripe, from each data chunk's
-/// `cols` (by data index), into the same columns of `p` and `q`.
 /// Append `len` bytes at `at` of `file` to `ext`, as part of the last
 /// extent where they continue it.
 fn push_extent<'a>(
@@ -2100,6 +2093,8 @@ fn push_extent<'a>(
     }
 }
 
+/// P (and Q) of one column of a full stripe, from each data chunk's
+/// `cols` (by data index), into the same columns of `p` and `q`.
 fn column_parity(
     sm: &StripeMap,
     by_dd: &[&[u8]],
@@ -2117,6 +2112,7 @@ fn column_parity(
     }
 }
 
+/// The part of a piece within columns `[lo, hi)` of its chunk.
 fn clip(p: &Piece, lo: u64, hi: u64) -> Option<Piece> {
     let a = p.col.max(lo);
     let b = (p.col + p.len).min(hi);
@@ -2191,42 +2187,8 @@ mod tests {
     use super::*;
     use crate::create::{create, CreateMember, CreateOptions, Policy};
     use raidkit_member::FileMember;
-    use std::cell::RefCell;
 
-    thread_local! {
-        static BEFORE_STRIPE_LOCK: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
-        static BEFORE_PARITY_IN_PLACE: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
-        /// Stripes whose parity this thread computed in place, and those
-        /// where a fault cut that short.
-        static IN_PLACE: std::cell::Cell<(u32, u32)> = const { std::cell::Cell::new((0, 0)) };
-    }
-
-    /// Run this thread's hook, once, where `parity_in_place` has the
-    /// mappings of a stripe and is about to compute over them.
-    pub(super) fn before_parity_in_place() {
-        if let Some(f) = BEFORE_PARITY_IN_PLACE.with(|h| h.borrow_mut().take()) {
-            f();
-        }
-    }
-
-    pub(super) fn note_parity_in_place(done: bool) {
-        IN_PLACE.with(|c| {
-            let (ok, faulted) = c.get();
-            c.set(if done {
-                (ok + 1, faulted)
-            } else {
-                (ok, faulted + 1)
-            });
-        });
-    }
-
-    /// Run this thread's hook, once, where a stripe write is about to take
-    /// its lock (its view of the members already loaded).
-    pub(super) fn before_stripe_lock() {
-        if let Some(f) = BEFORE_STRIPE_LOCK.with(|h| h.borrow_mut().take()) {
-            f();
-        }
-    }
+    use crate::seams::{BEFORE_PARITY_IN_PLACE, BEFORE_STRIPE_LOCK, IN_PLACE};
 
     #[test]
     fn a_write_that_waited_for_its_stripe_writes_to_a_member_rebuilt_meanwhile() {

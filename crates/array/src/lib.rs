@@ -26,6 +26,7 @@ pub mod error;
 mod manage;
 pub mod metadata;
 mod recovery;
+mod seams;
 // The metadata formats keep their paths (raidkit_array::superblock...).
 pub use metadata::{bitmap, journal, superblock};
 

@@ -1,6 +1,6 @@
 //! The control socket: a Unix socket speaking JSON lines, through which
-//! `raidkit status` (and later fail, add, remove, replace, wait) talks to a
-//! running server.
+//! `raidkit status`, `fail`, `remove`, `add`, `replace`, `wait` and `speed`
+//! talk to a running server.
 //!
 //! # Protocol
 //!

@@ -5,8 +5,10 @@
 //! `Q = sum(g^i * D_i)` where `i` is a data chunk's index in md's syndrome
 //! order (the caller supplies the chunks in that order).
 //!
-//! The kernels here are portable (64-bit SWAR); [`reference`] holds slow
-//! byte-at-a-time versions that the tests check them against.
+//! The kernels are vectorised for AVX-512BW, AVX2 and SSSE3, with a
+//! portable 64-bit path; the best one the CPU has is chosen at run time
+//! ([`Isa`]). [`reference`] holds slow byte-at-a-time versions that the
+//! tests check every kernel against.
 //!
 //! ```
 //! use raidkit_parity::{gen_pq, recover_two_data};
