@@ -243,6 +243,28 @@ impl Array {
         Ok(())
     }
 
+    /// Make stripe `stripe`'s P (and Q) over columns `[col, col + len)`
+    /// agree with its data: the data read (a missing or resyncing data
+    /// member's part reconstructed where the stripe's redundancy allows,
+    /// else `Error::Unavailable`), parity computed and written to every
+    /// parity member that takes writes. The one place redundancy is
+    /// recomputed from data for resync and journal replay. Call with the
+    /// stripe locked.
+    pub(crate) fn recompute_parity(&self, v: &View, stripe: u64, col: u64, len: u64) -> Result<()> {
+        let sm = self.geom.stripe_map(stripe);
+        let dev = stripe * self.geom.chunk + col;
+        let rows = self.read_rows(v, stripe, col, len, &vec![true; sm.data.len()])?;
+        let (p, q) = parity_of(&sm, &rows, len as usize);
+        rows.into_iter().for_each(crate::engine::scratch::give);
+        if Self::writable(v, sm.p) {
+            self.member_write(v, sm.p, &p, dev)?;
+        }
+        if let Some(qr) = sm.q.filter(|&qr| Self::writable(v, qr)) {
+            self.member_write(v, qr, &q, dev)?;
+        }
+        Ok(())
+    }
+
     /// Run the resync the array starts with (an initial sync, or one cut
     /// short) here and now rather than in the background, reporting
     /// `progress(done, total)` in bytes: for `create`.
@@ -334,8 +356,6 @@ impl Array {
         let result = (|| -> Result<String> {
             self.begin_write()?;
             let mut pacer = self.new_pacer();
-            let k = self.geom.data_members();
-            let need = vec![true; k];
             let mut buf = vec![0u8; chunk as usize];
             for &u in &units {
                 if self.recovery_stopped() {
@@ -356,13 +376,7 @@ impl Array {
                             self.member_write(&v, r, &buf, d)?;
                         }
                     } else {
-                        let sm = self.geom.stripe_map(u);
-                        let rows = self.read_rows(&v, u, 0, chunk, &need)?;
-                        let (p, q) = parity_of(&sm, &rows, chunk as usize);
-                        self.member_write(&v, sm.p, &p, u * chunk)?;
-                        if let Some(qr) = sm.q {
-                            self.member_write(&v, qr, &q, u * chunk)?;
-                        }
+                        self.recompute_parity(&v, u, 0, chunk)?;
                     }
                     if u >= from {
                         // Under the unit's lock: a write that takes it next
@@ -487,20 +501,10 @@ impl Array {
                 continue;
             }
             let _g = self.lock(stripe);
-            let col = dev - stripe * chunk;
-            let rows = match self.read_rows(&v, stripe, col, len, &vec![true; sm.data.len()]) {
-                Ok(rows) => rows,
-                Err(Error::Unavailable { .. }) => continue,
+            match self.recompute_parity(&v, stripe, dev - stripe * chunk, len) {
+                Ok(()) | Err(Error::Unavailable { .. }) => {}
                 Err(e) => return Err(e),
-            };
-            let (p, q) = parity_of(&sm, &rows, len as usize);
-            if Self::writable(&v, sm.p) {
-                self.member_write(&v, sm.p, &p, dev)?;
             }
-            if let Some(qr) = sm.q.filter(|&qr| Self::writable(&v, qr)) {
-                self.member_write(&v, qr, &q, dev)?;
-            }
-            rows.into_iter().for_each(crate::engine::scratch::give);
         }
         self.flush()?;
         j.advance_to(last);
