@@ -1,0 +1,183 @@
+//! Access to member files for the server's fast paths: the extents of
+//! the member files that hold a range (reads), or that a write may go
+//! straight into (whole stripes of parity levels, with their intent
+//! logged and parity computed after).
+
+use super::*;
+
+impl Array {
+    /// Zero-copy reads: when every piece of `[offset, offset + len)` can be
+    /// read from a plain-file member that holds it in sync (no member
+    /// missing or being rebuilt there, so no reconstruction), call `f` with
+    /// those files' ranges in order, under the stall watch of the members
+    /// involved. None: the range needs `read` (which also cures errors:
+    /// a caller whose `f` fails falls back to it).
+    pub fn with_file_extents(
+        &self,
+        offset: u64,
+        len: u64,
+        f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
+    ) -> Option<std::io::Result<()>> {
+        if len == 0 || self.check(offset, len).is_err() || !self.alive.load(Ordering::Acquire) {
+            return None;
+        }
+        let v = self.view.load();
+        let pieces = self.geom.pieces(offset, len);
+        let mut disks: Small<&Disk> = Small::new();
+        let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
+        for p in &pieces {
+            // The copy `read` would try first, or the next one in sync.
+            let (d, dev) = self
+                .copy_order(p)
+                .find_map(|(role, dev)| Self::readable(&v, role, dev, p.len).map(|d| (d, dev)))?;
+            let file = d.member.as_file()?;
+            push_extent(
+                &mut ext,
+                file,
+                d.member.as_mapper(),
+                d.data_offset + dev,
+                p.len,
+            );
+            if !disks.iter().any(|x| std::ptr::eq(*x, &**d)) {
+                disks.push(d);
+            }
+        }
+        self.fg_ops.fetch_add(1, Ordering::Relaxed);
+        Some(self.timed_all(&disks, || f(&ext)))
+    }
+
+    /// Writes placed straight into member files: for a level with no
+    /// redundancy (linear, RAID-0), where writing a range is only writing
+    /// its pieces to the members that hold them, call `f` with those files'
+    /// ranges in order (see `Member::with_write_extents`), after what every
+    /// write does first (the array marked dirty). None: use `write` (a
+    /// redundant level, a member that is not a plain file or is being
+    /// replaced, a failed array, an error to report).
+    ///
+    /// `f` is not under the members' stall watch: what it writes usually
+    /// comes from a network client, whose pace says nothing of the member's.
+    pub fn with_write_extents(
+        &self,
+        offset: u64,
+        len: u64,
+        f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
+    ) -> Option<std::io::Result<()>> {
+        // (No redundancy also means no bitmap, rebuild or replacement.)
+        if self.geom.level.is_parity() {
+            return self.with_stripe_extents(offset, len, f);
+        }
+        if len == 0
+            || self.geom.level.has_redundancy()
+            || self.check(offset, len).is_err()
+            || !self.alive.load(Ordering::Acquire)
+            || self.begin_write().is_err()
+        {
+            return None;
+        }
+        let v = self.view.load();
+        let pieces = self.geom.pieces(offset, len);
+        let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
+        for p in &pieces {
+            let [(role, dev)] = p.copies[..] else {
+                return None;
+            };
+            let d = v.roles[role].disk.as_ref()?;
+            let file = d.member.as_file()?;
+            let mapper = d.member.as_mapper().filter(|m| m.writable())?;
+            push_extent(&mut ext, file, Some(mapper), d.data_offset + dev, p.len);
+        }
+        self.fg_ops.fetch_add(1, Ordering::Relaxed);
+        let _writing = Busy::enter(&self.writing);
+        Some(f(&ext))
+    }
+
+    /// `with_write_extents` for parity levels: whole stripes only, every
+    /// member in service and in sync, the data members plain files. Each
+    /// stripe's intent is logged (or its bitmap region marked) and the
+    /// stripes are locked before `f` writes the data chunks in place; then
+    /// P (and Q) are computed from what the data members hold and written,
+    /// whatever `f` managed to write: the stripes are consistent again
+    /// before the locks go. A crash in between leaves stripes that the
+    /// intent log (or the bitmap) has the parity of recomputed; every data
+    /// chunk of them belongs to the interrupted write, so no data outside
+    /// it can be lost (no write hole).
+    ///
+    /// `f` returning `ErrorKind::WouldBlock` means it wrote nothing: the
+    /// parity is then left alone.
+    pub(crate) fn with_stripe_extents(
+        &self,
+        offset: u64,
+        len: u64,
+        f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
+    ) -> Option<std::io::Result<()>> {
+        let chunk = self.geom.chunk;
+        let width = chunk * self.geom.data_members() as u64;
+        if len == 0
+            || !offset.is_multiple_of(width)
+            || !len.is_multiple_of(width)
+            || self.check(offset, len).is_err()
+            || !self.alive.load(Ordering::Acquire)
+            || !Self::whole(&self.view.load())
+            || self.begin_write().is_err()
+        {
+            return None;
+        }
+        let (s0, s1) = (offset / width, (offset + len) / width);
+        let pieces = self.geom.pieces(offset, len);
+        let _bits = self.mark_bitmap(&self.view.load(), &pieces);
+        let _locks = self.lock_range(s0, s1);
+        let v = self.view_under_lock();
+        if !self.alive.load(Ordering::Acquire) || !Self::whole(&v) {
+            return None;
+        }
+        let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
+        for p in &pieces {
+            let (role, dev) = p.copies[0];
+            let d = v.roles[role].disk.as_ref()?;
+            let file = d.member.as_file()?;
+            let mapper = d.member.as_mapper().filter(|m| m.writable())?;
+            push_extent(&mut ext, file, Some(mapper), d.data_offset + dev, p.len);
+        }
+        let Ok(slots) = self.journal_intents(&v, s0, s1, chunk) else {
+            return None;
+        };
+        self.fg_ops.fetch_add(1, Ordering::Relaxed);
+        let _writing = Busy::enter(&self.writing);
+        let r = f(&ext);
+        if matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
+            return Some(r);
+        }
+        let parity = (s0..s1).try_for_each(|s| {
+            if self.parity_in_place(&v, s) {
+                Ok(())
+            } else {
+                self.parity_from_members(&v, s)
+            }
+        });
+        drop(slots);
+        Some(match parity {
+            Ok(()) => r,
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        })
+    }
+}
+
+/// Append `len` bytes at `at` of `file` to `ext`, as part of the last
+/// extent where they continue it.
+pub(crate) fn push_extent<'a>(
+    ext: &mut Vec<FileExtent<'a>>,
+    file: &'a std::fs::File,
+    mapper: Option<&'a raidkit_member::Mapper>,
+    at: u64,
+    len: u64,
+) {
+    match ext.last_mut() {
+        Some(e) if std::ptr::eq(e.file, file) && e.offset + e.len == at => e.len += len,
+        _ => ext.push(FileExtent {
+            file,
+            mapper,
+            offset: at,
+            len,
+        }),
+    }
+}

@@ -1,0 +1,196 @@
+//! Starting an array: the view of its members from an assembly, stale
+//! members taken back, the bitmap gathered, refusals before anything is
+//! written, recovery of an unclean shutdown, and the start event.
+
+use super::*;
+
+impl Array {
+    /// Start an array from an assembly, degraded if members are missing
+    /// (as with `run`). Fails if too many members are unavailable, naming them.
+    pub fn open(asm: Assembly, name: &str, read_only: bool) -> Result<Array> {
+        Self::open_with(
+            asm,
+            name,
+            OpenOptions {
+                read_only,
+                run: true,
+                ..OpenOptions::default()
+            },
+        )
+    }
+
+    /// Start an array with options (see [`OpenOptions`]).
+    pub fn open_with(asm: Assembly, name: &str, opts: OpenOptions) -> Result<Array> {
+        // The thread pools, made now rather than in the middle of a request
+        // (a process at its thread limit then does member I/O one at a time).
+        let _ = io_pool();
+        let _ = rayon::current_num_threads();
+        let geom = asm.geometry.clone();
+        let mut sb = asm.sb.clone();
+        let dev_size = geom.member_sizes.iter().copied().max().unwrap_or(0);
+        let bitmap_region = sb.bitmap.region;
+        // The bitmap: the union of every fresh member's copy.
+        let bitmap = if bitmap_region > 0 && geom.level.has_redundancy() {
+            let mut set: Option<RegionSet> = None;
+            for s in &asm.slots {
+                if let Some(m) = &s.member {
+                    // A member that cannot give its copy is failed on its
+                    // first I/O; the other copies hold every bit.
+                    let Ok(b) = Bitmap::read(m.as_ref(), bitmap_region, dev_size) else {
+                        continue;
+                    };
+                    set = Some(match set {
+                        None => b,
+                        Some(mut a) => {
+                            a.words.iter_mut().zip(&b.words).for_each(|(x, y)| *x |= y);
+                            a
+                        }
+                    });
+                }
+            }
+            Some(Bitmap::new(bitmap_region, dev_size, set.as_ref()))
+        } else {
+            None
+        };
+        let mut roles = Vec::with_capacity(asm.slots.len());
+        let mut notes = Vec::new();
+        for (r, s) in asm.slots.iter().enumerate() {
+            let mut rv = RoleView::default();
+            match (&s.member, &s.sb) {
+                (Some(m), Some(msb)) => {
+                    rv.disk = Some(Arc::new(Disk::new(m.clone(), msb.clone())));
+                    if let Some(at) = s.resume {
+                        rv.sync = Some(SyncState::new(at, None));
+                    }
+                }
+                _ => rv.absence = s.absence.clone(),
+            }
+            if rv.disk.is_none() && opts.readd_stale && !opts.read_only {
+                if let Some((m, msb)) = &s.stale {
+                    if msb.member_uuid == sb.roles[r].member_uuid || s.stale_is_ours {
+                        let dirty = match &bitmap {
+                            Some(b)
+                                if msb.member_uuid == sb.roles[r].member_uuid
+                                    && msb.recovery_offset.is_none()
+                                    && msb.events >= sb.bitmap.events_cleared
+                                    && sb.bitmap.events_cleared > 0 =>
+                            {
+                                Some(b.snapshot())
+                            }
+                            _ => None,
+                        };
+                        notes.push(format!(
+                            "{}: stale, taken back in for {}",
+                            m.name(),
+                            if dirty.is_some() {
+                                "a resync of the regions written without it"
+                            } else {
+                                "a full rebuild"
+                            }
+                        ));
+                        let mut own = msb.clone();
+                        own.recovery_offset = Some(0);
+                        own.events = sb.events;
+                        rv.disk = Some(Arc::new(Disk::new(m.clone(), own)));
+                        rv.sync = Some(SyncState::new(0, dirty));
+                        rv.absence = None;
+                        sb.roles[r].member_uuid = msb.member_uuid;
+                        sb.roles[r].state = RoleState::Rebuilding;
+                    }
+                }
+            }
+            roles.push(rv);
+        }
+        let spares = asm
+            .spares
+            .iter()
+            .map(|(m, s)| Arc::new(Disk::new(m.clone(), s.clone())))
+            .collect();
+        let view = View {
+            roles,
+            spares,
+            failed: Vec::new(),
+        };
+        let missing = view.degraded_roles();
+        if !geom.survives(&missing) {
+            let limit = match geom.level {
+                Level::Linear | Level::Raid0 => "it has no redundancy".to_string(),
+                Level::Raid10 => "RAID-10 can lose at most one member of each mirror set".into(),
+                l => format!("{l} can lose at most {} member(s)", geom.redundancy()),
+            };
+            let mut detail = format!("unavailable: {}; {limit}", asm.describe_missing());
+            if asm.slots.iter().any(|s| s.stale.is_some()) {
+                detail.push_str(
+                    "; if the stale members hold the data, `--force` starts the array from them",
+                );
+            }
+            return Err(Error::NotEnoughMembers {
+                name: asm.sb.name.clone(),
+                detail,
+            });
+        }
+        if !opts.read_only && !opts.run {
+            let unexpected: Vec<usize> = (0..view.roles.len())
+                .filter(|&r| {
+                    view.roles[r].disk.is_none()
+                        && view.roles[r].absence == Some(Absence::Missing)
+                        && sb.roles[r].state == RoleState::Active
+                })
+                .collect();
+            if !unexpected.is_empty() {
+                return Err(Error::NotEnoughMembers {
+                    name: asm.sb.name.clone(),
+                    detail: format!(
+                        "role(s) {} missing (member {}), and the array was not degraded when it stopped; give every member, or --run to start it degraded (the missing members then need a rebuild)",
+                        roles_list(unexpected.iter().copied()),
+                        unexpected
+                            .iter()
+                            .map(|&r| sb.roles[r].member_uuid.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
+        }
+        let journal = (sb.journal.size > 0 && geom.level.is_parity()).then(|| {
+            Journal::new(
+                sb.journal.offset,
+                sb.journal.size,
+                geom.members(),
+                sb.journal.applied_seq,
+            )
+        });
+        let unclean = sb.state == ArrayState::Dirty;
+        let resync_from = sb.resync.filter(|_| geom.level.has_redundancy());
+        let a = Array {
+            journal,
+            name: name.to_string(),
+            geom,
+            view: ArcSwap::from_pointee(view),
+            meta: Mutex::new(Meta { sb }),
+            write_ready: AtomicBool::new(false),
+            read_only: opts.read_only,
+            locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
+            bitmap,
+            recovery: Recovery::default(),
+            fg_ops: AtomicU64::new(0),
+            writing: AtomicUsize::new(0),
+            corrected: AtomicU64::new(0),
+            epoch: Instant::now(),
+            timeout_ns: AtomicU64::new(opts.member_timeout.as_nanos() as u64),
+            alive: AtomicBool::new(true),
+            unsynced_from: AtomicU64::new(resync_from.unwrap_or(u64::MAX)),
+        };
+        a.recovery.note(notes);
+        if !opts.read_only {
+            // Recovery first: a start it refuses (the write hole, no
+            // readable journal) must leave every member as it was.
+            a.recover_unclean(unclean, opts.force)?;
+            // Every start is an event: a copy of a member taken before it
+            // is one behind, and any later update makes it stale.
+            a.write_superblocks(&mut a.meta.locked())?;
+            a.use_spares()?;
+        }
+        Ok(a)
+    }
+}

@@ -1,0 +1,674 @@
+//! Parity levels (RAID-4/5/6): reads that reconstruct from P and Q,
+//! stripe updates by read-modify-write, reconstruct-write or whole
+//! stripes, and parity computed from the members (or in place, over their
+//! mappings).
+
+use super::*;
+
+impl Array {
+    /// A write to a parity level: its pieces grouped by stripe, each stripe
+    /// updated under its lock; with a journal, by column windows (one
+    /// record each) unless the whole stripe is rewritten with every member
+    /// in service.
+    pub(crate) fn write_parity<'a>(
+        &self,
+        v: &View,
+        pieces: &[Piece],
+        src: &dyn Fn(&Piece) -> &'a [u8],
+    ) -> Result<()> {
+        let mut i = 0;
+        while i < pieces.len() {
+            let stripe = pieces[i].stripe;
+            let mut j = i;
+            while j < pieces.len() && pieces[j].stripe == stripe {
+                j += 1;
+            }
+            match self.journal.as_ref().map(|jl| jl.window) {
+                None => {
+                    let group: Small<(&Piece, &[u8])> =
+                        pieces[i..j].iter().map(|p| (p, src(p))).collect();
+                    self.write_stripe(stripe, &group)?;
+                }
+                Some(_) if self.full_stripe(&pieces[i..j]) && Self::whole(v) => {
+                    // The whole stripe rewritten: one intent record, no
+                    // windows needed.
+                    let group: Small<(&Piece, &[u8])> =
+                        pieces[i..j].iter().map(|p| (p, src(p))).collect();
+                    self.write_stripe(stripe, &group)?;
+                }
+                Some(w) => {
+                    // Journaled: one record per column window.
+                    let c0 = pieces[i..j].iter().map(|p| p.col).min().expect("piece");
+                    let c1 = pieces[i..j]
+                        .iter()
+                        .map(|p| p.col + p.len)
+                        .max()
+                        .expect("piece");
+                    let mut ws = c0 / w * w;
+                    while ws < c1 {
+                        let clipped: Small<Piece> = pieces[i..j]
+                            .iter()
+                            .filter_map(|p| clip(p, ws, ws + w))
+                            .collect();
+                        if !clipped.is_empty() {
+                            let group: Small<(&Piece, &[u8])> =
+                                clipped.iter().map(|p| (p, src(p))).collect();
+                            self.write_stripe(stripe, &group)?;
+                        }
+                        ws += w;
+                    }
+                }
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read_parity_piece(&self, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()> {
+        let (role, dev) = p.copies[0];
+        if let Some(Ok(())) = self.member_read(v, role, dst, dev) {
+            return Ok(());
+        }
+        // Missing or failing: rebuild the piece from the rest of its stripe
+        // (read_rows tries the member once more and cures it if it can).
+        let _g = self.lock(p.stripe);
+        let k = self.geom.data_members();
+        let mut need: Small<bool> = smallvec![false; k];
+        need[p.dd] = true;
+        let rows = self.read_rows(v, p.stripe, p.col, p.len, &need)?;
+        dst.copy_from_slice(&rows[p.dd]);
+        rows.into_iter().for_each(scratch::give);
+        Ok(())
+    }
+
+    /// Read the data chunks marked in `need` of `stripe` over
+    /// `[col, col + len)`, reconstructing any that are unavailable or fail
+    /// to read; members that failed are cured from the result or failed.
+    /// Rows not needed may come back empty. Call with the stripe locked.
+    pub(crate) fn read_rows(
+        &self,
+        v: &View,
+        stripe: u64,
+        col: u64,
+        len: u64,
+        need: &[bool],
+    ) -> Result<Vec<Vec<u8>>> {
+        let sm = self.geom.stripe_map(stripe);
+        let k = sm.data.len();
+        let dev = stripe * self.geom.chunk + col;
+        let mut failed: Small<usize> = Small::new();
+        let mut data: Vec<Option<Vec<u8>>> = vec![None; k];
+        let read = |role: usize, failed: &mut Small<usize>| -> Option<Vec<u8>> {
+            let mut b = scratch::take(len as usize);
+            match self.member_read(v, role, &mut b, dev) {
+                Some(Ok(())) => Some(b),
+                Some(Err(_)) => {
+                    scratch::give(b);
+                    failed.push(role);
+                    None
+                }
+                None => {
+                    scratch::give(b);
+                    None
+                }
+            }
+        };
+        for dd in (0..k).filter(|&d| need[d]) {
+            data[dd] = read(sm.data[dd], &mut failed);
+        }
+        if (0..k).all(|d| !need[d] || data[d].is_some()) {
+            return Ok(data.into_iter().map(Option::unwrap_or_default).collect());
+        }
+        for dd in 0..k {
+            if data[dd].is_none() && !need[dd] {
+                data[dd] = read(sm.data[dd], &mut failed);
+            }
+        }
+        if self.unsynced(stripe) {
+            // Its parity was never made consistent: what it would give is
+            // garbage, so the data is unavailable until the resync comes.
+            for &r in &failed {
+                if let Some(d) = &v.roles[r].disk {
+                    self.fail_disk_by_ptr(d, "read error in a stripe not yet synced");
+                }
+            }
+            data.into_iter().flatten().for_each(scratch::give);
+            let lost = (0..k).find(|&d| need[d]).unwrap_or(0);
+            return Err(Error::Unavailable {
+                offset: self.geom.stripe_data_offset(stripe, lost) + col,
+                detail: format!(
+                    "stripe {stripe} has not been synced yet, so it cannot be reconstructed"
+                ),
+            });
+        }
+        let p = read(sm.p, &mut failed);
+        let q = sm.q.and_then(|q| read(q, &mut failed));
+        let solved = solve(&sm, data, p.as_deref(), q.as_deref(), len as usize);
+        let rows = match solved {
+            Ok(rows) => rows,
+            Err(gone) => {
+                for &r in &failed {
+                    if let Some(d) = &v.roles[r].disk {
+                        self.fail_disk_by_ptr(d, "read error that redundancy could not cover");
+                    }
+                }
+                self.ensure_alive(dev)?;
+                let lost = (0..k).find(|&d| gone.contains(&sm.data[d])).unwrap_or(0);
+                return Err(Error::Unavailable {
+                    offset: self.geom.stripe_data_offset(stripe, lost) + col,
+                    detail: format!(
+                        "roles {} of stripe {stripe} are missing or failing",
+                        roles_list(gone.into_iter())
+                    ),
+                });
+            }
+        };
+        if !failed.is_empty() {
+            let (pp, qq) = parity_of(&sm, &rows, len as usize);
+            for &r in &failed {
+                let good: &[u8] = if r == sm.p {
+                    &pp
+                } else if Some(r) == sm.q {
+                    &qq
+                } else {
+                    &rows[sm.data.iter().position(|&x| x == r).expect("data role")]
+                };
+                self.repair(v, r, good, dev);
+            }
+        }
+        p.into_iter().chain(q).for_each(scratch::give);
+        Ok(rows)
+    }
+
+    /// Whether one stripe's pieces rewrite the same columns of every data chunk.
+    pub(crate) fn full_stripe(&self, pieces: &[Piece]) -> bool {
+        pieces.len() == self.geom.data_members()
+            && pieces
+                .iter()
+                .all(|p| p.col == pieces[0].col && p.len == pieces[0].len)
+    }
+
+    /// Update one stripe: read-modify-write or reconstruct-write, whichever
+    /// reads less (md's handle_stripe_dirtying), or no reads at all for a
+    /// full-stripe write.
+    pub(crate) fn write_stripe(&self, stripe: u64, pieces: &[(&Piece, &[u8])]) -> Result<()> {
+        seams::before_stripe_lock();
+        let _g = self.lock(stripe);
+        let v: &View = &self.view_under_lock();
+        let sm = self.geom.stripe_map(stripe);
+        let k = sm.data.len();
+        let chunk = self.geom.chunk;
+        let c0 = pieces.iter().map(|(p, _)| p.col).min().expect("non-empty");
+        let c1 = pieces
+            .iter()
+            .map(|(p, _)| p.col + p.len)
+            .max()
+            .expect("non-empty");
+        let len = (c1 - c0) as usize;
+        let dev = stripe * chunk + c0;
+        let parity_roles: Small<usize> = std::iter::once(sm.p).chain(sm.q).collect();
+
+        if !parity_roles.iter().any(|&r| Self::writable(v, r)) {
+            // Every parity member of this stripe is gone: data is all there is.
+            for (p, d) in pieces {
+                self.member_write(v, p.copies[0].0, d, p.copies[0].1)?;
+            }
+            return Ok(());
+        }
+
+        let mut new_for: Small<Option<(&Piece, &[u8])>> = smallvec![None; k];
+        for &(p, d) in pieces {
+            new_for[p.dd] = Some((p, d));
+        }
+        let covers =
+            |dd: usize| new_for[dd].is_some_and(|(p, _)| p.col == c0 && p.col + p.len == c1);
+        let rcw_reads = (0..k).filter(|&d| !covers(d)).count();
+        let span = len as u64;
+        let rmw_ok = parity_roles
+            .iter()
+            .all(|&r| Self::readable(v, r, dev, span).is_some())
+            && pieces
+                .iter()
+                .all(|(p, _)| Self::readable(v, p.copies[0].0, p.copies[0].1, p.len).is_some());
+        let rmw_reads = pieces.len() + parity_roles.len();
+        // Parity never made consistent cannot be updated from itself.
+        let rmw_ok = rmw_ok && !self.unsynced(stripe);
+
+        if rmw_ok && rcw_reads > 0 && rmw_reads < rcw_reads {
+            let mut pbuf = scratch::take(len);
+            let mut qbuf = sm.q.map(|_| scratch::take(len));
+            let mut old = scratch::take(0);
+            let read_ok = (|| {
+                let ok =
+                    |r: Option<std::result::Result<(), MemberError>>| matches!(r, Some(Ok(())));
+                if !ok(self.member_read(v, sm.p, &mut pbuf, dev)) {
+                    return false;
+                }
+                if let (Some(q), Some(qb)) = (sm.q, qbuf.as_mut()) {
+                    if !ok(self.member_read(v, q, qb, dev)) {
+                        return false;
+                    }
+                }
+                for (p, d) in pieces {
+                    old.resize(p.len as usize, 0);
+                    if !ok(self.member_read(v, p.copies[0].0, &mut old, p.copies[0].1)) {
+                        return false;
+                    }
+                    let r = (p.col - c0) as usize..(p.col - c0 + p.len) as usize;
+                    parity::update_pq(
+                        &mut pbuf[r.clone()],
+                        qbuf.as_mut().map(|q| &mut q[r]),
+                        sm.syndrome[p.dd],
+                        &old,
+                        d,
+                    );
+                }
+                true
+            })();
+            let done = read_ok.then(|| {
+                let _slot =
+                    self.journal_update(v, stripe, &sm, pieces, dev, &pbuf, qbuf.as_deref())?;
+                self.write_out(v, pieces, &sm, dev, &pbuf, qbuf.as_deref())
+            });
+            scratch::give(pbuf);
+            if let Some(q) = qbuf {
+                scratch::give(q);
+            }
+            scratch::give(old);
+            // A failed read falls through to reconstruct-write below,
+            // which rewrites every block read-modify-write read: that cures it.
+            if let Some(r) = done {
+                return r;
+            }
+        }
+
+        // A full-stripe update with every member in service logs only its
+        // intent (journal.rs); otherwise the journal takes the blocks.
+        let intent = rcw_reads == 0 && self.journal.is_some() && Self::whole(v);
+        if rcw_reads == 0 && len >= 2 * COLUMN && (self.journal.is_none() || intent) {
+            let _slot = self.journal_intent(v, stripe, dev, len as u64)?;
+            return self.write_full_stripe(v, pieces, &sm, dev, len);
+        }
+
+        // Reconstruct-write: assemble full rows, then compute parity afresh.
+        // Fully covered chunks are used in place, without a copy.
+        let need: Small<bool> = (0..k).map(|d| !covers(d)).collect();
+        let mut rows = if rcw_reads > 0 {
+            self.read_rows(v, stripe, c0, len as u64, &need)?
+        } else {
+            vec![Vec::new(); k]
+        };
+        for (dd, row) in rows.iter_mut().enumerate() {
+            if let Some((p, d)) = new_for[dd] {
+                if !covers(dd) {
+                    let at = (p.col - c0) as usize;
+                    row[at..at + d.len()].copy_from_slice(d);
+                }
+            }
+        }
+        let mut order: Small<usize> = smallvec![0; k];
+        for dd in 0..k {
+            order[sm.syndrome[dd]] = dd;
+        }
+        let refs: Small<&[u8]> = order
+            .iter()
+            .map(|&dd| match new_for[dd] {
+                Some((_, d)) if covers(dd) => d,
+                _ => rows[dd].as_slice(),
+            })
+            .collect();
+        let mut pbuf = scratch::take(len);
+        let mut qbuf = sm.q.map(|_| scratch::take(len));
+        match qbuf.as_mut() {
+            Some(qb) => parity::gen_pq(&refs, &mut pbuf, qb),
+            None => parity::gen_p(&refs, &mut pbuf),
+        }
+        drop(refs);
+        let slot = if intent {
+            self.journal_intent(v, stripe, dev, len as u64)
+        } else {
+            self.journal_update(v, stripe, &sm, pieces, dev, &pbuf, qbuf.as_deref())
+        };
+        let written =
+            slot.and_then(|_slot| self.write_out(v, pieces, &sm, dev, &pbuf, qbuf.as_deref()));
+        scratch::give(pbuf);
+        if let Some(q) = qbuf {
+            scratch::give(q);
+        }
+        rows.into_iter().for_each(scratch::give);
+        written
+    }
+
+    /// A full-stripe write: parity computed by columns that stay in cache,
+    /// either in this thread between the column's member writes (when the
+    /// cores are busy anyway) or beside the data writes on another core.
+    pub(crate) fn write_full_stripe(
+        &self,
+        v: &View,
+        pieces: &[(&Piece, &[u8])],
+        sm: &StripeMap,
+        dev: u64,
+        len: usize,
+    ) -> Result<()> {
+        let k = sm.data.len();
+        let mut by_dd: Small<&[u8]> = smallvec![&[][..]; k];
+        for (p, d) in pieces {
+            by_dd[p.dd] = d;
+        }
+        let mut pbuf = scratch::take(len);
+        let mut qbuf = sm.q.map(|_| scratch::take(len));
+        let done = if self.cores_busy() || Self::page_cache_only(v) {
+            // Other writes keep the cores busy, or the member writes are
+            // only copies into the page cache: no hand-offs. Column by
+            // column, the data goes to the members and then feeds P and Q
+            // while still in cache, so parity costs no second trip to memory.
+            let mut at = 0;
+            let mut done = Ok(());
+            while at < len && done.is_ok() {
+                let end = (at + COLUMN).min(len);
+                for (dd, d) in by_dd.iter().enumerate() {
+                    if done.is_ok() {
+                        done = self.member_write(v, sm.data[dd], &d[at..end], dev + at as u64);
+                    }
+                }
+                column_parity(sm, &by_dd, at..end, &mut pbuf, qbuf.as_deref_mut());
+                at = end;
+            }
+            let done = done.and_then(|()| self.member_write(v, sm.p, &pbuf, dev));
+            match (sm.q, &qbuf) {
+                (Some(role), Some(q)) => done.and_then(|()| self.member_write(v, role, q, dev)),
+                _ => done,
+            }
+        } else {
+            // Data to the members on one core while another computes P and
+            // Q and writes them: parity overlaps member I/O.
+            let (data_done, parity_done) = rayon::join(
+                || -> Result<()> {
+                    // Every data member at once (disks in parallel).
+                    in_parallel(by_dd.iter().enumerate(), |(dd, d)| {
+                        self.member_write(v, sm.data[dd], d, dev)
+                    })
+                },
+                || -> Result<()> {
+                    let mut at = 0;
+                    while at < len {
+                        let end = (at + COLUMN).min(len);
+                        column_parity(sm, &by_dd, at..end, &mut pbuf, qbuf.as_deref_mut());
+                        at = end;
+                    }
+                    match (sm.q, &qbuf) {
+                        // P and Q to their members at once.
+                        (Some(role), Some(q)) => {
+                            let write_p = || self.member_write(v, sm.p, &pbuf, dev);
+                            let write_q = || self.member_write(v, role, q, dev);
+                            let (p_done, q_done) = match io_pool() {
+                                Some(pool) => pool.join(write_p, write_q),
+                                None => (write_p(), write_q()),
+                            };
+                            p_done.and(q_done)
+                        }
+                        _ => self.member_write(v, sm.p, &pbuf, dev),
+                    }
+                },
+            );
+            data_done.and(parity_done)
+        };
+        scratch::give(pbuf);
+        if let Some(q) = qbuf {
+            scratch::give(q);
+        }
+        done
+    }
+
+    /// The writes that end a stripe update: new data, then P and Q.
+    pub(crate) fn write_out(
+        &self,
+        v: &View,
+        pieces: &[(&Piece, &[u8])],
+        sm: &StripeMap,
+        dev: u64,
+        p: &[u8],
+        q: Option<&[u8]>,
+    ) -> Result<()> {
+        for (piece, d) in pieces {
+            self.member_write(v, piece.copies[0].0, d, piece.copies[0].1)?;
+        }
+        self.member_write(v, sm.p, p, dev)?;
+        if let (Some(role), Some(q)) = (sm.q, q) {
+            self.member_write(v, role, q, dev)?;
+        }
+        Ok(())
+    }
+
+    /// Compute stripe `stripe`'s P (and Q) straight from the data chunks in
+    /// the members' mappings into the parity chunks' mappings: no copy in
+    /// or out, where `parity_from_members` reads the chunks back and writes
+    /// the parity. Call with the stripe locked (nothing else in this
+    /// program touches its chunks). false: a chunk is not cached or not in
+    /// one mapped window, or a page faulted (a member file truncated or
+    /// failing under the server; whatever was written is then overwritten
+    /// by `parity_from_members`, which also reports the error).
+    pub(crate) fn parity_in_place(&self, v: &View, stripe: u64) -> bool {
+        let sm = self.geom.stripe_map(stripe);
+        let k = sm.data.len();
+        let chunk = self.geom.chunk;
+        let dev = stripe * chunk;
+        let outs: Small<usize> = std::iter::once(sm.p).chain(sm.q).collect();
+        let mut ranges = Vec::with_capacity(k + outs.len());
+        for (role, write) in sm
+            .data
+            .iter()
+            .map(|&r| (r, false))
+            .chain(outs.iter().map(|&r| (r, true)))
+        {
+            let Some(d) = &v.roles[role].disk else {
+                return false;
+            };
+            let Some(m) = d.member.as_mapper() else {
+                return false;
+            };
+            let had = ranges.len();
+            let at = d.data_offset + dev;
+            let cached = if write {
+                m.cached_for_write(at, chunk, &mut ranges)
+            } else {
+                m.cached(at, chunk, &mut ranges)
+            };
+            if !matches!(cached, Ok(true)) || ranges.len() != had + 1 {
+                return false;
+            }
+        }
+        seams::before_parity_in_place();
+        let isa = parity::Isa::best();
+        let mut refs: Small<&[u8]> = smallvec![&[][..]; k];
+        for (dd, r) in ranges[..k].iter().enumerate() {
+            // SAFETY: read inside `guarded` below; the stripe lock keeps
+            // every writer in this program off the chunk.
+            refs[sm.syndrome[dd]] = unsafe { r.bytes() };
+        }
+        // SAFETY: as above; P and Q are other members' chunks than the
+        // data, so these are the only slices of their bytes.
+        let (p, mut q) = unsafe {
+            (
+                ranges[k].bytes_mut(),
+                ranges.get(k + 1).map(|r| r.bytes_mut()),
+            )
+        };
+        // SAFETY: the closure only runs the parity kernels over slices set
+        // up beforehand, which allocate nothing and hold no guards.
+        let done = unsafe {
+            raidkit_member::guarded(&mut || match q.as_deref_mut() {
+                Some(q) => parity::gen_pq_with(isa, &refs, p, q),
+                None => parity::gen_p_with(isa, &refs, p),
+            })
+        };
+        seams::parity_in_place(done.is_ok());
+        done.is_ok()
+    }
+
+    /// Compute stripe `stripe`'s P (and Q) from its data chunks as the
+    /// members hold them, column by column (each column read into buffers
+    /// that stay in cache), and write them. Call with the stripe locked.
+    /// A data chunk that cannot be read fails its member: the parity
+    /// cannot be had, and the error is returned.
+    pub(crate) fn parity_from_members(&self, v: &View, stripe: u64) -> Result<()> {
+        let sm = self.geom.stripe_map(stripe);
+        let k = sm.data.len();
+        let chunk = self.geom.chunk as usize;
+        let dev = stripe * chunk as u64;
+        let col = COLUMN.min(chunk);
+        // Buffers of the sizes this needs, not ones of other sizes from the
+        // shared scratch pool, which would be zero-filled to size each time.
+        thread_local! {
+            static BUFS: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let mut bufs = BUFS.with(|b| std::mem::take(&mut *b.borrow_mut()));
+        bufs.resize_with(k + 2, Vec::new);
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let want = if i < k { col } else { chunk };
+            if b.len() != want {
+                b.resize(want, 0);
+            }
+        }
+        let mut qbuf = bufs.pop().filter(|_| sm.q.is_some());
+        let mut pbuf = bufs.pop().expect("P buffer");
+        let mut rows = bufs;
+        let mut done = Ok(());
+        let mut at = 0;
+        'columns: while at < chunk {
+            let n = col.min(chunk - at);
+            for (dd, row) in rows.iter_mut().enumerate() {
+                let role = sm.data[dd];
+                match self.member_read(v, role, &mut row[..n], dev + at as u64) {
+                    Some(Ok(())) => {}
+                    failed => {
+                        let why = match failed {
+                            Some(Err(e)) => e.to_string(),
+                            _ => "not readable".into(),
+                        };
+                        if let Some(d) = &v.roles[role].disk {
+                            self.fail_disk_by_ptr(d, &format!("reading back a stripe: {why}"));
+                        }
+                        done = Err(Error::Unavailable {
+                            offset: self.geom.stripe_data_offset(stripe, dd) + at as u64,
+                            detail: format!("reading back role {role}: {why}"),
+                        });
+                        break 'columns;
+                    }
+                }
+            }
+            let by_dd: Small<&[u8]> = rows.iter().map(|r| &r[..n]).collect();
+            let mut refs: Small<&[u8]> = smallvec![&[][..]; k];
+            for (dd, d) in by_dd.iter().enumerate() {
+                refs[sm.syndrome[dd]] = d;
+            }
+            match qbuf.as_mut() {
+                Some(q) => parity::gen_pq(&refs, &mut pbuf[at..at + n], &mut q[at..at + n]),
+                None => parity::gen_p(&refs, &mut pbuf[at..at + n]),
+            }
+            at += n;
+        }
+        let done = done
+            .and_then(|()| self.member_write(v, sm.p, &pbuf, dev))
+            .and_then(|()| match (sm.q, &qbuf) {
+                (Some(role), Some(q)) => self.member_write(v, role, q, dev),
+                _ => Ok(()),
+            });
+        let mut bufs = rows;
+        bufs.push(pbuf);
+        bufs.push(qbuf.unwrap_or_default());
+        BUFS.with(|b| *b.borrow_mut() = bufs);
+        done
+    }
+}
+
+/// Rebuild the data rows of a stripe (in dd order) from what could be
+/// read: `data[dd]` None where lost, P and Q where available. Works in
+/// syndrome order so that Q-based recovery sees md's indices.
+pub(crate) fn solve(
+    sm: &StripeMap,
+    mut data: Vec<Option<Vec<u8>>>,
+    p: Option<&[u8]>,
+    q: Option<&[u8]>,
+    len: usize,
+) -> std::result::Result<Vec<Vec<u8>>, Vec<usize>> {
+    let k = sm.data.len();
+    let lost: Small<usize> = (0..k).filter(|&d| data[d].is_none()).collect();
+    let mut syn: Vec<Vec<u8>> = vec![Vec::new(); k];
+    for dd in 0..k {
+        syn[sm.syndrome[dd]] = data[dd].take().unwrap_or_else(|| vec![0; len]);
+    }
+    let s = |dd: usize| sm.syndrome[dd];
+    match (lost.as_slice(), p, q) {
+        ([], _, _) => {}
+        ([x], Some(p), _) => parity::recover_data_p(&mut syn, s(*x), p),
+        ([x], None, Some(q)) => parity::recover_data_q(&mut syn, s(*x), q),
+        ([x, y], Some(p), Some(q)) => parity::recover_two_data(&mut syn, s(*x), s(*y), p, q),
+        _ => {
+            let mut gone: Vec<usize> = lost.iter().map(|&d| sm.data[d]).collect();
+            if p.is_none() {
+                gone.push(sm.p);
+            }
+            if let (Some(qr), None) = (sm.q, q) {
+                gone.push(qr);
+            }
+            gone.sort_unstable();
+            return Err(gone);
+        }
+    }
+    let mut out = vec![Vec::new(); k];
+    for dd in 0..k {
+        out[dd] = std::mem::take(&mut syn[sm.syndrome[dd]]);
+    }
+    Ok(out)
+}
+
+/// P and Q of full data rows (given in dd order).
+pub(crate) fn parity_of(sm: &StripeMap, rows: &[Vec<u8>], len: usize) -> (Vec<u8>, Vec<u8>) {
+    let k = sm.data.len();
+    let mut order: Small<&[u8]> = smallvec![&[][..]; k];
+    for dd in 0..k {
+        order[sm.syndrome[dd]] = &rows[dd];
+    }
+    let mut p = vec![0u8; len];
+    let mut q = vec![0u8; len];
+    parity::gen_pq(&order, &mut p, &mut q);
+    (p, q)
+}
+
+/// P (and Q) of one column of a full stripe, from each data chunk's
+/// `cols` (by data index), into the same columns of `p` and `q`.
+pub(crate) fn column_parity(
+    sm: &StripeMap,
+    by_dd: &[&[u8]],
+    cols: std::ops::Range<usize>,
+    p: &mut [u8],
+    q: Option<&mut [u8]>,
+) {
+    let mut refs: Small<&[u8]> = smallvec![&[][..]; by_dd.len()];
+    for (dd, d) in by_dd.iter().enumerate() {
+        refs[sm.syndrome[dd]] = &d[cols.clone()];
+    }
+    match q {
+        Some(q) => parity::gen_pq(&refs, &mut p[cols.clone()], &mut q[cols]),
+        None => parity::gen_p(&refs, &mut p[cols]),
+    }
+}
+
+/// The part of a piece within columns `[lo, hi)` of its chunk.
+pub(crate) fn clip(p: &Piece, lo: u64, hi: u64) -> Option<Piece> {
+    let a = p.col.max(lo);
+    let b = (p.col + p.len).min(hi);
+    if a >= b {
+        return None;
+    }
+    let d = a - p.col;
+    Some(Piece {
+        logical: p.logical + d,
+        len: b - a,
+        stripe: p.stripe,
+        col: a,
+        dd: p.dd,
+        copies: p.copies.iter().map(|&(r, dev)| (r, dev + d)).collect(),
+    })
+}
