@@ -341,6 +341,17 @@ impl Array {
         let total = units.len() as u64 * chunk;
         let kind = "parity-resync";
         let resumed_from = plan.from.filter(|&f| f > 0).map_or(0, |f| f * chunk);
+        // Units below the resume position that are not redone were done by
+        // earlier runs.
+        let before = match plan.from {
+            Some(f) => {
+                (0..f.min(self.resync_units()))
+                    .filter(|u| units.binary_search(u).is_err())
+                    .count() as u64
+                    * chunk
+            }
+            None => 0,
+        };
         self.recovery_started(RecoveryStatus {
             kind,
             role: None,
@@ -348,8 +359,11 @@ impl Array {
             progress: 0.0,
             bytes_done: 0,
             bytes_total: total,
+            bytes_before: before,
             resumed_from,
             seconds: 0.0,
+            rate: 0.0,
+            began: None,
         });
         let mut done = 0;
         let mut last_checkpoint = std::time::Instant::now();

@@ -29,13 +29,24 @@ pub struct RecoveryStatus {
     /// The member's role (none for a parity resync).
     pub role: Option<usize>,
     pub member: String,
-    /// From 0 to 1.
+    /// From 0 to 1, across the whole process: what runs before this one
+    /// did counts (as /proc/mdstat shows a resumed resync).
     pub progress: f64,
+    /// Bytes done and to do in this run.
     pub bytes_done: u64,
     pub bytes_total: u64,
+    /// Bytes of the same process done by earlier runs (it resumed from a
+    /// checkpoint): `progress` is `(bytes_before + bytes_done) /
+    /// (bytes_before + bytes_total)`.
+    pub bytes_before: u64,
     /// The checkpoint this run started from (0: the beginning).
     pub resumed_from: u64,
+    /// Seconds this run has been going.
     pub seconds: f64,
+    /// Bytes per second in this run so far.
+    pub rate: f64,
+    #[serde(skip)]
+    pub(crate) began: Option<Instant>,
 }
 
 /// The last recovery that ended.
@@ -250,10 +261,17 @@ impl Array {
         let st = self.recovery.state.locked();
         st.running.clone().map(|mut r| {
             r.bytes_done = self.recovery.done.load(Ordering::Relaxed);
-            r.progress = if r.bytes_total == 0 {
+            let whole = r.bytes_before + r.bytes_total;
+            r.progress = if whole == 0 {
                 1.0
             } else {
-                (r.bytes_done as f64 / r.bytes_total as f64).min(1.0)
+                ((r.bytes_before + r.bytes_done) as f64 / whole as f64).min(1.0)
+            };
+            r.seconds = r.began.map_or(0.0, |b| b.elapsed().as_secs_f64());
+            r.rate = if r.seconds > 0.0 {
+                r.bytes_done as f64 / r.seconds
+            } else {
+                0.0
             };
             r
         })
@@ -363,7 +381,10 @@ impl Array {
     /// Record that a recovery started (for status).
     pub(crate) fn recovery_started(&self, status: RecoveryStatus) {
         self.recovery.done.store(0, Ordering::Relaxed);
-        self.recovery.state.locked().running = Some(status);
+        self.recovery.state.locked().running = Some(RecoveryStatus {
+            began: Some(Instant::now()),
+            ..status
+        });
     }
 
     /// Count bytes done by the running recovery.
@@ -396,31 +417,32 @@ impl Array {
         let stripes = self.geom.stripes();
         let total = stripes * chunk;
         let start = job.sync.cursor.load(Ordering::Acquire);
-        let bytes_total = match &job.sync.dirty {
+        // This run's work, and what runs before it did of the same job.
+        let (bytes_before, bytes_total) = match &job.sync.dirty {
             Some(d) => {
-                (0..stripes)
+                let marked = |dev: &u64| d.overlaps(*dev, *dev + chunk);
+                let (below, above): (Vec<u64>, Vec<u64>) = (0..stripes)
                     .map(|s| s * chunk)
-                    .filter(|&dev| dev >= start && d.overlaps(dev, dev + chunk))
-                    .count() as u64
-                    * chunk
+                    .filter(marked)
+                    .partition(|&dev| dev < start);
+                (below.len() as u64 * chunk, above.len() as u64 * chunk)
             }
-            None => total - start.min(total),
+            None => (start.min(total), total - start.min(total)),
         };
         let began = Instant::now();
-        self.recovery.done.store(0, Ordering::Relaxed);
-        {
-            let mut st = self.recovery.state.locked();
-            st.running = Some(RecoveryStatus {
-                kind: job.kind(),
-                role: Some(job.role),
-                member: job.target.name().to_string(),
-                progress: 0.0,
-                bytes_done: 0,
-                bytes_total,
-                resumed_from: start,
-                seconds: 0.0,
-            });
-        }
+        self.recovery_started(RecoveryStatus {
+            kind: job.kind(),
+            role: Some(job.role),
+            member: job.target.name().to_string(),
+            progress: 0.0,
+            bytes_done: 0,
+            bytes_total,
+            bytes_before,
+            resumed_from: start,
+            seconds: 0.0,
+            rate: 0.0,
+            began: None,
+        });
         tracing::info!(
             kind = job.kind(),
             role = job.role,

@@ -122,8 +122,11 @@ pub fn wait(a: WaitArgs) -> Result<()> {
             .map_err(|e| anyhow!(e))?;
         let running = v["recovery"].as_object();
         if let (Some(b), Some(r)) = (&bar, running) {
-            b.set_length(r["bytes_total"].as_u64().unwrap_or(0));
-            b.set_position(r["bytes_done"].as_u64().unwrap_or(0));
+            // Across the whole process: a resumed one starts where the
+            // earlier runs left it.
+            let before = r["bytes_before"].as_u64().unwrap_or(0);
+            b.set_length(before + r["bytes_total"].as_u64().unwrap_or(0));
+            b.set_position(before + r["bytes_done"].as_u64().unwrap_or(0));
             b.set_message(format!(
                 "{} role {}",
                 r["kind"].as_str().unwrap_or("?"),

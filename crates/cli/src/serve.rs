@@ -390,13 +390,15 @@ fn print_status(v: &Value, as_json: bool) -> Result<()> {
     );
     if let Some(r) = v["recovery"].as_object() {
         println!(
-            "recovery: {} of role {} onto {}: {:.1}% ({} of {})",
+            "recovery: {} of role {} onto {}: {:.1}% ({} of {} in this run, {:.1}s, {}/s)",
             r["kind"].as_str().unwrap_or("?"),
             r["role"],
             r["member"].as_str().unwrap_or("?"),
             r["progress"].as_f64().unwrap_or(0.0) * 100.0,
             human(r["bytes_done"].as_u64().unwrap_or(0)),
-            human(r["bytes_total"].as_u64().unwrap_or(0))
+            human(r["bytes_total"].as_u64().unwrap_or(0)),
+            r["seconds"].as_f64().unwrap_or(0.0),
+            human(r["rate"].as_f64().unwrap_or(0.0) as u64)
         );
     }
     if let Some(r) = v["last_recovery"].as_object() {

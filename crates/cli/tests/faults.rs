@@ -202,7 +202,43 @@ fn kill9_mid_rebuild_resumes_from_the_checkpoint() {
 
     let mut now = ms.clone();
     now[2] = fresh.clone();
-    let mut s = Served::start(dir.path(), &now, &["--rebuild-min", "0"]);
+    // Resumed slowly at first: its progress counts what the run before it
+    // did (the whole member, as /proc/mdstat), with this run's time and rate.
+    let mut s = Served::start(
+        dir.path(),
+        &now,
+        &["--rebuild-min", "0", "--rebuild-max", "4M"],
+    );
+    let data_size = e["data_size"].as_u64().unwrap();
+    wait_for("the resumed rebuild to make progress", 60, || {
+        status(&s)["recovery"]["bytes_done"].as_u64().unwrap_or(0) >= 1 << 20
+    });
+    let r = &status(&s)["recovery"];
+    let before = r["bytes_before"].as_u64().unwrap();
+    assert_eq!(before, r["resumed_from"].as_u64().unwrap(), "{r}");
+    assert!(before >= checkpoint, "{r}");
+    let done = r["bytes_done"].as_u64().unwrap();
+    let progress = r["progress"].as_f64().unwrap();
+    let want = (before + done) as f64 / data_size as f64;
+    assert!(
+        (progress - want).abs() < 0.01 && progress > checkpoint as f64 / data_size as f64,
+        "progress {progress}, expected {want}: {r}"
+    );
+    assert_eq!(
+        r["bytes_total"].as_u64().unwrap(),
+        data_size - before,
+        "{r}"
+    );
+    assert!(r["seconds"].as_f64().unwrap() > 0.0, "{r}");
+    let rate = r["rate"].as_f64().unwrap();
+    assert!(rate > 0.0 && rate < 64.0 * 1048576.0, "{r}");
+    ok(&[
+        "speed",
+        "--rebuild-max",
+        "0",
+        "--control",
+        &s.control.display().to_string(),
+    ]);
     ctl(&s, &["wait", "--timeout", "120"]);
     let st = status(&s);
     assert_eq!(st["state"], "optimal", "{st}");
@@ -213,7 +249,6 @@ fn kill9_mid_rebuild_resumes_from_the_checkpoint() {
         from >= checkpoint,
         "resumed from {from}, checkpoint {checkpoint}"
     );
-    let data_size = e["data_size"].as_u64().unwrap();
     assert_eq!(last["bytes"].as_u64().unwrap(), data_size - from, "{st}");
     assert_eq!(s.stop().code(), Some(0));
     check_offline(&now);
