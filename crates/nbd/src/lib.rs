@@ -8,10 +8,8 @@
 //! a connection together.
 
 pub mod client;
-mod mapped;
 pub mod proto;
 pub mod server;
-mod splice;
 mod stream;
 
 pub use client::NbdClient;

@@ -8,12 +8,18 @@
 //! that fails to give its data (an I/O error) is then noticed while the
 //! read can still be served the ordinary way, through `read_at`, which
 //! cures the error from redundancy or fails the member as it should.
+//!
+//! Splicing pays over a network, not on one machine: the client then
+//! copies the data out of the file system's cache rather than out of
+//! freshly written socket buffers (see `ZeroCopy`).
 
+use super::Outcome;
+use crate::stream::Stream;
 use nix::fcntl::{fcntl, splice, FcntlArg, OFlag, SpliceFFlags};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use raidkit_member::{FileExtent, Member};
-use std::io;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 /// Reads at least this big are spliced (smaller replies are better
 /// coalesced with others in the reply buffer).
@@ -45,13 +51,13 @@ impl Splicer {
         }
     }
 
-    /// Move `len` bytes at `offset` of `dev` into the pipe. false: not
-    /// possible (no plain files under that range, too large, an error), and
-    /// the pipe is empty: read with `read_at` instead.
-    pub(crate) fn load(&mut self, dev: &dyn Member, offset: u64, len: usize) -> bool {
+    /// Move `len` bytes at `offset` of `dev` into the pipe. `Declined`:
+    /// not possible (no plain files under that range, too large, an error),
+    /// and the pipe is empty: read with `read_at` instead.
+    pub(crate) fn load(&mut self, dev: &dyn Member, offset: u64, len: usize) -> Outcome {
         debug_assert_eq!(self.loaded, 0);
         if self.disabled || len < SPLICE_MIN {
-            return false;
+            return Outcome::Declined;
         }
         if self.pipe.is_none() {
             match new_pipe() {
@@ -62,15 +68,15 @@ impl Splicer {
                 Err(e) => {
                     tracing::debug!("no pipe for zero-copy reads: {e}");
                     self.disabled = true;
-                    return false;
+                    return Outcome::Declined;
                 }
             }
         }
         if len > self.cap {
-            return false;
+            return Outcome::Declined;
         }
         let Some((_, w)) = &self.pipe else {
-            return false;
+            return Outcome::Declined;
         };
         let (cap, mut fits) = (self.cap as u64, false);
         let loaded = dev.with_file_extents(offset, len as u64, &mut |ext: &[FileExtent<'_>]| {
@@ -91,24 +97,26 @@ impl Splicer {
         match loaded {
             Some(Ok(())) if fits => {
                 self.loaded = len;
-                true
+                Outcome::Served
             }
-            Some(Ok(())) | None => false,
+            Some(Ok(())) | None => Outcome::Declined,
             Some(Err(e)) => {
                 // Whatever got in stays there: start again with a new pipe.
                 tracing::debug!("zero-copy read of {len} bytes at {offset} failed: {e}");
                 self.pipe = None;
-                false
+                Outcome::Declined
             }
         }
     }
 
-    /// Send what `load` put in the pipe to `sock`. On an error the pipe is
-    /// dropped (the connection is finished anyway).
-    pub(crate) fn send(&mut self, sock: BorrowedFd<'_>) -> io::Result<()> {
+    /// Send `header`, then what `load` put in the pipe, on `s`. On an
+    /// error the pipe is dropped (the connection is finished anyway).
+    pub(crate) fn send(&mut self, s: &mut Stream, header: &[u8]) -> io::Result<()> {
         let Some((r, _)) = &self.pipe else {
             return Err(io::Error::other("nothing loaded"));
         };
+        send_more(s, header)?;
+        let sock = s.as_fd();
         let mut left = std::mem::take(&mut self.loaded);
         while left > 0 {
             match splice(r, None, sock, None, left, SpliceFFlags::SPLICE_F_MOVE) {
@@ -144,6 +152,30 @@ impl Splicer {
             self.pipe = None;
         }
     }
+}
+
+/// Write a reply header that data from a splice will follow: on TCP with
+/// MSG_MORE, so that header and data leave in the same segments.
+fn send_more(s: &mut Stream, header: &[u8]) -> io::Result<()> {
+    if !s.is_tcp() {
+        return s.write_all(header);
+    }
+    use nix::sys::socket::{send, MsgFlags};
+    let fd = s.as_fd().as_raw_fd();
+    let mut at = 0;
+    while at < header.len() {
+        match send(
+            fd,
+            &header[at..],
+            MsgFlags::from_bits_retain(nix::libc::MSG_MORE) | MsgFlags::MSG_NOSIGNAL,
+        ) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => at += n,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// A pipe of (about) PIPE_SIZE bytes, non-blocking so that a range that does

@@ -1,0 +1,143 @@
+//! Accepting connections: the listeners and their threads, the admission
+//! of each connection (the `max_connections` bound, a thread of its own),
+//! and stopping them all. Threads are a bounded resource of the process,
+//! so a connection that cannot be given one is closed at once rather than
+//! left waiting.
+
+use super::{connection, inc, Server};
+use crate::stream::Stream;
+use raidkit_member::Locked;
+use std::io;
+use std::net::{Shutdown, TcpListener};
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub(super) enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+/// The threads that accept and serve, and the flag that stops them.
+#[derive(Debug, Default)]
+pub(super) struct Accepting {
+    stopping: AtomicBool,
+    /// Each connection's thread, with a handle on its socket to end it.
+    conns: Mutex<Vec<(Stream, JoinHandle<()>)>>,
+    acceptors: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Accepting {
+    /// Stop accepting, let every connection finish the requests it has
+    /// read, and wait for them.
+    pub(super) fn shutdown(&self) {
+        self.stopping.store(true, Ordering::Release);
+        for h in self.acceptors.locked().drain(..) {
+            let _ = h.join();
+        }
+        let conns: Vec<_> = self.conns.locked().drain(..).collect();
+        for (s, _) in &conns {
+            // The workers see the end of the stream after the requests
+            // already received.
+            s.shutdown(Shutdown::Read);
+        }
+        for (_, h) in conns {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Accept clients on `l` from a thread of its own, until shutdown.
+pub(super) fn spawn(server: &Arc<Server>, l: Listener) -> io::Result<()> {
+    // Non-blocking, so that the loop notices shutdown.
+    match &l {
+        Listener::Tcp(t) => t.set_nonblocking(true)?,
+        Listener::Unix(u) => u.set_nonblocking(true)?,
+    }
+    let me = server.clone();
+    let h = std::thread::Builder::new()
+        .name("nbd-accept".into())
+        .spawn(move || accept_loop(me, l))?;
+    server.accepting.acceptors.locked().push(h);
+    Ok(())
+}
+
+fn accept_loop(server: Arc<Server>, l: Listener) {
+    while !server.accepting.stopping.load(Ordering::Acquire) {
+        let accepted = match &l {
+            Listener::Tcp(t) => t.accept().map(|(s, peer)| {
+                let _ = s.set_nodelay(true);
+                (Stream::Tcp(s), peer.to_string())
+            }),
+            Listener::Unix(u) => u.accept().map(|(s, _)| (Stream::Unix(s), "unix".into())),
+        };
+        match accepted {
+            Ok((s, peer)) => {
+                if let Err(e) = start_connection(&server, s, peer) {
+                    tracing::warn!("cannot start a connection: {e}");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Admit a connection and serve it from a thread of its own, or close it.
+fn start_connection(server: &Arc<Server>, s: Stream, peer: String) -> io::Result<()> {
+    // Accepted sockets may inherit non-blocking mode from the listener.
+    match &s {
+        Stream::Tcp(t) => t.set_nonblocking(false)?,
+        Stream::Unix(u) => u.set_nonblocking(false)?,
+    }
+    let stats = &server.stats;
+    let active = stats.connections_active.fetch_add(1, Ordering::AcqRel);
+    if active >= server.config.max_connections as u64 {
+        stats.connections_active.fetch_sub(1, Ordering::AcqRel);
+        inc(&stats.connections_refused, 1);
+        s.shutdown(Shutdown::Both);
+        return Err(io::Error::other(format!(
+            "{peer}: refused, {active} connections are being served (--max-connections)"
+        )));
+    }
+    let handle_copy = match s.try_clone() {
+        Ok(c) => c,
+        Err(e) => {
+            stats.connections_active.fetch_sub(1, Ordering::AcqRel);
+            return Err(e);
+        }
+    };
+    let me = server.clone();
+    let spawned = std::thread::Builder::new()
+        .name("nbd-conn".into())
+        .spawn(move || {
+            inc(&me.stats.connections_total, 1);
+            match connection::serve(&me, s) {
+                Ok(()) => tracing::debug!("{peer}: disconnected"),
+                Err(e) => tracing::info!("{peer}: connection ended: {e}"),
+            }
+            me.stats.connections_active.fetch_sub(1, Ordering::AcqRel);
+        });
+    let h = match spawned {
+        Ok(h) => h,
+        Err(e) => {
+            // The socket went with the closure: the client sees it closed.
+            stats.connections_active.fetch_sub(1, Ordering::AcqRel);
+            inc(&stats.connections_refused, 1);
+            return Err(io::Error::other(format!(
+                "no thread for the connection: {e}"
+            )));
+        }
+    };
+    let mut conns = server.accepting.conns.locked();
+    conns.retain(|(_, h)| !h.is_finished());
+    conns.push((handle_copy, h));
+    Ok(())
+}

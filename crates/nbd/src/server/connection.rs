@@ -1,0 +1,101 @@
+//! One connection: the handshake, then the transmission phase, where the
+//! connection's workers each run the same loop (take a request, serve it,
+//! reply). Workers take turns reading one request off the socket
+//! (leader/follower, as nbdkit's parallel thread model) and then serve it
+//! themselves, so a request never waits for a hand-off between threads;
+//! replies leave in completion order.
+
+use super::execute;
+use super::fastpath::FastPaths;
+use super::handshake::{handshake, Negotiated};
+use super::reply::Replies;
+use super::request::Intake;
+use super::{inc, Server, ZeroCopy};
+use crate::stream::Stream;
+use std::io;
+use std::net::Shutdown;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// One connection's shared state in the transmission phase.
+#[derive(Debug)]
+struct Conn {
+    intake: Intake,
+    replies: Replies,
+}
+
+/// Serve a client from the handshake to its last reply.
+pub(super) fn serve(server: &Arc<Server>, mut s: Stream) -> io::Result<()> {
+    let Some(neg) = handshake(&mut s, &server.export)? else {
+        return Ok(());
+    };
+    transmission(server, s, neg)
+}
+
+/// The transmission phase: the workers, until the connection ends.
+fn transmission(server: &Arc<Server>, s: Stream, neg: Negotiated) -> io::Result<()> {
+    let shared = Arc::new(Conn {
+        intake: Intake::new(s.try_clone()?),
+        replies: Replies::new(s.try_clone()?),
+    });
+    let zero_copy = match server.config.zero_copy {
+        ZeroCopy::Always => true,
+        ZeroCopy::Never => false,
+        ZeroCopy::Auto => s.remote_tcp(),
+    };
+    // A process at its thread limit serves the connection with the
+    // workers it could start, or refuses it if it could start none.
+    let mut workers: Vec<JoinHandle<()>> = Vec::new();
+    for _ in 0..server.config.workers_per_connection.max(1) {
+        let me = server.clone();
+        let c = shared.clone();
+        match std::thread::Builder::new()
+            .name("nbd-worker".into())
+            .spawn(move || worker(&me, &c, neg, zero_copy))
+        {
+            Ok(h) => workers.push(h),
+            Err(e) if workers.is_empty() => {
+                inc(&server.stats.connections_refused, 1);
+                s.shutdown(Shutdown::Both);
+                return Err(io::Error::other(format!("no thread to serve it: {e}")));
+            }
+            Err(e) => {
+                tracing::warn!("serving a connection with {} workers: {e}", workers.len());
+                break;
+            }
+        }
+    }
+    for w in workers {
+        let _ = w.join();
+    }
+    shared.replies.finish();
+    s.shutdown(Shutdown::Both);
+    match shared.intake.error() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// One worker: take a request, serve it, reply, until the connection ends.
+fn worker(server: &Server, c: &Conn, neg: Negotiated, zero_copy: bool) {
+    let mut fast = FastPaths::new(&server.config, zero_copy, server.stats.clone());
+    // Reused from one request to the next: a write's payload, a read's data.
+    let mut payload = Vec::new();
+    let mut buf = Vec::new();
+    // The requests taken together (more than one: a run of writes).
+    let mut taken = Vec::new();
+    loop {
+        let Some(mut t) = c.intake.take(server, &mut fast, &mut payload, &mut taken) else {
+            return;
+        };
+        let result = execute::serve(server, &mut t, &taken, &payload, neg, &mut buf, &mut fast);
+        let sent = c
+            .replies
+            .send(&taken, neg, &result, &buf, &mut fast, c.intake.backlog());
+        c.intake.done(&t);
+        if sent.is_err() {
+            // The client is gone; the next read sees it too.
+            c.intake.close();
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! The NBD server: fixed-newstyle handshake, then requests served
+//! concurrently (each connection has its own workers; replies may leave out
+//! of order), for any [`Member`] — in raidkit, an array.
+//!
+//! One file per stage a connection goes through, each owning its own state:
+//!
+//! - `accept.rs`: the listeners, their threads, admitting a connection (the
+//!   `max_connections` bound, a thread for it) and stopping them all.
+//! - `handshake.rs`: the fixed-newstyle option haggling, which settles what
+//!   the transmission phase may send (`Negotiated`).
+//! - `connection.rs`: the transmission phase: the workers of a connection
+//!   and the loop each runs (take a request, serve it, reply).
+//! - `request.rs`: taking a request off the socket (header, payload,
+//!   contiguous writes merged).
+//! - `execute.rs`: serving it against the device: checks, errors, counters.
+//! - `reply.rs`: reply headers and sending them, coalesced with the other
+//!   workers' replies.
+//! - `fastpath/`: the ways around a copy through this process (splice,
+//!   mapped reads and writes, runs of writes placed whole, held replies),
+//!   behind one interface whose answers say what was done, so that the
+//!   stages above read the same whether or not a fast path applies.
+//!
+//! This file holds what the stages share: the public types, the tuning,
+//! the counters and the reading of payloads. The stages read the server's
+//! export, tuning and counters; what changes as a connection is served is
+//! owned by the stage that changes it.
+
+mod accept;
+mod connection;
+mod execute;
+mod fastpath;
+mod handshake;
+mod reply;
+mod request;
+
+use crate::stream::Stream;
+use accept::{Accepting, Listener};
+use raidkit_member::Member;
+use std::io::{self, BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Largest read or write payload accepted (advertised as the maximum block size).
+pub const MAX_PAYLOAD: u32 = 32 << 20;
+/// Preferred block size advertised to clients.
+pub const PREFERRED_BLOCK: u32 = 4096;
+/// Requests at least this big are large: their data bypasses the reply
+/// buffer, and they are the ones a fast path is worth its set-up for
+/// (smaller replies are better coalesced with others in the reply buffer).
+const LARGE_REPLY: usize = 64 << 10;
+/// Largest run of contiguous writes served as one while seeking a stripe
+/// boundary to end on (merged, or placed straight into a parity array).
+const MERGE_MAX_ALIGNED: usize = 16 << 20;
+
+/// What is served.
+#[derive(Debug)]
+pub struct Export {
+    pub name: String,
+    pub description: String,
+    pub device: Arc<dyn Member>,
+    pub read_only: bool,
+}
+
+/// Server tuning.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Worker threads per connection (requests served at once).
+    pub workers_per_connection: usize,
+    /// Merge runs of contiguous writes into one device write (for parity
+    /// arrays, where a larger write fills whole stripes and needs no reads).
+    pub merge_writes: bool,
+    /// With `merge_writes`, the device's full-stripe size in bytes (0: none):
+    /// a run is ended where it reaches a multiple of it, so that the next run
+    /// starts on a stripe boundary and a sequential stream is cut into whole
+    /// stripes rather than into runs whose edges are partial stripes.
+    pub merge_align: u64,
+    /// When large reads are answered with splice(2) (see `ZeroCopy`).
+    pub zero_copy: ZeroCopy,
+    /// Large reads of cached data not spliced are sent straight from
+    /// mappings of the member files (see `fastpath/mapped_read.rs`).
+    pub mapped_reads: bool,
+    /// Large writes to cached pages of plain-file members, of a level with
+    /// no redundancy or in whole stripes of a parity array, are received
+    /// straight into mappings of the member files (see
+    /// `fastpath/mapped_write.rs`).
+    pub mapped_writes: bool,
+    /// Small write replies are held back for the next one's send while
+    /// small writes queue up (see `fastpath/hold.rs`).
+    pub batch_replies: bool,
+    /// Connections served at once; more are closed at once (each costs a
+    /// thread per worker, and threads are a bounded resource of the process).
+    pub max_connections: usize,
+}
+
+/// Default bound on connections served at once.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+
+/// Zero-copy read replies: the data goes from the member files to the
+/// socket without passing through this process (the server's copy of it
+/// is saved), but the client then copies it out of
+/// the file system's cache rather than out of freshly written socket
+/// buffers. On one machine (loopback, Unix sockets) the client pays more
+/// than the server saves, and a client that is already CPU-bound gets
+/// slower; over a network the NIC reads the cache and the server's CPU is
+/// what is saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ZeroCopy {
+    /// For TCP clients at a non-loopback address.
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            workers_per_connection: 8,
+            merge_writes: false,
+            merge_align: 0,
+            zero_copy: ZeroCopy::Auto,
+            mapped_reads: true,
+            mapped_writes: true,
+            batch_replies: true,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// I/O counters, shared with whoever reports status.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub flushes: AtomicU64,
+    pub trims: AtomicU64,
+    pub zeroes: AtomicU64,
+    /// Writes merged into the write before them (see `Config::merge_writes`).
+    pub merged_writes: AtomicU64,
+    /// Reads answered with splice(2), file to socket, never copied here.
+    pub zero_copy_reads: AtomicU64,
+    /// Reads sent from mappings of the member files' cached pages.
+    pub mapped_reads: AtomicU64,
+    /// Writes received from the socket straight into the member files'
+    /// cached pages.
+    pub mapped_writes: AtomicU64,
+    /// Runs of writes to a parity array waited for (a header was missing
+    /// while others were being served) and then placed whole.
+    pub run_waits: AtomicU64,
+    /// Replies left in the reply buffer for the next one's system call,
+    /// while small writes queued up (`fastpath/hold.rs`).
+    pub held_replies: AtomicU64,
+    pub errors: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub connections_active: AtomicU64,
+    /// Connections closed unserved: over `max_connections`, or no thread
+    /// could be had for them.
+    pub connections_refused: AtomicU64,
+}
+
+fn inc(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// The server: accept loops plus one thread per connection.
+#[derive(Debug)]
+pub struct Server {
+    export: Export,
+    config: Config,
+    stats: Arc<Stats>,
+    accepting: Accepting,
+}
+
+impl Server {
+    pub fn new(export: Export, config: Config) -> Arc<Server> {
+        Arc::new(Server {
+            export,
+            config,
+            stats: Arc::new(Stats::default()),
+            accepting: Accepting::default(),
+        })
+    }
+
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    pub fn export(&self) -> &Export {
+        &self.export
+    }
+
+    /// Serve clients arriving on a TCP listener, from a thread of its own.
+    pub fn serve_tcp(self: &Arc<Self>, l: TcpListener) -> io::Result<()> {
+        accept::spawn(self, Listener::Tcp(l))
+    }
+
+    /// Serve clients arriving on a Unix socket listener.
+    pub fn serve_unix(self: &Arc<Self>, l: UnixListener) -> io::Result<()> {
+        accept::spawn(self, Listener::Unix(l))
+    }
+
+    /// Stop accepting, let every connection finish the requests it has
+    /// read, and wait for them. The caller then flushes and closes the device.
+    pub fn shutdown(&self) {
+        self.accepting.shutdown();
+    }
+}
+
+/// Read a payload: what is already buffered, then the rest straight from
+/// the socket into `dst` (through the buffer it would cost another copy).
+fn read_payload(r: &mut BufReader<Stream>, dst: &mut [u8]) -> io::Result<()> {
+    let have = r.buffer().len().min(dst.len());
+    dst[..have].copy_from_slice(&r.buffer()[..have]);
+    r.consume(have);
+    r.get_mut().read_exact(&mut dst[have..])
+}
+
+/// Grow a reused buffer to at least `n` bytes. Its length never shrinks,
+/// so steady traffic zero-fills nothing.
+fn ensure_len(buf: &mut Vec<u8>, n: usize) {
+    if buf.len() < n {
+        buf.resize(n, 0);
+    }
+}
