@@ -1,14 +1,13 @@
 //! Commands that change a running array through its control socket:
 //! fail, remove, add, replace, wait and speed.
 
-use crate::cli::{AddArgs, FailArgs, MemberArgs, ReplaceArgs, SpeedArgs, WaitArgs};
-use crate::serve::find_control;
+use crate::cli::{AddArgs, FailArgs, MemberArgs, ReplaceArgs, SpeedArgs, StatusArgs, WaitArgs};
 use crate::units::human;
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use raidkit_control::call;
 use serde_json::{json, Value};
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The server resolves paths in its own working directory: send absolute
@@ -168,4 +167,118 @@ pub fn wait(a: WaitArgs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// The control socket to use: the one given, or the only live one in the temp directory.
+pub fn find_control(given: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p.to_path_buf());
+    }
+    let dir = std::env::temp_dir();
+    let mut live = Vec::new();
+    for e in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+        let p = e?.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with("raidkit-")
+            && name.ends_with(".ctl")
+            && std::os::unix::net::UnixStream::connect(&p).is_ok()
+        {
+            live.push(p);
+        }
+    }
+    match live.len() {
+        1 => Ok(live.remove(0)),
+        0 => bail!(
+            "no running raidkit server found in {}; give --control PATH",
+            dir.display()
+        ),
+        _ => bail!(
+            "several raidkit servers are running ({}); give --control PATH",
+            live.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+pub fn status(a: StatusArgs) -> Result<()> {
+    let path = find_control(a.control.as_deref())?;
+    let v =
+        call(&path, &json!({"cmd": "status"}), Duration::from_secs(10)).map_err(|e| anyhow!(e))?;
+    print_status(&v, a.json)
+}
+
+/// Print a status response, as JSON or for people.
+fn print_status(v: &Value, as_json: bool) -> Result<()> {
+    let a_json = as_json;
+    if a_json {
+        let mut v = v.clone();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("ok");
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let arr = &v["array"];
+    println!(
+        "array '{}' ({}, {}, {} usable): {}",
+        arr["name"].as_str().unwrap_or("?"),
+        arr["level"].as_str().unwrap_or("?"),
+        arr["layout"].as_str().unwrap_or("-"),
+        human(arr["size"].as_u64().unwrap_or(0)),
+        v["state"].as_str().unwrap_or("?")
+    );
+    for m in v["members"].as_array().into_iter().flatten() {
+        let role = m["role"]
+            .as_u64()
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "spare".into());
+        println!(
+            "  {role:>5}  {:<8} {}{}",
+            m["state"].as_str().unwrap_or("?"),
+            m["path"].as_str().unwrap_or("-"),
+            m["reason"]
+                .as_str()
+                .map(|r| format!("  ({r})"))
+                .unwrap_or_default()
+        );
+    }
+    let io = &v["io"];
+    println!(
+        "io: {} reads ({}), {} writes ({}), {} flushes, {} errors; connections: {} active, {} total",
+        io["reads"],
+        human(io["bytes_read"].as_u64().unwrap_or(0)),
+        io["writes"],
+        human(io["bytes_written"].as_u64().unwrap_or(0)),
+        io["flushes"],
+        io["errors"],
+        v["connections"]["active"],
+        v["connections"]["total"]
+    );
+    if let Some(r) = v["recovery"].as_object() {
+        println!(
+            "recovery: {} of role {} onto {}: {:.1}% ({} of {} in this run, {:.1}s, {}/s)",
+            r["kind"].as_str().unwrap_or("?"),
+            r["role"],
+            r["member"].as_str().unwrap_or("?"),
+            r["progress"].as_f64().unwrap_or(0.0) * 100.0,
+            human(r["bytes_done"].as_u64().unwrap_or(0)),
+            human(r["bytes_total"].as_u64().unwrap_or(0)),
+            r["seconds"].as_f64().unwrap_or(0.0),
+            human(r["rate"].as_f64().unwrap_or(0.0) as u64)
+        );
+    }
+    if let Some(r) = v["last_recovery"].as_object() {
+        println!(
+            "last recovery: {} of role {} onto {}: {} in {:.1}s ({})",
+            r["kind"].as_str().unwrap_or("?"),
+            r["role"],
+            r["member"].as_str().unwrap_or("?"),
+            human(r["bytes"].as_u64().unwrap_or(0)),
+            r["seconds"].as_f64().unwrap_or(0.0),
+            r["result"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(())
 }

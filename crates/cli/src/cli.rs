@@ -83,7 +83,7 @@ pub struct StorageBenchArgs {
     /// (a reader and a writer at once). Groups: dd, bonnie, datapath, all.
     /// Tests a target cannot do (char I/O without a file system, file
     /// creation outside a directory) are skipped with a note.
-    #[arg(long, default_value = crate::storage::DEFAULT_TESTS)]
+    #[arg(long, default_value = DEFAULT_TESTS)]
     pub tests: String,
     /// Working set (default: the whole target; 1G for a new file or a directory).
     #[arg(long, value_parser = size)]
@@ -521,3 +521,6 @@ pub struct StatusArgs {
     #[arg(long)]
     pub json: bool,
 }
+
+/// Tests run by default: everything the target can do.
+pub const DEFAULT_TESTS: &str = "all";

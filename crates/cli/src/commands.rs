@@ -1,12 +1,12 @@
 //! The commands: each turns parsed flags into library calls and prints.
 
+use crate::arrays::{layout_json, open_array, open_array_with, parse_specs};
 use crate::cli::{Cli, Command, CreateArgs, DetailArgs, ExamineArgs, ReadArgs, WriteArgs};
 use crate::units::human;
 use anyhow::{bail, Context, Result};
 use raidkit_array::assemble::{assemble, Absence, Assembly};
 use raidkit_array::create::CreateOptions;
 use raidkit_array::superblock::{read_superblock, Role, Superblock};
-use raidkit_array::Array;
 use raidkit_layout::{Layout, Level};
 use raidkit_open::spec::{self, Spec};
 use serde_json::{json, Value};
@@ -20,7 +20,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Read(a) => cmd_read(a),
         Command::Write(a) => cmd_write(a),
         Command::Serve(a) => crate::serve::serve(a),
-        Command::Status(a) => crate::serve::status(a),
+        Command::Status(a) => crate::admin::status(a),
         Command::Check(a) => cmd_check(a),
         Command::Fail(a) => crate::admin::fail(a),
         Command::Remove(a) => crate::admin::remove(a),
@@ -34,20 +34,6 @@ pub fn run(cli: Cli) -> Result<()> {
             Some(crate::cli::BenchCommand::Sweep(a)) => crate::sweep::sweep(a),
             None => crate::storage::run(b.storage),
         },
-    }
-}
-
-fn parse_specs(members: &[String]) -> Result<Vec<Spec>> {
-    Ok(members
-        .iter()
-        .map(|m| Spec::parse(m))
-        .collect::<Result<Vec<_>, _>>()?)
-}
-
-pub fn layout_json(l: Layout) -> Value {
-    match l {
-        Layout::None => Value::Null,
-        other => json!(other.to_string()),
     }
 }
 
@@ -391,47 +377,6 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
         }
     }
     Ok(())
-}
-
-pub fn open_array(members: &[String], read_only: bool) -> Result<Array> {
-    open_array_with(
-        members,
-        raidkit_array::OpenOptions {
-            read_only,
-            ..Default::default()
-        },
-        false,
-    )
-}
-
-/// Assemble and start an array; `force` starts a failed one from its most
-/// recent stale members (md's --force).
-pub fn open_array_with(
-    members: &[String],
-    opts: raidkit_array::OpenOptions,
-    force: bool,
-) -> Result<Array> {
-    let specs = parse_specs(members)?;
-    let ms = spec::open_all(&specs, opts.read_only)?;
-    let mut asm = assemble(ms)?;
-    for w in &asm.warnings {
-        eprintln!("raidkit: warning: {w}");
-    }
-    if force {
-        for f in asm.force() {
-            eprintln!("raidkit: warning: {f}");
-        }
-    }
-    let name = asm.sb.name.clone();
-    let degraded = asm.describe_missing();
-    let array = Array::open_with(asm, &name, opts)?;
-    for n in array.notes() {
-        eprintln!("raidkit: {n}");
-    }
-    if !degraded.is_empty() {
-        eprintln!("raidkit: warning: array '{name}' is degraded: {degraded}");
-    }
-    Ok(array)
 }
 
 const STEP: usize = 4 << 20;

@@ -2,6 +2,7 @@
 //! command line and wires the library crates together.
 
 mod admin;
+mod arrays;
 mod bench;
 mod cli;
 mod commands;

@@ -32,8 +32,6 @@ use std::time::{Duration, Instant};
 
 const BLOCK: usize = 1 << 20;
 const SMALL: usize = 4096;
-/// Tests run by default: everything the target can do.
-pub const DEFAULT_TESTS: &str = "all";
 
 const DD: [&str; 4] = ["seq_write", "seq_read", "randwrite_4k", "randread_4k"];
 /// bonnie++'s tests; the first six are its I/O line, file_create its second.

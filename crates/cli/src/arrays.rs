@@ -1,0 +1,65 @@
+//! Arrays as the commands name them: member names parsed and opened
+//! (through raidkit-open), the array assembled and started, with the
+//! warnings a person should see.
+
+use anyhow::Result;
+use raidkit_array::assemble::assemble;
+use raidkit_array::Array;
+use raidkit_layout::Layout;
+use raidkit_open::spec::{self, Spec};
+use serde_json::{json, Value};
+
+pub fn parse_specs(members: &[String]) -> Result<Vec<Spec>> {
+    Ok(members
+        .iter()
+        .map(|m| Spec::parse(m))
+        .collect::<Result<Vec<_>, _>>()?)
+}
+
+pub fn layout_json(l: Layout) -> Value {
+    match l {
+        Layout::None => Value::Null,
+        other => json!(other.to_string()),
+    }
+}
+
+pub fn open_array(members: &[String], read_only: bool) -> Result<Array> {
+    open_array_with(
+        members,
+        raidkit_array::OpenOptions {
+            read_only,
+            ..Default::default()
+        },
+        false,
+    )
+}
+
+/// Assemble and start an array; `force` starts a failed one from its most
+/// recent stale members (md's --force).
+pub fn open_array_with(
+    members: &[String],
+    opts: raidkit_array::OpenOptions,
+    force: bool,
+) -> Result<Array> {
+    let specs = parse_specs(members)?;
+    let ms = spec::open_all(&specs, opts.read_only)?;
+    let mut asm = assemble(ms)?;
+    for w in &asm.warnings {
+        eprintln!("raidkit: warning: {w}");
+    }
+    if force {
+        for f in asm.force() {
+            eprintln!("raidkit: warning: {f}");
+        }
+    }
+    let name = asm.sb.name.clone();
+    let degraded = asm.describe_missing();
+    let array = Array::open_with(asm, &name, opts)?;
+    for n in array.notes() {
+        eprintln!("raidkit: {n}");
+    }
+    if !degraded.is_empty() {
+        eprintln!("raidkit: warning: array '{name}' is degraded: {degraded}");
+    }
+    Ok(array)
+}
