@@ -29,10 +29,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Wait(a) => crate::admin::wait(a),
         Command::Speed(a) => crate::admin::speed(a),
         Command::Bench(b) => match b.command {
-            Some(crate::cli::BenchCommand::Parity(a)) => cmd_bench_parity(a),
-            Some(crate::cli::BenchCommand::Engine(a)) => crate::bench::engine(a),
-            Some(crate::cli::BenchCommand::Sweep(a)) => crate::sweep::sweep(a),
-            None => crate::storage::run(b.storage),
+            Some(crate::cli::BenchCommand::Parity(a)) => crate::bench::parity(a),
+            Some(crate::cli::BenchCommand::Engine(a)) => crate::bench::engine::engine(a),
+            Some(crate::cli::BenchCommand::Sweep(a)) => crate::bench::sweep::sweep(a),
+            None => crate::bench::storage::run(b.storage),
         },
     }
 }
@@ -463,38 +463,5 @@ fn cmd_write(a: WriteArgs) -> Result<()> {
     }
     array.close()?;
     eprintln!("raidkit: wrote {} bytes at offset {}", data.len(), a.offset);
-    Ok(())
-}
-
-fn cmd_bench_parity(a: crate::cli::BenchParityArgs) -> Result<()> {
-    use raidkit_parity::Isa;
-    let max = raidkit_parity::bench::MAX_K;
-    if !(2..=max).contains(&a.k) {
-        bail!("--k must be between 2 and {max}");
-    }
-    if a.chunk == 0 || a.chunk > 1 << 30 {
-        bail!("--chunk must be between 1 byte and 1 GiB");
-    }
-    if !(a.seconds > 0.0 && a.seconds <= 600.0) {
-        bail!("--seconds must be more than 0 and at most 600");
-    }
-    let available = Isa::available();
-    let isa = match &a.isa {
-        None => Isa::best(),
-        Some(name) => *available.iter().find(|i| i.name() == name).ok_or_else(|| {
-            anyhow::anyhow!(
-                "instruction set '{name}' is not available here (have: {})",
-                available
-                    .iter()
-                    .map(|i| i.name())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })?,
-    };
-    eprintln!("raidkit: parity kernels: {}", isa.name());
-    for f in raidkit_parity::bench::run(isa, a.k, a.chunk as usize, a.seconds) {
-        println!("{:<14} {} {} {:.2}", f.name, f.k, f.chunk, f.gbps);
-    }
     Ok(())
 }

@@ -7,8 +7,6 @@ mod bench;
 mod cli;
 mod commands;
 mod serve;
-mod storage;
-mod sweep;
 mod units;
 
 use clap::Parser;
