@@ -419,14 +419,16 @@ impl Array {
         let start = job.sync.cursor.load(Ordering::Acquire);
         // This run's work, and what runs before it did of the same job.
         let (bytes_before, bytes_total) = match &job.sync.dirty {
-            Some(d) => {
-                let marked = |dev: &u64| d.overlaps(*dev, *dev + chunk);
-                let (below, above): (Vec<u64>, Vec<u64>) = (0..stripes)
-                    .map(|s| s * chunk)
-                    .filter(marked)
-                    .partition(|&dev| dev < start);
-                (below.len() as u64 * chunk, above.len() as u64 * chunk)
-            }
+            Some(d) => (0..stripes)
+                .map(|s| s * chunk)
+                .filter(|&dev| d.overlaps(dev, dev + chunk))
+                .fold((0, 0), |(below, above), dev| {
+                    if dev < start {
+                        (below + chunk, above)
+                    } else {
+                        (below, above + chunk)
+                    }
+                }),
             None => (start.min(total), total - start.min(total)),
         };
         let began = Instant::now();
