@@ -2,10 +2,12 @@
 //! journal after an unclean shutdown, or resyncing the regions the bitmap
 //! marks (the whole array without one). See `journal.rs` for the log.
 
-use crate::engine::{parity_of, Array, View};
+use crate::background::{windows, ParityResync, Plan, Process};
+use crate::core::{Core, View};
+use crate::engine::Array;
 use crate::error::{Error, Result};
 use crate::journal::{self, Record, Slot};
-use crate::recovery::{LastRecovery, ParityResync, RecoveryStatus, CHECKPOINT_EVERY};
+use crate::levels::parity::DataFrom;
 use raidkit_layout::{Piece, StripeMap};
 use raidkit_member::Locked;
 use std::collections::BTreeMap;
@@ -90,7 +92,7 @@ impl Array {
         let Some(j) = &self.journal else {
             return Ok(None);
         };
-        let chunk = self.geom.chunk;
+        let chunk = self.core.geom.chunk;
         let Some(slots) = j.reserve_many((s1 - s0) as usize, journal::HEADER as u64, |seq| {
             self.journal_checkpoint(seq)
         })?
@@ -121,11 +123,11 @@ impl Array {
         dev: u64,
         encode: impl FnOnce(uuid::Uuid, u64) -> Vec<u8>,
     ) -> Result<Slot<'a>> {
-        let uuid = self.meta.locked().sb.array_uuid;
+        let uuid = self.core.meta.locked().sb.array_uuid;
         let rec = encode(uuid, slot.seq);
         // Copies on redundancy + 1 members, spread by stripe.
         let n = v.roles.len();
-        let want = self.geom.redundancy() + 1;
+        let want = self.core.geom.redundancy() + 1;
         let mut written = 0;
         for r in (0..n).map(|i| (stripe as usize + i) % n) {
             if written == want {
@@ -134,14 +136,17 @@ impl Array {
             let Some(d) = &v.roles[r].disk else { continue };
             let at = j.offset + slot.at;
             match self
+                .core
                 .timed(d, || d.member.write_at(&rec, at))
-                .and_then(|()| self.timed(d, || d.member.flush()))
+                .and_then(|()| self.core.timed(d, || d.member.flush()))
             {
                 Ok(()) => written += 1,
-                Err(e) => self.fail_disk_by_ptr(d, &format!("writing the journal: {e}")),
+                Err(e) => self
+                    .core
+                    .fail_disk_by_ptr(d, &format!("writing the journal: {e}")),
             }
         }
-        self.ensure_alive(dev)?;
+        self.core.ensure_alive(dev)?;
         if written == 0 {
             return Err(Error::Unavailable {
                 offset: dev,
@@ -155,9 +160,9 @@ impl Array {
     /// `seq` durable in place (flush) and record that in the superblocks.
     fn journal_checkpoint(&self, seq: u64) -> Result<()> {
         self.flush()?;
-        let mut meta = self.meta.locked();
+        let mut meta = self.core.meta.locked();
         meta.sb.journal.applied_seq = seq;
-        self.write_superblocks(&mut meta)
+        self.core.write_superblocks(&mut meta)
     }
 
     /// Before close: no record in flight, and the superblocks say every
@@ -165,7 +170,7 @@ impl Array {
     pub(crate) fn journal_settle(&self) {
         if let Some(j) = &self.journal {
             let seq = j.quiesce();
-            self.meta.locked().sb.journal.applied_seq = seq;
+            self.core.meta.locked().sb.journal.applied_seq = seq;
         }
     }
 
@@ -174,10 +179,10 @@ impl Array {
     /// everything without one); and resume a resync the superblocks record
     /// as pending (an initial sync cut short, say).
     pub(crate) fn recover_unclean(&self, unclean: bool, force: bool) -> Result<()> {
-        if !self.geom.level.has_redundancy() {
+        if !self.core.geom.level.has_redundancy() {
             return Ok(());
         }
-        let pending = self.meta.locked().sb.resync;
+        let pending = self.core.meta.locked().sb.resync;
         let mut plan = ParityResync {
             from: pending,
             marked: None,
@@ -185,7 +190,7 @@ impl Array {
         if unclean && self.journal.is_some() {
             self.replay_journal()?;
         } else if unclean {
-            let v = self.view.load_full();
+            let v = self.core.view.load_full();
             if !v.degraded_roles().is_empty() {
                 if force {
                     self.recovery.note(vec![
@@ -194,11 +199,11 @@ impl Array {
                     return Ok(());
                 }
                 return Err(Error::NotEnoughMembers {
-                    name: self.name.clone(),
+                    name: self.core.name.clone(),
                     detail: "it was not shut down cleanly and is degraded, without a journal: the parity of stripes being written at the crash may be wrong, so rebuilding could return garbage (the write hole). Bring the missing members back, or start it with --force to accept that".into(),
                 });
             }
-            match self.bitmap.as_ref() {
+            match self.core.bitmap.as_ref() {
                 Some(b) => plan.marked = Some(b.snapshot()),
                 // Nothing says where writes were: everything, from the
                 // start (a pending resync's position does not help: units
@@ -225,42 +230,20 @@ impl Array {
             if pending.is_some() && !unclean {
                 self.recovery.note(vec![format!(
                     "redundancy never made consistent from unit {at} of {} on (an initial sync cut short): resyncing it while serving",
-                    self.resync_units()
+                    self.level.units(self)
                 )]);
             }
             self.unsynced_from
                 .store(at, std::sync::atomic::Ordering::Release);
-            let mut meta = self.meta.locked();
+            let mut meta = self.core.meta.locked();
             if meta.sb.resync != Some(at) {
                 meta.sb.resync = Some(at);
-                self.write_superblocks(&mut meta)?;
+                self.core.write_superblocks(&mut meta)?;
             }
         }
         if plan.from.is_some() || plan.marked.is_some() {
             *self.recovery.pending_parity.locked() = Some(plan);
-            self.recovery.kick();
-        }
-        Ok(())
-    }
-
-    /// Make stripe `stripe`'s P (and Q) over columns `[col, col + len)`
-    /// agree with its data: the data read (a missing or resyncing data
-    /// member's part reconstructed where the stripe's redundancy allows,
-    /// else `Error::Unavailable`), parity computed and written to every
-    /// parity member that takes writes. The one place redundancy is
-    /// recomputed from data for resync and journal replay. Call with the
-    /// stripe locked.
-    pub(crate) fn recompute_parity(&self, v: &View, stripe: u64, col: u64, len: u64) -> Result<()> {
-        let sm = self.geom.stripe_map(stripe);
-        let dev = stripe * self.geom.chunk + col;
-        let rows = self.read_rows(v, stripe, col, len, &vec![true; sm.data.len()])?;
-        let (p, q) = parity_of(&sm, &rows, len as usize);
-        rows.into_iter().for_each(crate::engine::scratch::give);
-        if Self::writable(v, sm.p) {
-            self.member_write(v, sm.p, &p, dev)?;
-        }
-        if let Some(qr) = sm.q.filter(|&qr| Self::writable(v, qr)) {
-            self.member_write(v, qr, &q, dev)?;
+            self.core.wake.kick();
         }
         Ok(())
     }
@@ -273,7 +256,7 @@ impl Array {
         if let Some(plan) = plan {
             self.run_parity_resync(plan, &mut progress)?;
         }
-        if self.meta.locked().sb.resync.is_some() {
+        if self.core.meta.locked().sb.resync.is_some() {
             let why = self
                 .last_recovery()
                 .map_or_else(|| "it did not run".to_string(), |l| l.result);
@@ -282,16 +265,6 @@ impl Array {
             )));
         }
         Ok(())
-    }
-
-    /// Units a parity resync goes through: stripes of parity levels, chunks
-    /// of the array's address space for mirrors.
-    pub(crate) fn resync_units(&self) -> u64 {
-        if self.geom.level.is_parity() {
-            self.geom.stripes()
-        } else {
-            self.capacity() / self.geom.chunk
-        }
     }
 
     /// Whether `unit`'s redundancy has never been made consistent (a
@@ -304,9 +277,9 @@ impl Array {
 
     /// Record how far a resync from a position got.
     fn resync_checkpoint(&self, at: Option<u64>) -> Result<()> {
-        let mut meta = self.meta.locked();
+        let mut meta = self.core.meta.locked();
         meta.sb.resync = at;
-        self.write_superblocks(&mut meta)
+        self.core.write_superblocks(&mut meta)
     }
 
     /// Make redundancy agree with the data where `plan` says (units from a
@@ -320,96 +293,71 @@ impl Array {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<()> {
         use std::sync::atomic::Ordering;
-        let chunk = self.geom.chunk;
-        let mirrored = !self.geom.level.is_parity();
+        let chunk = self.core.geom.chunk;
+        let n_units = self.level.units(self);
         let from = plan.from.unwrap_or(u64::MAX);
         let in_marked = |lo: u64, hi: u64| plan.marked.as_ref().is_some_and(|d| d.overlaps(lo, hi));
-        let units: Vec<u64> = (0..self.resync_units())
-            .filter(|&u| {
-                u >= from
-                    || if mirrored {
-                        self.geom.pieces(u * chunk, chunk)[0]
-                            .copies
-                            .iter()
-                            .any(|&(_, d)| in_marked(d, d + chunk))
-                    } else {
-                        in_marked(u * chunk, (u + 1) * chunk)
-                    }
-            })
-            .collect();
-        let began = std::time::Instant::now();
-        let total = units.len() as u64 * chunk;
-        let kind = "parity-resync";
-        let resumed_from = plan.from.filter(|&f| f > 0).map_or(0, |f| f * chunk);
+        let wanted = |u: u64| u >= from || self.level.unit_in(self, u, &in_marked);
+        let total = windows(0, n_units, u64::MAX, wanted)
+            .map(|(a, b)| b - a)
+            .sum::<u64>()
+            * chunk;
         // Units below the resume position that are not redone were done by
         // earlier runs.
         let before = match plan.from {
             Some(f) => {
-                (0..f.min(self.resync_units()))
-                    .filter(|u| units.binary_search(u).is_err())
-                    .count() as u64
+                let f = f.min(n_units);
+                (f - windows(0, f, u64::MAX, wanted)
+                    .map(|(a, b)| b - a)
+                    .sum::<u64>())
                     * chunk
             }
             None => 0,
         };
-        self.recovery_started(RecoveryStatus {
-            kind,
-            role: None,
-            member: String::new(),
-            progress: 0.0,
-            bytes_done: 0,
-            bytes_total: total,
-            bytes_before: before,
-            resumed_from,
-            seconds: 0.0,
-            rate: 0.0,
-            began: None,
-        });
+        let resumed_from = plan.from.filter(|&f| f > 0).map_or(0, |f| f * chunk);
+        let mut process = Process::start(
+            self,
+            Plan {
+                kind: "parity-resync",
+                role: None,
+                member: String::new(),
+                bytes_before: before,
+                bytes_total: total,
+                resumed_from,
+            },
+        );
         let mut done = 0;
-        let mut last_checkpoint = std::time::Instant::now();
         let result = (|| -> Result<String> {
-            self.begin_write()?;
-            let mut pacer = self.new_pacer();
-            let mut buf = vec![0u8; chunk as usize];
-            for &u in &units {
-                if self.recovery_stopped() {
-                    return Ok("the array was stopped (resumed at the next start)".into());
-                }
-                let v = self.view.load_full();
-                if !v.degraded_roles().is_empty() {
-                    return Ok("a member was lost: parity cannot be recomputed".into());
-                }
-                {
-                    let _g = self.lock(u);
-                    if mirrored {
-                        let p = &self.geom.pieces(u * chunk, chunk)[0];
-                        let (r0, d0) = p.copies[0];
-                        let src = v.roles[r0].disk.as_ref().expect("not degraded");
-                        self.timed(src, || src.member.read_at(&mut buf, src.data_offset + d0))?;
-                        for &(r, d) in &p.copies[1..] {
-                            self.member_write(&v, r, &buf, d)?;
+            self.core.begin_write()?;
+            for (a, b) in windows(0, n_units, u64::MAX, wanted) {
+                for u in a..b {
+                    if process.stopped() {
+                        return Ok("the array was stopped (resumed at the next start)".into());
+                    }
+                    let v = self.core.view.load_full();
+                    if !v.degraded_roles().is_empty() {
+                        return Ok("a member was lost: parity cannot be recomputed".into());
+                    }
+                    {
+                        let _g = self.core.lock(u);
+                        self.level.resync_unit(self, &v, u)?;
+                        if u >= from {
+                            // Under the unit's lock: a write that takes it
+                            // next sees the unit synced.
+                            self.unsynced_from.store(u + 1, Ordering::Release);
                         }
-                    } else {
-                        self.recompute_parity(&v, u, 0, chunk)?;
                     }
-                    if u >= from {
-                        // Under the unit's lock: a write that takes it next
-                        // sees the unit synced.
-                        self.unsynced_from.store(u + 1, Ordering::Release);
+                    done += chunk;
+                    progress(done, total);
+                    if plan.from.is_some() && process.checkpoint_due() {
+                        // Durable in place before the position says so.
+                        self.core.flush()?;
+                        self.resync_checkpoint(Some(u + 1))?;
                     }
+                    process.advance(chunk);
                 }
-                done += chunk;
-                self.recovery_progress(chunk);
-                progress(done, total);
-                if plan.from.is_some() && last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
-                    // Durable in place before the position says so.
-                    self.flush()?;
-                    self.resync_checkpoint(Some(u + 1))?;
-                    last_checkpoint = std::time::Instant::now();
-                }
-                self.pace_recovery(&mut pacer, chunk);
             }
-            self.flush()?;
+            self.core.flush()?;
             if plan.from.is_some() {
                 self.unsynced_from.store(u64::MAX, Ordering::Release);
                 self.resync_checkpoint(None)?;
@@ -423,22 +371,13 @@ impl Array {
             // Stopped or failed: record the position reached, if the
             // members can still take it.
             let at = self.unsynced_from.load(Ordering::Acquire);
-            if self.flush().is_ok() {
+            if self.core.flush().is_ok() {
                 let _ = self.resync_checkpoint(Some(at));
             }
         }
-        let result_text = match &result {
+        process.end(match &result {
             Ok(t) => t.clone(),
             Err(e) => e.to_string(),
-        };
-        self.recovery_ended(LastRecovery {
-            kind,
-            role: None,
-            member: String::new(),
-            bytes: done,
-            seconds: began.elapsed().as_secs_f64(),
-            resumed_from,
-            result: result_text,
         });
         result.map(|_| ())
     }
@@ -448,10 +387,10 @@ impl Array {
     fn replay_journal(&self) -> Result<()> {
         let j = self.journal.as_ref().expect("journal");
         let (uuid, after) = {
-            let meta = self.meta.locked();
+            let meta = self.core.meta.locked();
             (meta.sb.array_uuid, meta.sb.journal.applied_seq)
         };
-        let v = self.view.load_full();
+        let v = self.core.view.load_full();
         let mut records: BTreeMap<u64, Record> = BTreeMap::new();
         let mut scanned = 0;
         for d in v.roles.iter().filter_map(|r| r.disk.as_ref()) {
@@ -469,7 +408,7 @@ impl Array {
                 "no member's journal could be read: refusing to serve data that may be inconsistent".into(),
             ));
         }
-        self.begin_write()?;
+        self.core.begin_write()?;
         let count = records.len();
         let mut last = after;
         // Windows rewritten whole after a record: its blocks there are not
@@ -479,7 +418,7 @@ impl Array {
             .filter_map(|r| r.intent.map(|(dev, len)| (r.seq, r.stripe, dev, len)))
             .collect();
         for (&seq, r) in &records {
-            let _g = self.lock(r.stripe);
+            let _g = self.core.lock(r.stripe);
             let later: Vec<(u64, u64)> = intents
                 .iter()
                 .filter(|i| i.0 > seq && i.1 == r.stripe)
@@ -491,7 +430,7 @@ impl Array {
                 }
                 for (lo, hi) in outside(part.dev, part.dev + part.data.len() as u64, &later) {
                     let at = (lo - part.dev) as usize..(hi - part.dev) as usize;
-                    self.member_write(&v, part.role, &part.data[at], lo)?;
+                    self.core.member_write(&v, part.role, &part.data[at], lo)?;
                 }
             }
             last = seq;
@@ -503,28 +442,34 @@ impl Array {
         // member one way and leave Q saying another). Where the data cannot
         // be had (too many absent, or a stripe never synced), the window,
         // all of it written since the last flush, keeps what it has.
-        let chunk = self.geom.chunk;
+        let chunk = self.core.geom.chunk;
         for &(_, stripe, dev, len) in &intents {
-            let sm = self.geom.stripe_map(stripe);
+            let sm = self.core.geom.stripe_map(stripe);
             let absent = sm
                 .data
                 .iter()
-                .filter(|&&r| Self::readable(&v, r, dev, len).is_none())
+                .filter(|&&r| Core::readable(&v, r, dev, len).is_none())
                 .count();
             if absent > 0 && (self.unsynced(stripe) || absent > 1 + usize::from(sm.q.is_some())) {
                 continue;
             }
-            let _g = self.lock(stripe);
-            match self.recompute_parity(&v, stripe, dev - stripe * chunk, len) {
+            let _g = self.core.lock(stripe);
+            match self.recompute_parity(
+                &v,
+                stripe,
+                dev - stripe * chunk,
+                len,
+                DataFrom::OrRedundancy,
+            ) {
                 Ok(()) | Err(Error::Unavailable { .. }) => {}
                 Err(e) => return Err(e),
             }
         }
         self.flush()?;
         j.advance_to(last);
-        let mut meta = self.meta.locked();
+        let mut meta = self.core.meta.locked();
         meta.sb.journal.applied_seq = last;
-        self.write_superblocks(&mut meta)?;
+        self.core.write_superblocks(&mut meta)?;
         drop(meta);
         if count > 0 {
             self.recovery.note(vec![format!(

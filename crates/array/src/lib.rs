@@ -19,20 +19,23 @@
 //! ```
 
 pub mod assemble;
+mod background;
 mod consistency;
+mod core;
 pub mod create;
 mod engine;
 pub mod error;
-mod manage;
+mod levels;
 pub mod metadata;
 mod recovery;
+mod scratch;
 mod seams;
 // The metadata formats keep their paths (raidkit_array::superblock...).
 pub use metadata::{bitmap, journal, superblock};
 
+pub use crate::core::{Added, MemberStatus, DEFAULT_MEMBER_TIMEOUT};
 pub use assemble::Health;
-pub use engine::{Array, MemberStatus, Mismatch, OpenOptions, DEFAULT_MEMBER_TIMEOUT};
+pub use background::{LastRecovery, RecoveryStatus, DEFAULT_MIN_RATE};
+pub use engine::{Array, Mismatch, OpenOptions};
 pub use error::{Error, Result};
-pub use manage::Added;
-pub use recovery::{LastRecovery, RecoveryStatus, DEFAULT_MIN_RATE};
 pub use superblock::SB_SIZE;

@@ -18,18 +18,21 @@ impl Array {
         len: u64,
         f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
     ) -> Option<std::io::Result<()>> {
-        if len == 0 || self.check(offset, len).is_err() || !self.alive.load(Ordering::Acquire) {
+        if len == 0
+            || self.core.check(offset, len).is_err()
+            || !self.core.alive.load(Ordering::Acquire)
+        {
             return None;
         }
-        let v = self.view.load();
-        let pieces = self.geom.pieces(offset, len);
+        let v = self.core.view.load();
+        let pieces = self.core.geom.pieces(offset, len);
         let mut disks: Small<&Disk> = Small::new();
         let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
         for p in &pieces {
             // The copy `read` would try first, or the next one in sync.
             let (d, dev) = self
                 .copy_order(p)
-                .find_map(|(role, dev)| Self::readable(&v, role, dev, p.len).map(|d| (d, dev)))?;
+                .find_map(|(role, dev)| Core::readable(&v, role, dev, p.len).map(|d| (d, dev)))?;
             let file = d.member.as_file()?;
             push_extent(
                 &mut ext,
@@ -43,7 +46,7 @@ impl Array {
             }
         }
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        Some(self.timed_all(&disks, || f(&ext)))
+        Some(self.core.timed_all(&disks, || f(&ext)))
     }
 
     /// Writes placed straight into member files: for a level with no
@@ -63,19 +66,19 @@ impl Array {
         f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
     ) -> Option<std::io::Result<()>> {
         // (No redundancy also means no bitmap, rebuild or replacement.)
-        if self.geom.level.is_parity() {
+        if self.core.geom.level.is_parity() {
             return self.with_stripe_extents(offset, len, f);
         }
         if len == 0
-            || self.geom.level.has_redundancy()
-            || self.check(offset, len).is_err()
-            || !self.alive.load(Ordering::Acquire)
-            || self.begin_write().is_err()
+            || self.core.geom.level.has_redundancy()
+            || self.core.check(offset, len).is_err()
+            || !self.core.alive.load(Ordering::Acquire)
+            || self.core.begin_write().is_err()
         {
             return None;
         }
-        let v = self.view.load();
-        let pieces = self.geom.pieces(offset, len);
+        let v = self.core.view.load();
+        let pieces = self.core.geom.pieces(offset, len);
         let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
         for p in &pieces {
             let [(role, dev)] = p.copies[..] else {
@@ -110,24 +113,24 @@ impl Array {
         len: u64,
         f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
     ) -> Option<std::io::Result<()>> {
-        let chunk = self.geom.chunk;
-        let width = chunk * self.geom.data_members() as u64;
+        let chunk = self.core.geom.chunk;
+        let width = chunk * self.core.geom.data_members() as u64;
         if len == 0
             || !offset.is_multiple_of(width)
             || !len.is_multiple_of(width)
-            || self.check(offset, len).is_err()
-            || !self.alive.load(Ordering::Acquire)
-            || !Self::whole(&self.view.load())
-            || self.begin_write().is_err()
+            || self.core.check(offset, len).is_err()
+            || !self.core.alive.load(Ordering::Acquire)
+            || !Core::whole(&self.core.view.load())
+            || self.core.begin_write().is_err()
         {
             return None;
         }
         let (s0, s1) = (offset / width, (offset + len) / width);
-        let pieces = self.geom.pieces(offset, len);
-        let _bits = self.mark_bitmap(&self.view.load(), &pieces);
-        let _locks = self.lock_range(s0, s1);
-        let v = self.view_under_lock();
-        if !self.alive.load(Ordering::Acquire) || !Self::whole(&v) {
+        let pieces = self.core.geom.pieces(offset, len);
+        let _bits = self.mark_bitmap(&self.core.view.load(), &pieces);
+        let _locks = self.core.lock_range(s0, s1);
+        let v = self.core.view_under_lock();
+        if !self.core.alive.load(Ordering::Acquire) || !Core::whole(&v) {
             return None;
         }
         let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
@@ -151,7 +154,7 @@ impl Array {
             if self.parity_in_place(&v, s) {
                 Ok(())
             } else {
-                self.parity_from_members(&v, s)
+                self.recompute_parity(&v, s, 0, chunk, DataFrom::Members)
             }
         });
         drop(slots);

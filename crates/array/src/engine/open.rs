@@ -162,23 +162,22 @@ impl Array {
         });
         let unclean = sb.state == ArrayState::Dirty;
         let resync_from = sb.resync.filter(|_| geom.level.has_redundancy());
+        let level = levels::of(geom.level);
         let a = Array {
+            core: Core::new(
+                name,
+                geom,
+                view,
+                sb,
+                bitmap,
+                opts.read_only,
+                opts.member_timeout,
+            ),
+            level,
             journal,
-            name: name.to_string(),
-            geom,
-            view: ArcSwap::from_pointee(view),
-            meta: Mutex::new(Meta { sb }),
-            write_ready: AtomicBool::new(false),
-            read_only: opts.read_only,
-            locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
-            bitmap,
             recovery: Recovery::default(),
             fg_ops: AtomicU64::new(0),
             writing: AtomicUsize::new(0),
-            corrected: AtomicU64::new(0),
-            epoch: Instant::now(),
-            timeout_ns: AtomicU64::new(opts.member_timeout.as_nanos() as u64),
-            alive: AtomicBool::new(true),
             unsynced_from: AtomicU64::new(resync_from.unwrap_or(u64::MAX)),
         };
         a.recovery.note(notes);
@@ -188,8 +187,8 @@ impl Array {
             a.recover_unclean(unclean, opts.force)?;
             // Every start is an event: a copy of a member taken before it
             // is one behind, and any later update makes it stale.
-            a.write_superblocks(&mut a.meta.locked())?;
-            a.use_spares()?;
+            a.core.write_superblocks(&mut a.core.meta.locked())?;
+            a.core.use_spares()?;
         }
         Ok(a)
     }

@@ -174,7 +174,7 @@ fn a_member_truncated_under_parity_in_place_faults_without_killing_the_process()
     let stripe = 5;
     let p = a.geometry().stripe_map(stripe).p;
     let at = {
-        let v = a.view.load();
+        let v = a.core.view.load();
         v.roles[p].disk.as_ref().unwrap().data_offset + stripe * a.geometry().chunk
     };
     // Once the mappings are set up, P's member loses its file from the

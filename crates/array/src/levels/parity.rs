@@ -1,11 +1,158 @@
 //! Parity levels (RAID-4/5/6): reads that reconstruct from P and Q,
 //! stripe updates by read-modify-write, reconstruct-write or whole
 //! stripes, and parity computed from the members (or in place, over their
-//! mappings).
+//! mappings); a stripe's redundancy recomputed from its data (resync,
+//! journal replay) and checked with the reference code. Rebuilding a
+//! member: `parity_rebuild.rs`.
 
-use super::*;
+use super::LevelOps;
+use crate::background::Process;
+use crate::core::{Core, View};
+use crate::engine::{in_parallel, io_pool, roles_list, Array, Mismatch, Small};
+use crate::error::{Error, Result};
+use crate::levels::mirrored::read_in_sync;
+use crate::recovery::{Job, Outcome};
+use crate::{scratch, seams};
+use raidkit_layout::{Piece, StripeMap};
+use raidkit_member::MemberError;
+use raidkit_parity as parity;
+use smallvec::smallvec;
+
+/// Column width for full-stripe writes (see `write_full_stripe`).
+const COLUMN: usize = 128 << 10;
+
+pub(crate) struct Parity;
+
+/// Where `Array::recompute_parity` takes a stripe's data from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DataFrom {
+    /// Exactly as the data members hold it, streamed a column at a time:
+    /// a member that cannot be read is failed, and the stripe with it
+    /// (its parity is what is being made, so nothing can be rebuilt from
+    /// it). For data just written in place with every member in service.
+    Members,
+    /// The members, with a data member that is absent, resyncing or fails
+    /// to read rebuilt from the stripe's redundancy where it allows (and
+    /// cured from the result): resync and journal replay.
+    OrRedundancy,
+}
+
+impl LevelOps for Parity {
+    fn read_piece(&self, a: &Array, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()> {
+        a.read_parity_piece(v, p, dst)
+    }
+
+    fn read_role(&self, _a: &Array, p: &Piece) -> usize {
+        p.copies[0].0
+    }
+
+    fn write<'a>(
+        &self,
+        a: &Array,
+        v: &View,
+        pieces: &[Piece],
+        src: &(dyn Fn(&Piece) -> &'a [u8] + Sync),
+        _len: usize,
+    ) -> Result<()> {
+        a.write_parity(v, pieces, src)
+    }
+
+    fn units(&self, a: &Array) -> u64 {
+        a.core.geom.stripes()
+    }
+
+    fn unit_in(&self, a: &Array, u: u64, marked: &dyn Fn(u64, u64) -> bool) -> bool {
+        let chunk = a.core.geom.chunk;
+        marked(u * chunk, (u + 1) * chunk)
+    }
+
+    fn resync_unit(&self, a: &Array, v: &View, u: u64) -> Result<()> {
+        a.recompute_parity(v, u, 0, a.core.geom.chunk, DataFrom::OrRedundancy)
+    }
+
+    fn check_unit(
+        &self,
+        a: &Array,
+        v: &View,
+        s: u64,
+        each: &mut dyn FnMut(Mismatch),
+    ) -> Result<u64> {
+        let g = &a.core.geom;
+        let chunk = g.chunk;
+        let sm = g.stripe_map(s);
+        let mut bufs: Vec<Vec<u8>> = (0..g.members())
+            .map(|_| scratch::take(chunk as usize))
+            .collect();
+        let r = (|| {
+            for (role, b) in bufs.iter_mut().enumerate() {
+                read_in_sync(&a.core, v, role, b, s * chunk)?;
+            }
+            // The data in syndrome order, for the slow reference code.
+            let mut order = vec![0; sm.data.len()];
+            for dd in 0..sm.data.len() {
+                order[sm.syndrome[dd]] = sm.data[dd];
+            }
+            let refs: Vec<&[u8]> = order.iter().map(|&r| bufs[r].as_slice()).collect();
+            let (rp, rq) = parity::reference::pq(&refs);
+            let mut roles = Vec::new();
+            if rp != bufs[sm.p] {
+                roles.push(sm.p);
+            }
+            if let Some(q) = sm.q.filter(|&q| rq != bufs[q]) {
+                roles.push(q);
+            }
+            if roles.is_empty() {
+                return Ok(0);
+            }
+            each(Mismatch {
+                unit: s,
+                array_offset: g.stripe_data_offset(s, 0),
+                member_offset: s * chunk,
+                roles,
+            });
+            Ok(1)
+        })();
+        bufs.into_iter().for_each(scratch::give);
+        r
+    }
+
+    fn rebuild(&self, a: &Array, job: &Job, total: u64, process: &mut Process) -> Result<Outcome> {
+        a.parity_pipeline(job, total, process)
+    }
+}
 
 impl Array {
+    /// Make stripe `stripe`'s P (and Q) over columns `[col, col + len)`
+    /// agree with its data, written to every parity member that takes
+    /// writes: the one place redundancy is recomputed from data (parity
+    /// resync, journal replay, writes placed straight into member files).
+    /// `from` says where the data may come from. Call with the stripe
+    /// locked.
+    pub(crate) fn recompute_parity(
+        &self,
+        v: &View,
+        stripe: u64,
+        col: u64,
+        len: u64,
+        from: DataFrom,
+    ) -> Result<()> {
+        let sm = self.core.geom.stripe_map(stripe);
+        let dev = stripe * self.core.geom.chunk + col;
+        if from == DataFrom::Members {
+            return self.parity_streamed(v, &sm, stripe, col, len as usize);
+        }
+        let rows = self.read_rows(v, stripe, col, len, &vec![true; sm.data.len()])?;
+        let (p, q) = parity_of(&sm, &rows, len as usize);
+        rows.into_iter().for_each(scratch::give);
+        if Core::writable(v, sm.p) {
+            self.core.member_write(v, sm.p, &p, dev)?;
+        }
+        if let Some(qr) = sm.q.filter(|&qr| Core::writable(v, qr)) {
+            self.core.member_write(v, qr, &q, dev)?;
+        }
+        Ok(())
+    }
+
     /// A write to a parity level: its pieces grouped by stripe, each stripe
     /// updated under its lock; with a journal, by column windows (one
     /// record each) unless the whole stripe is rewritten with every member
@@ -14,7 +161,7 @@ impl Array {
         &self,
         v: &View,
         pieces: &[Piece],
-        src: &dyn Fn(&Piece) -> &'a [u8],
+        src: &(dyn Fn(&Piece) -> &'a [u8] + Sync),
     ) -> Result<()> {
         let mut i = 0;
         while i < pieces.len() {
@@ -29,7 +176,7 @@ impl Array {
                         pieces[i..j].iter().map(|p| (p, src(p))).collect();
                     self.write_stripe(stripe, &group)?;
                 }
-                Some(_) if self.full_stripe(&pieces[i..j]) && Self::whole(v) => {
+                Some(_) if self.full_stripe(&pieces[i..j]) && Core::whole(v) => {
                     // The whole stripe rewritten: one intent record, no
                     // windows needed.
                     let group: Small<(&Piece, &[u8])> =
@@ -66,13 +213,13 @@ impl Array {
 
     pub(crate) fn read_parity_piece(&self, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()> {
         let (role, dev) = p.copies[0];
-        if let Some(Ok(())) = self.member_read(v, role, dst, dev) {
+        if let Some(Ok(())) = self.core.member_read(v, role, dst, dev) {
             return Ok(());
         }
         // Missing or failing: rebuild the piece from the rest of its stripe
         // (read_rows tries the member once more and cures it if it can).
-        let _g = self.lock(p.stripe);
-        let k = self.geom.data_members();
+        let _g = self.core.lock(p.stripe);
+        let k = self.core.geom.data_members();
         let mut need: Small<bool> = smallvec![false; k];
         need[p.dd] = true;
         let rows = self.read_rows(v, p.stripe, p.col, p.len, &need)?;
@@ -93,14 +240,14 @@ impl Array {
         len: u64,
         need: &[bool],
     ) -> Result<Vec<Vec<u8>>> {
-        let sm = self.geom.stripe_map(stripe);
+        let sm = self.core.geom.stripe_map(stripe);
         let k = sm.data.len();
-        let dev = stripe * self.geom.chunk + col;
+        let dev = stripe * self.core.geom.chunk + col;
         let mut failed: Small<usize> = Small::new();
         let mut data: Vec<Option<Vec<u8>>> = vec![None; k];
         let read = |role: usize, failed: &mut Small<usize>| -> Option<Vec<u8>> {
             let mut b = scratch::take(len as usize);
-            match self.member_read(v, role, &mut b, dev) {
+            match self.core.member_read(v, role, &mut b, dev) {
                 Some(Ok(())) => Some(b),
                 Some(Err(_)) => {
                     scratch::give(b);
@@ -129,13 +276,14 @@ impl Array {
             // garbage, so the data is unavailable until the resync comes.
             for &r in &failed {
                 if let Some(d) = &v.roles[r].disk {
-                    self.fail_disk_by_ptr(d, "read error in a stripe not yet synced");
+                    self.core
+                        .fail_disk_by_ptr(d, "read error in a stripe not yet synced");
                 }
             }
             data.into_iter().flatten().for_each(scratch::give);
             let lost = (0..k).find(|&d| need[d]).unwrap_or(0);
             return Err(Error::Unavailable {
-                offset: self.geom.stripe_data_offset(stripe, lost) + col,
+                offset: self.core.geom.stripe_data_offset(stripe, lost) + col,
                 detail: format!(
                     "stripe {stripe} has not been synced yet, so it cannot be reconstructed"
                 ),
@@ -149,13 +297,14 @@ impl Array {
             Err(gone) => {
                 for &r in &failed {
                     if let Some(d) = &v.roles[r].disk {
-                        self.fail_disk_by_ptr(d, "read error that redundancy could not cover");
+                        self.core
+                            .fail_disk_by_ptr(d, "read error that redundancy could not cover");
                     }
                 }
-                self.ensure_alive(dev)?;
+                self.core.ensure_alive(dev)?;
                 let lost = (0..k).find(|&d| gone.contains(&sm.data[d])).unwrap_or(0);
                 return Err(Error::Unavailable {
-                    offset: self.geom.stripe_data_offset(stripe, lost) + col,
+                    offset: self.core.geom.stripe_data_offset(stripe, lost) + col,
                     detail: format!(
                         "roles {} of stripe {stripe} are missing or failing",
                         roles_list(gone.into_iter())
@@ -173,7 +322,7 @@ impl Array {
                 } else {
                     &rows[sm.data.iter().position(|&x| x == r).expect("data role")]
                 };
-                self.repair(v, r, good, dev);
+                self.core.repair(v, r, good, dev);
             }
         }
         p.into_iter().chain(q).for_each(scratch::give);
@@ -182,7 +331,7 @@ impl Array {
 
     /// Whether one stripe's pieces rewrite the same columns of every data chunk.
     pub(crate) fn full_stripe(&self, pieces: &[Piece]) -> bool {
-        pieces.len() == self.geom.data_members()
+        pieces.len() == self.core.geom.data_members()
             && pieces
                 .iter()
                 .all(|p| p.col == pieces[0].col && p.len == pieces[0].len)
@@ -193,11 +342,11 @@ impl Array {
     /// full-stripe write.
     pub(crate) fn write_stripe(&self, stripe: u64, pieces: &[(&Piece, &[u8])]) -> Result<()> {
         seams::before_stripe_lock();
-        let _g = self.lock(stripe);
-        let v: &View = &self.view_under_lock();
-        let sm = self.geom.stripe_map(stripe);
+        let _g = self.core.lock(stripe);
+        let v: &View = &self.core.view_under_lock();
+        let sm = self.core.geom.stripe_map(stripe);
         let k = sm.data.len();
-        let chunk = self.geom.chunk;
+        let chunk = self.core.geom.chunk;
         let c0 = pieces.iter().map(|(p, _)| p.col).min().expect("non-empty");
         let c1 = pieces
             .iter()
@@ -208,10 +357,10 @@ impl Array {
         let dev = stripe * chunk + c0;
         let parity_roles: Small<usize> = std::iter::once(sm.p).chain(sm.q).collect();
 
-        if !parity_roles.iter().any(|&r| Self::writable(v, r)) {
+        if !parity_roles.iter().any(|&r| Core::writable(v, r)) {
             // Every parity member of this stripe is gone: data is all there is.
             for (p, d) in pieces {
-                self.member_write(v, p.copies[0].0, d, p.copies[0].1)?;
+                self.core.member_write(v, p.copies[0].0, d, p.copies[0].1)?;
             }
             return Ok(());
         }
@@ -226,10 +375,10 @@ impl Array {
         let span = len as u64;
         let rmw_ok = parity_roles
             .iter()
-            .all(|&r| Self::readable(v, r, dev, span).is_some())
+            .all(|&r| Core::readable(v, r, dev, span).is_some())
             && pieces
                 .iter()
-                .all(|(p, _)| Self::readable(v, p.copies[0].0, p.copies[0].1, p.len).is_some());
+                .all(|(p, _)| Core::readable(v, p.copies[0].0, p.copies[0].1, p.len).is_some());
         let rmw_reads = pieces.len() + parity_roles.len();
         // Parity never made consistent cannot be updated from itself.
         let rmw_ok = rmw_ok && !self.unsynced(stripe);
@@ -241,17 +390,20 @@ impl Array {
             let read_ok = (|| {
                 let ok =
                     |r: Option<std::result::Result<(), MemberError>>| matches!(r, Some(Ok(())));
-                if !ok(self.member_read(v, sm.p, &mut pbuf, dev)) {
+                if !ok(self.core.member_read(v, sm.p, &mut pbuf, dev)) {
                     return false;
                 }
                 if let (Some(q), Some(qb)) = (sm.q, qbuf.as_mut()) {
-                    if !ok(self.member_read(v, q, qb, dev)) {
+                    if !ok(self.core.member_read(v, q, qb, dev)) {
                         return false;
                     }
                 }
                 for (p, d) in pieces {
                     old.resize(p.len as usize, 0);
-                    if !ok(self.member_read(v, p.copies[0].0, &mut old, p.copies[0].1)) {
+                    if !ok(self
+                        .core
+                        .member_read(v, p.copies[0].0, &mut old, p.copies[0].1))
+                    {
                         return false;
                     }
                     let r = (p.col - c0) as usize..(p.col - c0 + p.len) as usize;
@@ -284,7 +436,7 @@ impl Array {
 
         // A full-stripe update with every member in service logs only its
         // intent (journal.rs); otherwise the journal takes the blocks.
-        let intent = rcw_reads == 0 && self.journal.is_some() && Self::whole(v);
+        let intent = rcw_reads == 0 && self.journal.is_some() && Core::whole(v);
         if rcw_reads == 0 && len >= 2 * COLUMN && (self.journal.is_none() || intent) {
             let _slot = self.journal_intent(v, stripe, dev, len as u64)?;
             return self.write_full_stripe(v, pieces, &sm, dev, len);
@@ -368,15 +520,19 @@ impl Array {
                 let end = (at + COLUMN).min(len);
                 for (dd, d) in by_dd.iter().enumerate() {
                     if done.is_ok() {
-                        done = self.member_write(v, sm.data[dd], &d[at..end], dev + at as u64);
+                        done = self
+                            .core
+                            .member_write(v, sm.data[dd], &d[at..end], dev + at as u64);
                     }
                 }
                 column_parity(sm, &by_dd, at..end, &mut pbuf, qbuf.as_deref_mut());
                 at = end;
             }
-            let done = done.and_then(|()| self.member_write(v, sm.p, &pbuf, dev));
+            let done = done.and_then(|()| self.core.member_write(v, sm.p, &pbuf, dev));
             match (sm.q, &qbuf) {
-                (Some(role), Some(q)) => done.and_then(|()| self.member_write(v, role, q, dev)),
+                (Some(role), Some(q)) => {
+                    done.and_then(|()| self.core.member_write(v, role, q, dev))
+                }
                 _ => done,
             }
         } else {
@@ -386,7 +542,7 @@ impl Array {
                 || -> Result<()> {
                     // Every data member at once (disks in parallel).
                     in_parallel(by_dd.iter().enumerate(), |(dd, d)| {
-                        self.member_write(v, sm.data[dd], d, dev)
+                        self.core.member_write(v, sm.data[dd], d, dev)
                     })
                 },
                 || -> Result<()> {
@@ -399,15 +555,15 @@ impl Array {
                     match (sm.q, &qbuf) {
                         // P and Q to their members at once.
                         (Some(role), Some(q)) => {
-                            let write_p = || self.member_write(v, sm.p, &pbuf, dev);
-                            let write_q = || self.member_write(v, role, q, dev);
+                            let write_p = || self.core.member_write(v, sm.p, &pbuf, dev);
+                            let write_q = || self.core.member_write(v, role, q, dev);
                             let (p_done, q_done) = match io_pool() {
                                 Some(pool) => pool.join(write_p, write_q),
                                 None => (write_p(), write_q()),
                             };
                             p_done.and(q_done)
                         }
-                        _ => self.member_write(v, sm.p, &pbuf, dev),
+                        _ => self.core.member_write(v, sm.p, &pbuf, dev),
                     }
                 },
             );
@@ -431,11 +587,12 @@ impl Array {
         q: Option<&[u8]>,
     ) -> Result<()> {
         for (piece, d) in pieces {
-            self.member_write(v, piece.copies[0].0, d, piece.copies[0].1)?;
+            self.core
+                .member_write(v, piece.copies[0].0, d, piece.copies[0].1)?;
         }
-        self.member_write(v, sm.p, p, dev)?;
+        self.core.member_write(v, sm.p, p, dev)?;
         if let (Some(role), Some(q)) = (sm.q, q) {
-            self.member_write(v, role, q, dev)?;
+            self.core.member_write(v, role, q, dev)?;
         }
         Ok(())
     }
@@ -449,9 +606,9 @@ impl Array {
     /// failing under the server; whatever was written is then overwritten
     /// by `parity_from_members`, which also reports the error).
     pub(crate) fn parity_in_place(&self, v: &View, stripe: u64) -> bool {
-        let sm = self.geom.stripe_map(stripe);
+        let sm = self.core.geom.stripe_map(stripe);
         let k = sm.data.len();
-        let chunk = self.geom.chunk;
+        let chunk = self.core.geom.chunk;
         let dev = stripe * chunk;
         let outs: Small<usize> = std::iter::once(sm.p).chain(sm.q).collect();
         let mut ranges = Vec::with_capacity(k + outs.len());
@@ -506,17 +663,21 @@ impl Array {
         done.is_ok()
     }
 
-    /// Compute stripe `stripe`'s P (and Q) from its data chunks as the
-    /// members hold them, column by column (each column read into buffers
-    /// that stay in cache), and write them. Call with the stripe locked.
-    /// A data chunk that cannot be read fails its member: the parity
-    /// cannot be had, and the error is returned.
-    pub(crate) fn parity_from_members(&self, v: &View, stripe: u64) -> Result<()> {
-        let sm = self.geom.stripe_map(stripe);
+    /// `recompute_parity` from the members as they are: the data read a
+    /// column at a time into buffers kept per thread, P and Q generated
+    /// over each column.
+    fn parity_streamed(
+        &self,
+        v: &View,
+        sm: &StripeMap,
+        stripe: u64,
+        col0: u64,
+        len: usize,
+    ) -> Result<()> {
         let k = sm.data.len();
-        let chunk = self.geom.chunk as usize;
-        let dev = stripe * chunk as u64;
-        let col = COLUMN.min(chunk);
+        let chunk = self.core.geom.chunk as usize;
+        let dev = stripe * chunk as u64 + col0;
+        let col = COLUMN.min(len);
         // Buffers of the sizes this needs, not ones of other sizes from the
         // shared scratch pool, which would be zero-filled to size each time.
         thread_local! {
@@ -525,7 +686,7 @@ impl Array {
         let mut bufs = BUFS.with(|b| std::mem::take(&mut *b.borrow_mut()));
         bufs.resize_with(k + 2, Vec::new);
         for (i, b) in bufs.iter_mut().enumerate() {
-            let want = if i < k { col } else { chunk };
+            let want = if i < k { col } else { len };
             if b.len() != want {
                 b.resize(want, 0);
             }
@@ -535,11 +696,14 @@ impl Array {
         let mut rows = bufs;
         let mut done = Ok(());
         let mut at = 0;
-        'columns: while at < chunk {
-            let n = col.min(chunk - at);
+        'columns: while at < len {
+            let n = col.min(len - at);
             for (dd, row) in rows.iter_mut().enumerate() {
                 let role = sm.data[dd];
-                match self.member_read(v, role, &mut row[..n], dev + at as u64) {
+                match self
+                    .core
+                    .member_read(v, role, &mut row[..n], dev + at as u64)
+                {
                     Some(Ok(())) => {}
                     failed => {
                         let why = match failed {
@@ -547,10 +711,13 @@ impl Array {
                             _ => "not readable".into(),
                         };
                         if let Some(d) = &v.roles[role].disk {
-                            self.fail_disk_by_ptr(d, &format!("reading back a stripe: {why}"));
+                            self.core
+                                .fail_disk_by_ptr(d, &format!("reading back a stripe: {why}"));
                         }
                         done = Err(Error::Unavailable {
-                            offset: self.geom.stripe_data_offset(stripe, dd) + at as u64,
+                            offset: self.core.geom.stripe_data_offset(stripe, dd)
+                                + col0
+                                + at as u64,
                             detail: format!("reading back role {role}: {why}"),
                         });
                         break 'columns;
@@ -569,9 +736,9 @@ impl Array {
             at += n;
         }
         let done = done
-            .and_then(|()| self.member_write(v, sm.p, &pbuf, dev))
+            .and_then(|()| self.core.member_write(v, sm.p, &pbuf, dev))
             .and_then(|()| match (sm.q, &qbuf) {
-                (Some(role), Some(q)) => self.member_write(v, role, q, dev),
+                (Some(role), Some(q)) => self.core.member_write(v, role, q, dev),
                 _ => Ok(()),
             });
         let mut bufs = rows;

@@ -3,8 +3,8 @@
 //! service. Every change is recorded in the superblocks (event counter
 //! raised) before the new set of members is put in service.
 
+use super::{Core, Disk, Meta, SyncState, View};
 use crate::assemble::Absence;
-use crate::engine::{Array, Disk, Meta, SyncState, View};
 use crate::error::{Error, Result};
 use crate::superblock::{
     data_offset_for, probe, write_superblock, Role, RoleState, Superblock, SB_SIZE,
@@ -45,11 +45,11 @@ enum Place {
     Failed(usize),
 }
 
-impl Array {
+impl Core {
     /// Write every role member's superblock from the array-wide state. A
     /// member that cannot take it is failed, and the others written again.
     pub(crate) fn write_superblocks(&self, meta: &mut Meta) -> Result<()> {
-        meta.sb.utime = crate::engine::unix_now();
+        meta.sb.utime = super::unix_now();
         loop {
             // Every update is an event (as md's md_update_sb): a copy of a
             // member taken before any later update is behind, so stale.
@@ -174,7 +174,7 @@ impl Array {
         };
         if changed {
             let _ = self.use_spares();
-            self.recovery.kick();
+            self.wake.kick();
         }
     }
 
@@ -196,7 +196,7 @@ impl Array {
         }
         if took {
             self.commit(&mut meta, v)?;
-            self.recovery.kick();
+            self.wake.kick();
         }
         Ok(())
     }
@@ -445,7 +445,7 @@ impl Array {
                     self.enter_role(&mut meta, &mut v, r, disk, dirty)?;
                     self.commit(&mut meta, v)?;
                     drop(meta);
-                    self.recovery.kick();
+                    self.wake.kick();
                     return Ok(Added::Role { role: r, resync });
                 }
             }
@@ -468,7 +468,7 @@ impl Array {
         };
         self.commit(&mut meta, v)?;
         drop(meta);
-        self.recovery.kick();
+        self.wake.kick();
         Ok(added)
     }
 
@@ -514,7 +514,7 @@ impl Array {
         v.roles[r].replacement = Some((disk, SyncState::new(0, None)));
         self.view.store(Arc::new(v));
         drop(meta);
-        self.recovery.kick();
+        self.wake.kick();
         Ok(r)
     }
 }

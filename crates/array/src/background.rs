@@ -1,0 +1,391 @@
+//! Background processes (rebuild, resync, replacement, parity resync,
+//! check; scrub and reshape next) on one framework, in the spirit of md's
+//! sync thread and SPDK's raid_bdev_process: a [`Process`] walks windows of
+//! units in order (`windows`), paced by a throttle ([`Pacer`], md's
+//! speed_limit_min/max), checkpoints its position every few seconds
+//! (`Process::checkpoint_due`; where the position lives is the process's:
+//! a member's recovery offset, the array's resync position), stops when the
+//! array closes, and reports its progress across the whole process (a run
+//! resumed from a checkpoint continues from there, as /proc/mdstat does),
+//! with elapsed time and rate, through `Array::recovery_status`.
+
+use crate::engine::Array;
+use raidkit_member::Locked;
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Default speed while clients are busy (bytes/s): md's idea of a floor.
+pub const DEFAULT_MIN_RATE: u64 = 16 << 20;
+/// How often a running rebuild records its checkpoint.
+pub(crate) const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
+
+/// A recovery in progress.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecoveryStatus {
+    /// rebuild, resync, replace, or parity-resync (after an unclean
+    /// shutdown: parity recomputed where writes may have been torn).
+    pub kind: &'static str,
+    /// The member's role (none for a parity resync).
+    pub role: Option<usize>,
+    pub member: String,
+    /// From 0 to 1, across the whole process: what runs before this one
+    /// did counts (as /proc/mdstat shows a resumed resync).
+    pub progress: f64,
+    /// Bytes done and to do in this run.
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    /// Bytes of the same process done by earlier runs (it resumed from a
+    /// checkpoint): `progress` is `(bytes_before + bytes_done) /
+    /// (bytes_before + bytes_total)`.
+    pub bytes_before: u64,
+    /// The checkpoint this run started from (0: the beginning).
+    pub resumed_from: u64,
+    /// Seconds this run has been going.
+    pub seconds: f64,
+    /// Bytes per second in this run so far.
+    pub rate: f64,
+    #[serde(skip)]
+    pub(crate) began: Option<Instant>,
+}
+
+/// The last recovery that ended.
+#[derive(Debug, Clone, Serialize)]
+pub struct LastRecovery {
+    pub kind: &'static str,
+    pub role: Option<usize>,
+    pub member: String,
+    /// Bytes rebuilt onto the member in this run.
+    pub bytes: u64,
+    pub seconds: f64,
+    pub resumed_from: u64,
+    /// done, or why it stopped.
+    pub result: String,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    running: Option<RecoveryStatus>,
+    last: Option<LastRecovery>,
+    notes: Vec<String>,
+}
+
+/// What a parity resync covers: redundancy recomputed from the data.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ParityResync {
+    /// Every unit (stripe of a parity level, chunk of a mirror) from this
+    /// one on: an initial sync, or a full resync, that records its position
+    /// in the superblocks as it goes (`Superblock::resync`).
+    pub from: Option<u64>,
+    /// Regions of the members' data areas being written at a crash (the
+    /// write-intent bitmap's), wherever they are.
+    pub marked: Option<crate::bitmap::RegionSet>,
+}
+
+/// The recovery state shared with the status reporter.
+#[derive(Debug)]
+pub(crate) struct Recovery {
+    state: Mutex<State>,
+    /// Bytes/s while clients are busy; 0: no limit.
+    min_rate: AtomicU64,
+    /// Bytes/s when idle; 0: no limit.
+    max_rate: AtomicU64,
+    done: AtomicU64,
+    /// A parity resync waiting to run (after an unclean shutdown).
+    pub(crate) pending_parity: Mutex<Option<ParityResync>>,
+    /// A parity resync has not finished: the array must stay marked dirty.
+    pub(crate) parity_unfinished: std::sync::atomic::AtomicBool,
+}
+
+impl Default for Recovery {
+    fn default() -> Self {
+        Recovery {
+            state: Mutex::default(),
+            min_rate: AtomicU64::new(DEFAULT_MIN_RATE),
+            max_rate: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            pending_parity: Mutex::new(None),
+            parity_unfinished: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+impl Recovery {
+    pub fn note(&self, notes: Vec<String>) {
+        self.state.locked().notes.extend(notes);
+    }
+}
+
+/// The rebuild throttle: the busy rate (md's speed_limit_min) while
+/// clients issue requests, the idle rate (speed_limit_max) otherwise; 0
+/// means no limit.
+pub(crate) struct Pacer<'a> {
+    array: &'a Array,
+    since: Instant,
+    bytes: u64,
+    last_fg: u64,
+    last_rate: u64,
+}
+
+impl<'a> Pacer<'a> {
+    pub fn new(array: &'a Array) -> Pacer<'a> {
+        Pacer {
+            array,
+            since: Instant::now(),
+            bytes: 0,
+            last_fg: array.fg_ops.load(Ordering::Relaxed),
+            last_rate: u64::MAX,
+        }
+    }
+
+    pub fn pace(&mut self, bytes: u64) {
+        let fg = self.array.fg_ops.load(Ordering::Relaxed);
+        let (min, max) = self.array.rebuild_speed();
+        let rate = if fg != self.last_fg { min } else { max };
+        self.last_fg = fg;
+        if rate != self.last_rate || self.since.elapsed() > Duration::from_secs(2) {
+            self.since = Instant::now();
+            self.bytes = 0;
+            self.last_rate = rate;
+        }
+        self.bytes += bytes;
+        if rate == 0 {
+            return;
+        }
+        let want = Duration::from_secs_f64(self.bytes as f64 / rate as f64);
+        while self.since.elapsed() < want && !self.array.core.wake.stopped() {
+            std::thread::sleep((want - self.since.elapsed()).min(Duration::from_millis(100)));
+        }
+    }
+}
+
+/// What a process is about to do, for its status line.
+pub(crate) struct Plan {
+    pub kind: &'static str,
+    pub role: Option<usize>,
+    pub member: String,
+    /// Bytes of the same process done by earlier runs.
+    pub bytes_before: u64,
+    /// Bytes this run has to do.
+    pub bytes_total: u64,
+    /// The checkpoint this run starts from (0: the beginning).
+    pub resumed_from: u64,
+}
+
+/// One run of a background process: its status while it runs, its pacing,
+/// its checkpoint cadence, its record when it ends.
+pub(crate) struct Process<'a> {
+    array: &'a Array,
+    kind: &'static str,
+    role: Option<usize>,
+    member: String,
+    resumed_from: u64,
+    began: Instant,
+    pacer: Pacer<'a>,
+    last_checkpoint: Instant,
+}
+
+impl<'a> Process<'a> {
+    /// Start a run: `status` shows it from now on.
+    pub fn start(array: &'a Array, plan: Plan) -> Process<'a> {
+        let r = &array.recovery;
+        r.done.store(0, Ordering::Relaxed);
+        let began = Instant::now();
+        r.state.locked().running = Some(RecoveryStatus {
+            kind: plan.kind,
+            role: plan.role,
+            member: plan.member.clone(),
+            progress: 0.0,
+            bytes_done: 0,
+            bytes_total: plan.bytes_total,
+            bytes_before: plan.bytes_before,
+            resumed_from: plan.resumed_from,
+            seconds: 0.0,
+            rate: 0.0,
+            began: Some(began),
+        });
+        tracing::info!(
+            kind = plan.kind,
+            role = plan.role,
+            member = plan.member.as_str(),
+            from = plan.resumed_from,
+            "{} started",
+            plan.kind
+        );
+        Process {
+            array,
+            kind: plan.kind,
+            role: plan.role,
+            member: plan.member,
+            resumed_from: plan.resumed_from,
+            began,
+            pacer: Pacer::new(array),
+            last_checkpoint: began,
+        }
+    }
+
+    /// `bytes` more done: counted in the progress, then paced.
+    pub fn advance(&mut self, bytes: u64) {
+        self.array.recovery.done.fetch_add(bytes, Ordering::Relaxed);
+        self.pacer.pace(bytes);
+    }
+
+    /// Whether it is time to record the position reached (every
+    /// `CHECKPOINT_EVERY`); the caller records it.
+    pub fn checkpoint_due(&mut self) -> bool {
+        if self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
+            self.last_checkpoint = Instant::now();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether the array is being stopped: the process records its
+    /// position and ends.
+    pub fn stopped(&self) -> bool {
+        self.array.core.wake.stopped()
+    }
+
+    /// End the run with `result` ("done", or why it stopped), recorded as
+    /// the last recovery.
+    pub fn end(self, result: String) {
+        let bytes = self.array.recovery.done.load(Ordering::Relaxed);
+        let seconds = self.began.elapsed().as_secs_f64();
+        tracing::info!(
+            kind = self.kind,
+            role = self.role,
+            bytes,
+            seconds,
+            result = result.as_str(),
+            "{} ended",
+            self.kind
+        );
+        let mut st = self.array.recovery.state.locked();
+        st.running = None;
+        st.last = Some(LastRecovery {
+            kind: self.kind,
+            role: self.role,
+            member: self.member,
+            bytes,
+            seconds,
+            resumed_from: self.resumed_from,
+            result,
+        });
+    }
+}
+
+/// The windows a process walks: units from `from` to `end` for which
+/// `wanted` holds, in order, as runs of at most `window` consecutive
+/// wanted units `[a, b)`.
+pub(crate) fn windows(
+    from: u64,
+    end: u64,
+    window: u64,
+    wanted: impl Fn(u64) -> bool,
+) -> impl Iterator<Item = (u64, u64)> {
+    let mut s = from;
+    std::iter::from_fn(move || {
+        while s < end && !wanted(s) {
+            s += 1;
+        }
+        if s >= end {
+            return None;
+        }
+        let a = s;
+        s += 1;
+        while s < end && s - a < window.max(1) && wanted(s) {
+            s += 1;
+        }
+        Some((a, s))
+    })
+}
+
+impl Array {
+    /// Rebuild speed limits in bytes/s (0: unlimited): `min` while clients
+    /// are busy, `max` when they are idle.
+    pub fn set_rebuild_speed(&self, min: Option<u64>, max: Option<u64>) {
+        if let Some(m) = min {
+            self.recovery.min_rate.store(m, Ordering::Relaxed);
+        }
+        if let Some(m) = max {
+            self.recovery.max_rate.store(m, Ordering::Relaxed);
+        }
+    }
+
+    /// The bitmap's region size and how many regions are dirty now.
+    pub fn bitmap_status(&self) -> Option<(u64, u64)> {
+        self.core
+            .bitmap
+            .as_ref()
+            .map(|b| (b.region(), b.snapshot().count()))
+    }
+
+    /// Stop the recovery loop (at its next batch, after a checkpoint).
+    pub fn stop_background(&self) {
+        self.core.wake.stop();
+    }
+
+    pub fn rebuild_speed(&self) -> (u64, u64) {
+        (
+            self.recovery.min_rate.load(Ordering::Relaxed),
+            self.recovery.max_rate.load(Ordering::Relaxed),
+        )
+    }
+
+    pub fn recovery_status(&self) -> Option<RecoveryStatus> {
+        let st = self.recovery.state.locked();
+        st.running.clone().map(|mut r| {
+            r.bytes_done = self.recovery.done.load(Ordering::Relaxed);
+            let whole = r.bytes_before + r.bytes_total;
+            r.progress = if whole == 0 {
+                1.0
+            } else {
+                ((r.bytes_before + r.bytes_done) as f64 / whole as f64).min(1.0)
+            };
+            r.seconds = r.began.map_or(0.0, |b| b.elapsed().as_secs_f64());
+            r.rate = if r.seconds > 0.0 {
+                r.bytes_done as f64 / r.seconds
+            } else {
+                0.0
+            };
+            r
+        })
+    }
+
+    pub fn last_recovery(&self) -> Option<LastRecovery> {
+        self.recovery.state.locked().last.clone()
+    }
+
+    /// Messages about members taken back in at start-up.
+    pub fn notes(&self) -> Vec<String> {
+        self.recovery.state.locked().notes.clone()
+    }
+
+    /// The array's state for reports: failed, rebuilding (a member is being
+    /// rebuilt or waits to be), degraded or optimal.
+    pub fn state_name(&self) -> &'static str {
+        match self.health() {
+            crate::Health::Failed => "failed",
+            _ if self.recovery_status().is_some() || self.needs_recovery() => "rebuilding",
+            h => h.name(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::windows;
+
+    #[test]
+    fn windows_skip_unwanted_units_and_cut_runs() {
+        let w: Vec<_> = windows(2, 20, 4, |u| !(7..9).contains(&u) && u != 15).collect();
+        assert_eq!(w, [(2, 6), (6, 7), (9, 13), (13, 15), (16, 20)]);
+        assert_eq!(windows(5, 5, 4, |_| true).count(), 0);
+        assert_eq!(
+            windows(0, 3, 0, |_| true).collect::<Vec<_>>(),
+            [(0, 1), (1, 2), (2, 3)]
+        );
+    }
+}

@@ -1,0 +1,490 @@
+//! The array's core: the members in service and their state, and every
+//! call made to a member. It owns the [`View`] (which member serves each
+//! role, which are rebuilding, spares, failed members), the array-wide
+//! superblock and the write-intent bitmap, the stripe locks, and member I/O
+//! with its stall watch, failure (recorded in the other members'
+//! superblocks before the request that found it completes) and repair of a
+//! bad block. Level logic (`crate::levels`), consistency (journal, resync)
+//! and background processes (`crate::background`, `crate::recovery`) work
+//! through it and never change a view or a superblock themselves.
+
+mod membership;
+mod status;
+
+pub use membership::Added;
+pub use status::MemberStatus;
+
+use crate::assemble::{Absence, Health};
+use crate::bitmap::{Bitmap, RegionSet};
+use crate::error::{Error, Result};
+use crate::scratch;
+use crate::superblock::{ArrayState, RoleState, Superblock};
+use arc_swap::ArcSwap;
+use raidkit_layout::Geometry;
+use raidkit_member::{Locked, Member, MemberError};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// Stripe locks: a fixed table hashed by stripe number keeps unrelated
+/// stripes concurrent while serialising updates of the same stripe.
+pub(crate) const LOCKS: usize = 1024;
+
+/// Default time after which a member that has not completed an operation is failed.
+pub const DEFAULT_MEMBER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A member in service (in a role, a spare, or failed and not yet removed).
+#[derive(Debug)]
+pub(crate) struct Disk {
+    pub member: Arc<dyn Member>,
+    pub data_offset: u64,
+    pub uuid: Uuid,
+    /// The member's own superblock as last written (role, seq, checkpoint).
+    pub sb: Mutex<Superblock>,
+    inflight: AtomicU32,
+    /// Nanoseconds (on the array's clock) of the last start-from-idle or completion.
+    progress_at: AtomicU64,
+}
+
+impl Disk {
+    pub fn new(member: Arc<dyn Member>, sb: Superblock) -> Disk {
+        Disk {
+            data_offset: sb.data_offset,
+            uuid: sb.member_uuid,
+            member,
+            sb: Mutex::new(sb),
+            inflight: AtomicU32::new(0),
+            progress_at: AtomicU64::new(0),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        self.member.name()
+    }
+}
+
+/// Rebuild progress of a disk: which part of its data area is in sync.
+#[derive(Debug)]
+pub(crate) struct SyncState {
+    /// Device offsets below this are in sync.
+    pub cursor: AtomicU64,
+    /// For a resync after re-adding: only these regions were out of sync.
+    pub dirty: Option<RegionSet>,
+    /// Where this rebuild started (a checkpoint, or 0).
+    pub start: u64,
+}
+
+impl SyncState {
+    pub fn new(start: u64, dirty: Option<RegionSet>) -> Arc<SyncState> {
+        Arc::new(SyncState {
+            cursor: AtomicU64::new(start),
+            dirty,
+            start,
+        })
+    }
+
+    fn readable(&self, dev: u64, len: u64) -> bool {
+        dev + len <= self.cursor.load(Ordering::Acquire)
+            || self
+                .dirty
+                .as_ref()
+                .is_some_and(|d| !d.overlaps(dev.max(self.start), dev + len))
+    }
+}
+
+/// What is in a role now.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RoleView {
+    pub disk: Option<Arc<Disk>>,
+    /// Set while `disk` is being rebuilt.
+    pub sync: Option<Arc<SyncState>>,
+    /// A member being rebuilt to take over from `disk` (replace).
+    pub replacement: Option<(Arc<Disk>, Arc<SyncState>)>,
+    /// Why there is no disk.
+    pub absence: Option<Absence>,
+}
+
+/// The members in service, replaced as a whole on every change.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct View {
+    pub roles: Vec<RoleView>,
+    pub spares: Vec<Arc<Disk>>,
+    /// Failed members still open (until removed), with their role and why.
+    pub failed: Vec<(Arc<Disk>, Option<usize>, String)>,
+}
+
+impl View {
+    /// Roles whose data cannot be read from their own disk everywhere.
+    pub fn degraded_roles(&self) -> Vec<usize> {
+        (0..self.roles.len())
+            .filter(|&r| self.roles[r].disk.is_none() || self.roles[r].sync.is_some())
+            .collect()
+    }
+
+    /// Every member that takes writes: role disks and replacements.
+    pub fn writable(&self) -> Vec<Arc<Disk>> {
+        self.roles
+            .iter()
+            .flat_map(|r| r.disk.iter().chain(r.replacement.iter().map(|x| &x.0)))
+            .cloned()
+            .collect()
+    }
+}
+
+pub(crate) struct Meta {
+    /// The array-wide superblock content (role table, events, state).
+    pub sb: Superblock,
+}
+
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Wakes the background worker when there may be work (a member failed, a
+/// spare or new member joined) and tells it to stop at close.
+#[derive(Debug, Default)]
+pub(crate) struct Wake {
+    flags: Mutex<WakeFlags>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct WakeFlags {
+    work: bool,
+    stop: bool,
+}
+
+impl Wake {
+    /// Something may need doing.
+    pub fn kick(&self) {
+        self.flags.locked().work = true;
+        self.cv.notify_all();
+    }
+
+    /// Stop: background work ends at its next step, for good.
+    pub fn stop(&self) {
+        self.flags.locked().stop = true;
+        self.cv.notify_all();
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.flags.locked().stop
+    }
+
+    /// Wait until kicked, stopped, or `poll()` (asked every `every`) says
+    /// there is work. Returns false once stopped.
+    pub fn wait(&self, every: Duration, poll: impl Fn() -> bool) -> bool {
+        let mut f = self.flags.locked();
+        while !f.stop && !f.work {
+            f = self
+                .cv
+                .wait_timeout(f, every)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+            if !f.work && poll() {
+                f.work = true;
+            }
+        }
+        f.work = false;
+        !f.stop
+    }
+}
+
+/// The members of a running array, its metadata, and member I/O.
+pub(crate) struct Core {
+    pub name: String,
+    pub geom: Geometry,
+    pub view: ArcSwap<View>,
+    pub meta: Mutex<Meta>,
+    /// Set once the superblocks say dirty (and record missing members).
+    pub write_ready: AtomicBool,
+    pub read_only: bool,
+    locks: Box<[Mutex<()>]>,
+    pub bitmap: Option<Bitmap>,
+    /// Read errors cured by rewriting from redundancy.
+    pub corrected: AtomicU64,
+    epoch: Instant,
+    timeout_ns: AtomicU64,
+    /// Cleared when the array fails: no member is written after that.
+    pub alive: AtomicBool,
+    /// The background worker's wake-up.
+    pub wake: Wake,
+}
+
+impl Core {
+    pub fn new(
+        name: &str,
+        geom: Geometry,
+        view: View,
+        sb: Superblock,
+        bitmap: Option<Bitmap>,
+        read_only: bool,
+        member_timeout: Duration,
+    ) -> Core {
+        Core {
+            name: name.to_string(),
+            geom,
+            view: ArcSwap::from_pointee(view),
+            meta: Mutex::new(Meta { sb }),
+            write_ready: AtomicBool::new(false),
+            read_only,
+            locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
+            bitmap,
+            corrected: AtomicU64::new(0),
+            epoch: Instant::now(),
+            timeout_ns: AtomicU64::new(member_timeout.as_nanos() as u64),
+            alive: AtomicBool::new(true),
+            wake: Wake::default(),
+        }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.geom.capacity()
+    }
+
+    /// Whether every member is present, some redundancy is lost, or data is.
+    pub fn health(&self) -> Health {
+        if !self.alive.load(Ordering::Acquire) {
+            return Health::Failed;
+        }
+        let missing = self.view.load().degraded_roles();
+        if missing.is_empty() {
+            Health::Optimal
+        } else if self.geom.survives(&missing) {
+            Health::Degraded
+        } else {
+            Health::Failed
+        }
+    }
+
+    pub fn set_member_timeout(&self, t: Duration) {
+        self.timeout_ns
+            .store(t.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn lock(&self, stripe: u64) -> MutexGuard<'_, ()> {
+        self.locks[(stripe % LOCKS as u64) as usize].locked()
+    }
+
+    /// Lock a run of stripes (in lock-table order, so no two holders deadlock).
+    pub(crate) fn lock_range(&self, s0: u64, s1: u64) -> Vec<MutexGuard<'_, ()>> {
+        let mut idx: Vec<usize> = (s0..s1).map(|s| (s % LOCKS as u64) as usize).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter().map(|i| self.locks[i].locked()).collect()
+    }
+
+    pub(crate) fn check(&self, offset: u64, len: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.capacity() => Ok(()),
+            _ => Err(Error::OutOfRange {
+                offset,
+                len,
+                size: self.capacity(),
+            }),
+        }
+    }
+
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Run one member operation, keeping the stall watch up to date.
+    pub(crate) fn timed<T>(
+        &self,
+        d: &Disk,
+        f: impl FnOnce() -> std::result::Result<T, MemberError>,
+    ) -> std::result::Result<T, MemberError> {
+        self.timed_all(&[d], f)
+    }
+
+    /// Run an operation on several members at once (a zero-copy read over
+    /// them), keeping the stall watch of each up to date.
+    pub(crate) fn timed_all<T, E>(
+        &self,
+        ds: &[&Disk],
+        f: impl FnOnce() -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        for d in ds {
+            if d.inflight.fetch_add(1, Ordering::AcqRel) == 0 {
+                d.progress_at.store(self.now_ns(), Ordering::Release);
+            }
+        }
+        let t = Instant::now();
+        let r = f();
+        for d in ds {
+            d.progress_at.store(self.now_ns(), Ordering::Release);
+            d.inflight.fetch_sub(1, Ordering::AcqRel);
+        }
+        let limit = self.timeout_ns.load(Ordering::Relaxed);
+        if r.is_ok() && t.elapsed().as_nanos() as u64 > limit {
+            let why = format!(
+                "an operation took {:.1}s (member timeout {:.1}s)",
+                t.elapsed().as_secs_f64(),
+                limit as f64 / 1e9
+            );
+            for d in ds {
+                self.fail_disk_by_ptr(d, &why);
+            }
+        }
+        r
+    }
+
+    /// Fail members that have had an operation outstanding, with nothing
+    /// completing, for longer than the member timeout. Returns their names.
+    pub fn check_stalls(&self) -> Vec<String> {
+        let limit = self.timeout_ns.load(Ordering::Relaxed);
+        let now = self.now_ns();
+        let v = self.view.load();
+        let mut failed = Vec::new();
+        for d in v.writable() {
+            if d.inflight.load(Ordering::Acquire) > 0
+                && now.saturating_sub(d.progress_at.load(Ordering::Acquire)) > limit
+            {
+                let why = format!(
+                    "no operation completed for {:.1}s (member timeout)",
+                    limit as f64 / 1e9
+                );
+                self.fail_disk_by_ptr(&d, &why);
+                failed.push(d.name().to_string());
+            }
+        }
+        failed
+    }
+
+    /// Whether `role` can serve reads of device range `[dev, dev+len)`.
+    pub(crate) fn readable(v: &View, role: usize, dev: u64, len: u64) -> Option<&Arc<Disk>> {
+        let rv = &v.roles[role];
+        let d = rv.disk.as_ref()?;
+        match &rv.sync {
+            Some(s) if !s.readable(dev, len) => None,
+            _ => Some(d),
+        }
+    }
+
+    /// Read from `role`. None: the role cannot serve this range.
+    pub(crate) fn member_read(
+        &self,
+        v: &View,
+        role: usize,
+        buf: &mut [u8],
+        dev: u64,
+    ) -> Option<std::result::Result<(), MemberError>> {
+        let d = Self::readable(v, role, dev, buf.len() as u64)?;
+        Some(self.timed(d, || d.member.read_at(buf, d.data_offset + dev)))
+    }
+
+    /// Write to every member of `role` (its disk and any replacement). A
+    /// member that fails the write is failed; the write as a whole fails
+    /// only if that leaves the array unable to serve.
+    pub(crate) fn member_write(&self, v: &View, role: usize, buf: &[u8], dev: u64) -> Result<()> {
+        let rv = &v.roles[role];
+        for d in rv.disk.iter().chain(rv.replacement.iter().map(|x| &x.0)) {
+            if let Err(e) = self.timed(d, || d.member.write_at(buf, d.data_offset + dev)) {
+                self.fail_disk_by_ptr(d, &e.to_string());
+            }
+        }
+        self.ensure_alive(dev)
+    }
+
+    pub(crate) fn ensure_alive(&self, dev: u64) -> Result<()> {
+        if self.alive.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(Error::Unavailable {
+                offset: dev,
+                detail: format!(
+                    "array '{}' has failed: too many members are gone",
+                    self.name
+                ),
+            })
+        }
+    }
+
+    /// The members in service, loaded again once a write holds its
+    /// stripe (or chunk) lock. The view the write started with may be
+    /// older than a rebuild that has since passed this stripe under the
+    /// same lock: a member added meanwhile, already rebuilt here, would
+    /// miss the write (left stale, and the stripe's redundancy
+    /// inconsistent). Under the lock the rebuild cannot pass it, so the
+    /// view now is the one to write to.
+    pub(crate) fn view_under_lock(&self) -> Arc<View> {
+        self.view.load_full()
+    }
+
+    /// Every role served by its own member, in sync, nothing being
+    /// replaced: full-stripe updates may then log their intent only.
+    pub(crate) fn whole(v: &View) -> bool {
+        v.roles
+            .iter()
+            .all(|r| r.disk.is_some() && r.sync.is_none() && r.replacement.is_none())
+    }
+
+    /// Whether `role` has a member that takes writes.
+    pub(crate) fn writable(v: &View, role: usize) -> bool {
+        v.roles[role].disk.is_some() || v.roles[role].replacement.is_some()
+    }
+
+    /// Rewrite a block that failed to read with its contents rebuilt from
+    /// redundancy, then read it back (as md does); fail the member if that
+    /// does not work.
+    pub(crate) fn repair(&self, v: &View, role: usize, good: &[u8], dev: u64) {
+        let Some(d) = v.roles[role].disk.as_ref() else {
+            return;
+        };
+        let at = d.data_offset + dev;
+        let mut back = scratch::take(good.len());
+        let ok = self
+            .timed(d, || d.member.write_at(good, at))
+            .and_then(|()| self.timed(d, || d.member.read_at(&mut back, at)));
+        match ok {
+            Ok(()) if back == good => {
+                self.corrected.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(()) => self.fail_disk_by_ptr(d, "a rewritten block read back different"),
+            Err(e) => self.fail_disk_by_ptr(d, &format!("read error not cured by rewriting: {e}")),
+        }
+        scratch::give(back);
+    }
+
+    /// Flush every member in service.
+    pub fn flush(&self) -> Result<()> {
+        let v = self.view.load();
+        for d in v.writable() {
+            if let Err(e) = self.timed(&d, || d.member.flush()) {
+                self.fail_disk_by_ptr(&d, &e.to_string());
+            }
+        }
+        self.ensure_alive(0)
+    }
+
+    /// Before the first write: record that the array is dirty and which
+    /// roles are absent (raising the event counter), so that a member that
+    /// missed these writes is known to be stale when it comes back.
+    pub(crate) fn begin_write(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::Invalid("the array is open read-only".into()));
+        }
+        if self.write_ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut meta = self.meta.locked();
+        if self.write_ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let v = self.view.load();
+        for (role, rv) in v.roles.iter().enumerate() {
+            if rv.disk.is_none() && meta.sb.roles[role].state == RoleState::Active {
+                meta.sb.roles[role].state = RoleState::Removed;
+            }
+        }
+        meta.sb.state = ArrayState::Dirty;
+        self.write_superblocks(&mut meta)?;
+        self.write_ready.store(true, Ordering::Release);
+        Ok(())
+    }
+}

@@ -1,0 +1,93 @@
+//! What a status report says of each member.
+
+use super::Core;
+use crate::assemble::Absence;
+
+/// One member's line in a status report.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemberStatus {
+    /// The member's name (path); None for a role with no member.
+    pub path: Option<String>,
+    /// The role number; None for a spare.
+    pub role: Option<usize>,
+    /// active, rebuilding, faulty, spare or missing.
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Core {
+    /// Every role's member and state, then replacements, spares and failed members.
+    pub fn members_status(&self) -> Vec<MemberStatus> {
+        let v = self.view.load();
+        let mut out = Vec::new();
+        for (role, rv) in v.roles.iter().enumerate() {
+            out.push(match (&rv.disk, &rv.absence) {
+                (Some(d), _) => MemberStatus {
+                    path: Some(d.name().to_string()),
+                    role: Some(role),
+                    state: if rv.sync.is_some() {
+                        "rebuilding"
+                    } else {
+                        "active"
+                    },
+                    reason: None,
+                },
+                (None, absence) => {
+                    // A failed member still open speaks for its role.
+                    if let Some((d, _, why)) = v.failed.iter().find(|f| f.1 == Some(role)) {
+                        MemberStatus {
+                            path: Some(d.name().to_string()),
+                            role: Some(role),
+                            state: "faulty",
+                            reason: Some(why.clone()),
+                        }
+                    } else if let Some(Absence::Stale { member, reason }) = absence {
+                        MemberStatus {
+                            path: Some(member.clone()),
+                            role: Some(role),
+                            state: "missing",
+                            reason: Some(format!("stale: {reason}")),
+                        }
+                    } else {
+                        MemberStatus {
+                            path: None,
+                            role: Some(role),
+                            state: "missing",
+                            reason: None,
+                        }
+                    }
+                }
+            });
+            if let Some((d, _)) = &rv.replacement {
+                out.push(MemberStatus {
+                    path: Some(d.name().to_string()),
+                    role: Some(role),
+                    state: "rebuilding",
+                    reason: Some(format!(
+                        "replacing {}",
+                        rv.disk.as_ref().map_or("-", |d| d.name())
+                    )),
+                });
+            }
+        }
+        out.extend(v.spares.iter().map(|d| MemberStatus {
+            path: Some(d.name().to_string()),
+            role: None,
+            state: "spare",
+            reason: None,
+        }));
+        for (d, role, why) in &v.failed {
+            if role.is_some_and(|r| v.roles[r].disk.is_none()) {
+                continue; // shown in its role's line
+            }
+            out.push(MemberStatus {
+                path: Some(d.name().to_string()),
+                role: None,
+                state: "faulty",
+                reason: Some(why.clone()),
+            });
+        }
+        out
+    }
+}

@@ -1,0 +1,392 @@
+//! Mirrored levels (RAID-1, RAID-10): which copy serves a read, reads
+//! that fall back to the other copies and repair the bad one, writes to
+//! every copy under the chunk's lock; a member rebuilt chunk by chunk from
+//! another copy, copies made equal (resync) and compared (check). The
+//! copies code serves the striped levels too (one copy).
+
+use super::LevelOps;
+use crate::background::{windows, Process};
+use crate::core::{Core, View};
+use crate::engine::{in_parallel, roles_list, Array, Mismatch, Small, PARALLEL_IO};
+use crate::error::{Error, Result};
+use crate::recovery::{Job, Outcome};
+use crate::{scratch, seams};
+use raidkit_layout::{Level, Piece};
+use std::sync::atomic::Ordering;
+
+pub(crate) struct Mirrored;
+
+impl LevelOps for Mirrored {
+    fn read_piece(&self, a: &Array, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()> {
+        a.read_copies(v, p, dst)
+    }
+
+    fn read_role(&self, a: &Array, p: &Piece) -> usize {
+        a.first_copy(p)
+    }
+
+    fn write<'a>(
+        &self,
+        a: &Array,
+        v: &View,
+        pieces: &[Piece],
+        src: &(dyn Fn(&Piece) -> &'a [u8] + Sync),
+        len: usize,
+    ) -> Result<()> {
+        if len >= PARALLEL_IO && pieces.len() > 1 {
+            return a.write_mirrored_parallel(pieces, src);
+        }
+        pieces
+            .iter()
+            .try_for_each(|p| a.write_copies(v, p, src(p), true))
+    }
+
+    fn units(&self, a: &Array) -> u64 {
+        a.core.capacity() / a.core.geom.chunk
+    }
+
+    fn unit_in(&self, a: &Array, u: u64, marked: &dyn Fn(u64, u64) -> bool) -> bool {
+        let chunk = a.core.geom.chunk;
+        a.core.geom.pieces(u * chunk, chunk)[0]
+            .copies
+            .iter()
+            .any(|&(_, d)| marked(d, d + chunk))
+    }
+
+    fn resync_unit(&self, a: &Array, v: &View, u: u64) -> Result<()> {
+        // The first copy is the one reads return while unsynced.
+        let chunk = a.core.geom.chunk;
+        let p = &a.core.geom.pieces(u * chunk, chunk)[0];
+        let (r0, d0) = p.copies[0];
+        let src = v.roles[r0].disk.as_ref().expect("every member in service");
+        let mut buf = scratch::take(chunk as usize);
+        let r = a
+            .core
+            .timed(src, || src.member.read_at(&mut buf, src.data_offset + d0))
+            .map_err(Error::from)
+            .and_then(|()| {
+                p.copies[1..]
+                    .iter()
+                    .try_for_each(|&(r, d)| a.core.member_write(v, r, &buf, d))
+            });
+        scratch::give(buf);
+        r
+    }
+
+    fn check_unit(
+        &self,
+        a: &Array,
+        v: &View,
+        u: u64,
+        each: &mut dyn FnMut(Mismatch),
+    ) -> Result<u64> {
+        let g = &a.core.geom;
+        let chunk = g.chunk;
+        let p = &g.pieces(u * chunk, chunk)[0];
+        let (r0, d0) = p.copies[0];
+        let mut first = scratch::take(chunk as usize);
+        let mut other = scratch::take(chunk as usize);
+        let r = (|| {
+            read_in_sync(&a.core, v, r0, &mut first, d0)?;
+            let mut bad = 0;
+            let mut differ = Vec::new();
+            for &(r, d) in &p.copies[1..] {
+                read_in_sync(&a.core, v, r, &mut other, d)?;
+                if other != first {
+                    differ.push((r, d));
+                }
+            }
+            if g.level == Level::Raid1 {
+                // Which copy is right cannot be told: every role is named.
+                if !differ.is_empty() {
+                    bad += 1;
+                    each(Mismatch {
+                        unit: u,
+                        array_offset: u * chunk,
+                        member_offset: d0,
+                        roles: p.copies.iter().map(|c| c.0).collect(),
+                    });
+                }
+            } else {
+                for (r, _) in differ {
+                    bad += 1;
+                    each(Mismatch {
+                        unit: u,
+                        array_offset: u * chunk,
+                        member_offset: d0,
+                        roles: vec![r0, r],
+                    });
+                }
+            }
+            Ok(bad)
+        })();
+        scratch::give(first);
+        scratch::give(other);
+        r
+    }
+
+    fn rebuild(&self, a: &Array, job: &Job, total: u64, process: &mut Process) -> Result<Outcome> {
+        let chunk = a.core.geom.chunk;
+        let batch = ((1u64 << 20) / chunk).max(1);
+        loop {
+            if let Some(end) = a.interrupted(job, process)? {
+                return Ok(end);
+            }
+            let cursor = job.sync.cursor.load(Ordering::Acquire);
+            let dirty = |s: u64| {
+                job.sync
+                    .dirty
+                    .as_ref()
+                    .is_none_or(|d| d.overlaps(s * chunk, (s + 1) * chunk))
+            };
+            let Some((s0, s1)) = windows(cursor / chunk, total / chunk, batch, dirty).next() else {
+                job.sync.cursor.store(total, Ordering::Release);
+                return Ok(Outcome::Done);
+            };
+            let Some(bytes) = a.rebuild_mirror_batch(job, s0, s1)? else {
+                continue;
+            };
+            if process.checkpoint_due() {
+                a.checkpoint(job)?;
+            }
+            process.advance(bytes);
+        }
+    }
+}
+
+/// Read from a member that must be in service and in sync.
+pub(crate) fn read_in_sync(
+    core: &Core,
+    v: &View,
+    role: usize,
+    buf: &mut [u8],
+    dev: u64,
+) -> Result<()> {
+    Ok(core
+        .member_read(v, role, buf, dev)
+        .expect("every member in sync")?)
+}
+
+impl Array {
+    /// The copies of a piece (role, device offset) in the order reads try
+    /// them: mirrors take turns by chunk (md's read balancing, simplified),
+    /// so sequential reads use every member. Other levels have one copy.
+    pub(crate) fn copy_order<'p>(&self, p: &'p Piece) -> impl Iterator<Item = (usize, u64)> + 'p {
+        let unit = p.logical / self.core.geom.chunk;
+        // Copies not yet synced may differ: the first one is the one the
+        // resync copies to the others, so every read returns it.
+        let start = if self.unsynced(unit) {
+            0
+        } else {
+            unit as usize % p.copies.len()
+        };
+        p.copies[start..].iter().chain(&p.copies[..start]).copied()
+    }
+
+    /// The role a read of a piece tries first.
+    pub(crate) fn first_copy(&self, p: &Piece) -> usize {
+        self.copy_order(p).next().expect("a piece has a copy").0
+    }
+
+    pub(crate) fn read_copies(&self, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()> {
+        let mut bad: Small<usize> = Small::new();
+        let mut last_err = None;
+        let mut done = false;
+        for (role, dev) in self.copy_order(p) {
+            match self.core.member_read(v, role, dst, dev) {
+                Some(Ok(())) => {
+                    done = true;
+                    break;
+                }
+                Some(Err(e)) => {
+                    bad.push(role);
+                    last_err = Some(e)
+                }
+                None => {}
+            }
+        }
+        if done && !bad.is_empty() {
+            // Cure the copies that failed, from a copy read under the lock
+            // (so no write slips in between).
+            let _g = self.core.lock(p.logical / self.core.geom.chunk);
+            let mut good = scratch::take(dst.len());
+            let src = p
+                .copies
+                .iter()
+                .find(|&&(r, d)| !bad.contains(&r) && Core::readable(v, r, d, p.len).is_some());
+            if let Some(&(r, dev)) = src {
+                if let Some(Ok(())) = self.core.member_read(v, r, &mut good, dev) {
+                    for &(br, bdev) in p.copies.iter().filter(|(r, _)| bad.contains(r)) {
+                        self.core.repair(v, br, &good, bdev);
+                    }
+                }
+            }
+            scratch::give(good);
+        }
+        if done {
+            return Ok(());
+        }
+        for &role in &bad {
+            if let Some(d) = &v.roles[role].disk {
+                self.core
+                    .fail_disk_by_ptr(d, "read error with no copy to cure it from");
+            }
+        }
+        self.core.ensure_alive(p.logical)?;
+        Err(match last_err {
+            Some(e) => e.into(),
+            None => Error::Unavailable {
+                offset: p.logical,
+                detail: format!(
+                    "no member holds it (role(s) {} missing)",
+                    roles_list(p.copies.iter().map(|c| c.0))
+                ),
+            },
+        })
+    }
+
+    /// A large mirrored write: every chunk of it locked (in lock order),
+    /// then each member writes all the copies it holds, in device order, by
+    /// its own thread: one stream per disk, no seeking between copies.
+    pub(crate) fn write_mirrored_parallel<'a>(
+        &self,
+        pieces: &[Piece],
+        src: &(dyn Fn(&Piece) -> &'a [u8] + Sync),
+    ) -> Result<()> {
+        let chunk = self.core.geom.chunk;
+        let first = pieces.first().expect("pieces");
+        let last = pieces.last().expect("pieces");
+        seams::before_stripe_lock();
+        let _locks = self.core.lock_range(
+            first.logical / chunk,
+            (last.logical + last.len - 1) / chunk + 1,
+        );
+        let v: &View = &self.core.view_under_lock();
+        let mut per_role: Vec<Vec<(u64, &[u8])>> =
+            (0..self.core.geom.members()).map(|_| Vec::new()).collect();
+        for p in pieces {
+            let mut any = false;
+            for &(role, dev) in &p.copies {
+                if Core::writable(v, role) {
+                    per_role[role].push((dev, src(p)));
+                    any = true;
+                }
+            }
+            if !any {
+                return Err(Error::Unavailable {
+                    offset: p.logical,
+                    detail: format!(
+                        "no member to write to (role(s) {} missing)",
+                        roles_list(p.copies.iter().map(|c| c.0))
+                    ),
+                });
+            }
+        }
+        let streams = per_role
+            .into_iter()
+            .enumerate()
+            .filter(|(_, list)| !list.is_empty());
+        in_parallel(streams, |(role, mut list)| {
+            list.sort_by_key(|&(dev, _)| dev);
+            list.into_iter()
+                .try_for_each(|(dev, data)| self.core.member_write(v, role, data, dev))
+        })
+    }
+
+    /// Write one piece of a non-parity level to every copy.
+    pub(crate) fn write_copies(
+        &self,
+        v: &View,
+        p: &Piece,
+        data: &[u8],
+        mirrored: bool,
+    ) -> Result<()> {
+        seams::before_stripe_lock();
+        // Mirrors must not diverge under concurrent writes to one chunk.
+        let _g = mirrored.then(|| self.core.lock(p.logical / self.core.geom.chunk));
+        let now = mirrored.then(|| self.core.view_under_lock());
+        let v: &View = now.as_deref().unwrap_or(v);
+        let targets: Small<(usize, u64)> = p
+            .copies
+            .iter()
+            .copied()
+            .filter(|&(role, _)| Core::writable(v, role))
+            .collect();
+        if targets.is_empty() {
+            return Err(Error::Unavailable {
+                offset: p.logical,
+                detail: format!(
+                    "no member to write to (role(s) {} missing)",
+                    roles_list(p.copies.iter().map(|c| c.0))
+                ),
+            });
+        }
+        if targets.len() > 1 && data.len() >= 64 << 10 {
+            // Large mirror writes: every copy at once.
+            return in_parallel(targets, |(role, dev)| {
+                self.core.member_write(v, role, data, dev)
+            });
+        }
+        for &(role, dev) in &targets {
+            self.core.member_write(v, role, data, dev)?;
+        }
+        Ok(())
+    }
+
+    /// Rebuild chunk rows `[s0, s1)` of a mirror member from another copy.
+    pub(crate) fn rebuild_mirror_batch(&self, job: &Job, s0: u64, s1: u64) -> Result<Option<u64>> {
+        let chunk = self.core.geom.chunk;
+        let mut done = 0;
+        let mut buf = vec![0u8; chunk as usize];
+        for row in s0..s1 {
+            let dev = row * chunk;
+            let Some(c) = self.core.geom.mirror_chunk_at(job.role, row) else {
+                job.sync.cursor.store(dev + chunk, Ordering::Release);
+                continue;
+            };
+            let _g = self.core.lock(c);
+            let v = self.core.view.load_full();
+            if !job.current(&v) {
+                return Ok(Some(done));
+            }
+            let p = &self.core.geom.pieces(c * chunk, chunk)[0];
+            let src = p.copies.iter().find_map(|&(r, d)| {
+                let rv = &v.roles[r];
+                if r == job.role && !job.replace {
+                    return None;
+                }
+                match (&rv.disk, &rv.sync) {
+                    (Some(disk), None) => Some((disk.clone(), d)),
+                    _ => None,
+                }
+            });
+            let Some((sd, sdev)) = src else {
+                return Err(Error::Unavailable {
+                    offset: c * chunk,
+                    detail: format!("no in-sync copy to rebuild role {} from", job.role),
+                });
+            };
+            if let Err(e) = self
+                .core
+                .timed(&sd, || sd.member.read_at(&mut buf, sd.data_offset + sdev))
+            {
+                drop(_g);
+                self.core.fail_disk_by_ptr(&sd, &e.to_string());
+                self.core.ensure_alive(c * chunk)?;
+                return Ok(None);
+            }
+            let t = &job.target;
+            if let Err(e) = self
+                .core
+                .timed(t, || t.member.write_at(&buf, t.data_offset + dev))
+            {
+                drop(_g);
+                self.core.fail_disk_by_ptr(t, &e.to_string());
+                return Ok(Some(done));
+            }
+            job.sync.cursor.store(dev + chunk, Ordering::Release);
+            done += chunk;
+        }
+        Ok(Some(done))
+    }
+}

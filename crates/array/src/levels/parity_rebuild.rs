@@ -1,0 +1,330 @@
+//! Rebuilding a member of a parity level through a pipeline: a reader
+//! thread per source member reading ahead, each step's contents solved
+//! from the others, a writer thread for the member being built.
+
+use super::parity::{parity_of, solve};
+use crate::background::{windows, Process};
+use crate::core::{Disk, View};
+use crate::engine::Array;
+use crate::error::{Error, Result};
+use crate::recovery::{Job, Outcome};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// How a pipeline run ended.
+enum Run {
+    Finished,
+    /// The members changed under it: run again from the cursor.
+    Again,
+    Stopped(String),
+}
+
+impl Array {
+    /// The other members a job reads from: every in-sync member but the
+    /// one being built; when replacing, the member being replaced too.
+    fn sources_for(&self, job: &Job, v: &View) -> Vec<Option<Arc<Disk>>> {
+        (0..v.roles.len())
+            .map(|r| {
+                if r == job.role && !job.replace {
+                    return None;
+                }
+                let rv = &v.roles[r];
+                match (&rv.disk, &rv.sync) {
+                    (Some(d), None) => Some(d.clone()),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// Parity levels: rebuild through a pipeline until done. Restarted
+    /// (from the cursor) whenever the set of source members changes.
+    pub(crate) fn parity_pipeline(
+        &self,
+        job: &Job,
+        total: u64,
+        process: &mut Process,
+    ) -> Result<Outcome> {
+        let chunk = self.core.geom.chunk;
+        let stripes = total / chunk;
+        // Steps of about 1 MiB per member.
+        let step = ((1u64 << 20) / chunk).max(1);
+        loop {
+            if let Some(end) = self.interrupted(job, process)? {
+                return Ok(end);
+            }
+            let from = job.sync.cursor.load(Ordering::Acquire) / chunk;
+            let dirty = |x: u64| {
+                job.sync
+                    .dirty
+                    .as_ref()
+                    .is_none_or(|d| d.overlaps(x * chunk, (x + 1) * chunk))
+            };
+            let steps: Vec<(u64, u64)> = windows(from, stripes, step, dirty).collect();
+            let sources = self.sources_for(job, &self.core.view.load());
+            match self.run_pipeline(job, &sources, &steps, process)? {
+                Run::Finished => {
+                    job.sync.cursor.store(total, Ordering::Release);
+                    return Ok(Outcome::Done);
+                }
+                Run::Again => continue,
+                Run::Stopped(why) => {
+                    self.checkpoint(job)?;
+                    return Ok(Outcome::Stopped(why));
+                }
+            }
+        }
+    }
+
+    /// One pipeline run over `steps` (stripe ranges): a reader thread per
+    /// source member reading ahead, the contents solved on this thread, a
+    /// writer thread for the member being built; every disk kept busy.
+    /// Each step's stripes are locked from before its reads until its
+    /// write is done, at most `DEPTH` steps at a time, so clients keep
+    /// reading and writing everywhere else.
+    fn run_pipeline(
+        &self,
+        job: &Job,
+        sources: &[Option<Arc<Disk>>],
+        steps: &[(u64, u64)],
+        process: &mut Process,
+    ) -> Result<Run> {
+        const DEPTH: usize = 8;
+        let chunk = self.core.geom.chunk;
+        let t = &job.target;
+        let same_sources = |v: &View| {
+            self.sources_for(job, v)
+                .iter()
+                .zip(sources)
+                .all(|(a, b)| match (a, b) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                })
+        };
+        let mut read_failed: Vec<(usize, String)> = Vec::new();
+        let mut write_failed = None;
+        let mut solve_failed = None;
+        let mut run = Run::Finished;
+        // A process at its thread limit defers the rebuild (the recovery
+        // loop tries again) instead of panicking with stripes locked.
+        let mut spawn_failed = None;
+        std::thread::scope(|sc| {
+            let mut cmds = Vec::new();
+            let mut results = Vec::new();
+            for src in sources {
+                let Some(d) = src else {
+                    cmds.push(None);
+                    results.push(None);
+                    continue;
+                };
+                let (ctx, crx) = std::sync::mpsc::sync_channel::<(u64, u64)>(DEPTH);
+                let (rtx, rrx) = std::sync::mpsc::sync_channel(DEPTH);
+                let spawned = std::thread::Builder::new().spawn_scoped(sc, move || {
+                    for (a, b) in crx {
+                        let mut buf = vec![0u8; ((b - a) * chunk) as usize];
+                        let r = self
+                            .core
+                            .timed(d, || d.member.read_at(&mut buf, d.data_offset + a * chunk))
+                            .map(|()| buf)
+                            .map_err(|e| e.to_string());
+                        let failed = r.is_err();
+                        if rtx.send(r).is_err() || failed {
+                            return;
+                        }
+                    }
+                });
+                if let Err(e) = spawned {
+                    spawn_failed = Some(e);
+                    return;
+                }
+                cmds.push(Some(ctx));
+                results.push(Some(rrx));
+            }
+            let (wtx, wrx) = std::sync::mpsc::sync_channel::<(usize, u64, Vec<u8>)>(2);
+            let (ack_tx, ack_rx) = std::sync::mpsc::channel();
+            let spawned = std::thread::Builder::new().spawn_scoped(sc, move || {
+                for (i, a, out) in wrx {
+                    let r = self
+                        .core
+                        .timed(t, || t.member.write_at(&out, t.data_offset + a * chunk));
+                    let failed = r.is_err();
+                    if ack_tx.send((i, r)).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+            if let Err(e) = spawned {
+                spawn_failed = Some(e);
+                return;
+            }
+            let mut guards = std::collections::VecDeque::new();
+            let (mut issued, mut solved, mut sent, mut acked) = (0, 0, 0, 0);
+            let mut halt = false;
+            loop {
+                while !halt && issued < steps.len() && issued - acked < DEPTH {
+                    let (a, b) = steps[issued];
+                    let g = self.core.lock_range(a, b);
+                    let v = self.core.view.load();
+                    if !job.current(&v) || !same_sources(&v) {
+                        halt = true;
+                        run = Run::Again;
+                        break;
+                    }
+                    guards.push_back(g);
+                    for c in cmds.iter().flatten() {
+                        let _ = c.send((a, b));
+                    }
+                    issued += 1;
+                }
+                if !halt && solved < issued {
+                    let (a, b) = steps[solved];
+                    let mut bufs = Vec::with_capacity(results.len());
+                    for (r, rx) in results.iter().enumerate() {
+                        match rx.as_ref().map(|rx| rx.recv()) {
+                            None => bufs.push(None),
+                            Some(Ok(Ok(buf))) => bufs.push(Some(buf)),
+                            Some(Ok(Err(e))) => read_failed.push((r, e)),
+                            Some(Err(_)) => read_failed.push((r, "reader stopped".into())),
+                        }
+                    }
+                    if !read_failed.is_empty() {
+                        halt = true;
+                        run = Run::Again;
+                    } else {
+                        match self.solve_step(job, &bufs, a, b) {
+                            Ok(out) => {
+                                if wtx.send((solved, a, out)).is_ok() {
+                                    sent += 1;
+                                } else {
+                                    halt = true;
+                                }
+                            }
+                            Err(e) => {
+                                solve_failed = Some(e);
+                                halt = true;
+                            }
+                        }
+                        solved += 1;
+                    }
+                }
+                // Halted: steps issued but not solved are abandoned; only
+                // the writes already sent are waited for.
+                let all_solved = halt || (solved == issued && issued == steps.len());
+                if acked == sent && all_solved {
+                    break;
+                }
+                // Take every finished write (waiting for one when there is
+                // nothing else to do), so that reads are issued far ahead.
+                let mut wait = all_solved || solved == issued;
+                loop {
+                    let ack = if wait {
+                        match ack_rx.recv() {
+                            Ok(x) => x,
+                            Err(_) => {
+                                halt = true;
+                                break;
+                            }
+                        }
+                    } else {
+                        match ack_rx.try_recv() {
+                            Ok(x) => x,
+                            Err(_) => break,
+                        }
+                    };
+                    wait = false;
+                    let (i, r) = ack;
+                    acked += 1;
+                    guards.pop_front();
+                    if let Err(e) = r {
+                        write_failed = Some(e);
+                        halt = true;
+                        continue;
+                    }
+                    let (a, b) = steps[i];
+                    job.sync.cursor.store(b * chunk, Ordering::Release);
+                    let bytes = (b - a) * chunk;
+                    if process.checkpoint_due() {
+                        if let Err(e) = self.checkpoint(job) {
+                            solve_failed = Some(e);
+                            halt = true;
+                        }
+                    }
+                    process.advance(bytes);
+                    if !halt && process.stopped() {
+                        halt = true;
+                        run = Run::Stopped("the array was stopped".into());
+                    }
+                }
+                if halt && acked == sent && solved == issued {
+                    break;
+                }
+            }
+            drop(cmds);
+            drop(results);
+            drop(wtx);
+            drop(guards);
+        });
+        if let Some(e) = spawn_failed {
+            return Err(Error::Invalid(format!(
+                "cannot start the rebuild's threads ({e}); trying again later"
+            )));
+        }
+        if let Some(e) = solve_failed {
+            return Err(e);
+        }
+        if let Some(e) = write_failed {
+            self.core.fail_disk_by_ptr(t, &e.to_string());
+            return Ok(Run::Again);
+        }
+        if !read_failed.is_empty() {
+            for (r, e) in read_failed {
+                if let Some(d) = &sources[r] {
+                    self.core.fail_disk_by_ptr(d, &e);
+                }
+            }
+            self.core.ensure_alive(0)?;
+            return Ok(Run::Again);
+        }
+        Ok(run)
+    }
+
+    /// The job member's contents for stripes `[s0, s1)` from the sources' data.
+    fn solve_step(&self, job: &Job, bufs: &[Option<Vec<u8>>], s0: u64, s1: u64) -> Result<Vec<u8>> {
+        let chunk = self.core.geom.chunk;
+        let len = ((s1 - s0) * chunk) as usize;
+        let mut out = vec![0u8; len];
+        for s in s0..s1 {
+            let at = ((s - s0) * chunk) as usize;
+            let cl = chunk as usize;
+            let piece = |r: usize| bufs[r].as_ref().map(|b| &b[at..at + cl]);
+            let dst = &mut out[at..at + cl];
+            if let Some(src) = piece(job.role) {
+                dst.copy_from_slice(src); // replacing: copy the member in service
+                continue;
+            }
+            let sm = self.core.geom.stripe_map(s);
+            let data: Vec<Option<Vec<u8>>> = sm
+                .data
+                .iter()
+                .map(|&r| piece(r).map(<[u8]>::to_vec))
+                .collect();
+            let rows = solve(&sm, data, piece(sm.p), sm.q.and_then(piece), cl).map_err(|gone| {
+                Error::Unavailable {
+                    offset: self.core.geom.stripe_data_offset(s, 0),
+                    detail: format!(
+                        "cannot rebuild role {} of stripe {s}: roles {gone:?} are missing too",
+                        job.role
+                    ),
+                }
+            })?;
+            if let Some(dd) = sm.data.iter().position(|&r| r == job.role) {
+                dst.copy_from_slice(&rows[dd]);
+            } else {
+                let (p, q) = parity_of(&sm, &rows, cl);
+                dst.copy_from_slice(if job.role == sm.p { &p } else { &q });
+            }
+        }
+        Ok(out)
+    }
+}

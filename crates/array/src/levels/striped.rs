@@ -1,0 +1,78 @@
+//! Striped levels (linear, RAID-0): one copy of every byte, no redundancy.
+//! Reads and writes go to the one member that holds each piece (the
+//! copies code of `mirrored.rs` with a single copy); there is nothing to
+//! resync, check or rebuild.
+
+use super::LevelOps;
+use crate::background::Process;
+use crate::core::View;
+use crate::engine::{in_parallel, Array, Mismatch, PARALLEL_IO};
+use crate::error::{Error, Result};
+use crate::recovery::{Job, Outcome};
+use raidkit_layout::Piece;
+
+pub(crate) struct Striped;
+
+impl LevelOps for Striped {
+    fn read_piece(&self, a: &Array, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()> {
+        a.read_copies(v, p, dst)
+    }
+
+    fn read_role(&self, _a: &Array, p: &Piece) -> usize {
+        p.copies[0].0
+    }
+
+    fn write<'a>(
+        &self,
+        a: &Array,
+        v: &View,
+        pieces: &[Piece],
+        src: &(dyn Fn(&Piece) -> &'a [u8] + Sync),
+        len: usize,
+    ) -> Result<()> {
+        if len >= PARALLEL_IO && pieces.len() > 1 {
+            // Large writes: each member's pieces by its own thread.
+            let mut groups: Vec<Vec<&Piece>> =
+                (0..a.core.geom.members()).map(|_| Vec::new()).collect();
+            for p in pieces {
+                groups[p.copies[0].0].push(p);
+            }
+            return in_parallel(groups.into_iter().filter(|g| !g.is_empty()), |g| {
+                g.into_iter()
+                    .try_for_each(|p| a.write_copies(v, p, src(p), false))
+            });
+        }
+        pieces
+            .iter()
+            .try_for_each(|p| a.write_copies(v, p, src(p), false))
+    }
+
+    fn units(&self, _a: &Array) -> u64 {
+        0
+    }
+
+    fn unit_in(&self, _a: &Array, _u: u64, _marked: &dyn Fn(u64, u64) -> bool) -> bool {
+        false
+    }
+
+    fn resync_unit(&self, _a: &Array, _v: &View, _u: u64) -> Result<()> {
+        Ok(())
+    }
+
+    fn check_unit(
+        &self,
+        _a: &Array,
+        _v: &View,
+        _u: u64,
+        _each: &mut dyn FnMut(Mismatch),
+    ) -> Result<u64> {
+        Ok(0)
+    }
+
+    fn rebuild(&self, a: &Array, _job: &Job, _total: u64, _p: &mut Process) -> Result<Outcome> {
+        Err(Error::Invalid(format!(
+            "{} has no redundancy to rebuild a member from",
+            a.core.geom.level
+        )))
+    }
+}
