@@ -145,6 +145,29 @@ impl FaultMember {
     }
 }
 
+impl FaultMember {
+    /// A write's faults around `write`, which writes to the inner member.
+    fn write_with(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        write: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let len = buf.len() as u64;
+        self.enter(Op::Write, offset, len)?;
+        let n = self.writes.fetch_add(1, Ordering::Relaxed);
+        if self.config.fail_writes_after.is_some_and(|f| n >= f) {
+            return Err(self.err(Op::Write, offset, len, 5));
+        }
+        write()?;
+        self.pending
+            .lock()
+            .expect("bad sectors")
+            .retain(|&o| !(o >= offset && o < offset + len));
+        Ok(())
+    }
+}
+
 impl Member for FaultMember {
     fn name(&self) -> &str {
         &self.name
@@ -175,18 +198,18 @@ impl Member for FaultMember {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        let len = buf.len() as u64;
-        self.enter(Op::Write, offset, len)?;
-        let n = self.writes.fetch_add(1, Ordering::Relaxed);
-        if self.config.fail_writes_after.is_some_and(|f| n >= f) {
-            return Err(self.err(Op::Write, offset, len, 5));
-        }
-        self.inner.write_at(buf, offset)?;
-        self.pending
-            .lock()
-            .expect("bad sectors")
-            .retain(|&o| !(o >= offset && o < offset + len));
-        Ok(())
+        self.write_with(buf, offset, || self.inner.write_at(buf, offset))
+    }
+
+    /// A durable write is a write like any other to the faults (it counts
+    /// towards fail-writes-after and heals bad sectors), made durable by
+    /// the member inside.
+    fn write_at_durable(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.write_with(buf, offset, || self.inner.write_at_durable(buf, offset))
+    }
+
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
     }
 
     fn flush(&self) -> Result<()> {
