@@ -291,10 +291,15 @@ pub(crate) fn discard<M: Member + ?Sized>(
 }
 
 /// The name of the file system in memory (tmpfs, ramfs) that holds
-/// `path`, if it is on one: there direct I/O bypasses no cache (the page
-/// cache is the storage) and would only cost the page-cache fast paths.
+/// the regular file `path`, if it is on one: there direct I/O bypasses no
+/// cache (the page cache is the storage) and would only cost the
+/// page-cache fast paths. A device node is never on one in this sense,
+/// though /dev itself is a tmpfs (devtmpfs).
 pub(crate) fn memory_fs(path: &Path) -> Option<&'static str> {
     use std::os::unix::ffi::OsStrExt;
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
     // SAFETY: statfs is plain data, for which all zeroes is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
