@@ -260,6 +260,29 @@ mod tests {
     }
 
     #[test]
+    fn durable_writes_are_faulted_as_writes_and_stay_durable_alone() {
+        use crate::{CutRng, PowerCutMember};
+        let dropped_elsewhere = (0..100).any(|seed| {
+            let inner = Arc::new(PowerCutMember::new("p", vec![0; 64 << 10]));
+            let f = FaultMember::new(
+                inner.clone(),
+                FaultConfig::parse("fail-writes-after=2").unwrap(),
+            );
+            f.write_at(&[3; 512], 8192).unwrap();
+            f.write_at_durable(&[2; 512], 0).unwrap();
+            assert!(
+                f.write_at_durable(&[2; 512], 0).is_err(),
+                "the third write fails"
+            );
+            inner.cut(&mut CutRng::new(seed));
+            let d = inner.durable();
+            assert!(d[..512].iter().all(|&x| x == 2), "durable write lost");
+            d[8192] == 0
+        });
+        assert!(dropped_elsewhere, "the durable write flushed everything");
+    }
+
+    #[test]
     fn bad_sectors_heal_when_rewritten() {
         let inner: Arc<dyn Member> = Arc::new(MemMember::new("m", 1 << 20));
         let f = FaultMember::new(inner, FaultConfig::parse("bad-sector-at=5000").unwrap());
