@@ -7,6 +7,7 @@
 #
 # usage: bench/ab-revs.sh REV_A REV_B [ROUNDS] [-- ENGINE_ARGS...]
 #   e.g. bench/ab-revs.sh HEAD~1 HEAD 5 -- --members 4 --size 128M --dir /var/tmp
+# A revision given as the path of a raidkit binary is used as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { sed -n 2,9p "$0" >&2; exit 2; }
@@ -22,12 +23,19 @@ cleanup() {
   rm -rf "$W"
 }
 trap cleanup EXIT
+name() { if [ -x "$1" ] && [ -f "$1" ]; then echo "$1"; else echo "$1 ($(git rev-parse --short "$1"))"; fi; }
 for x in a b; do
   rev=$A; [ $x = b ] && rev=$B
+  mkdir -p "$W/$x/target/release"
+  if [ -x "$rev" ] && [ -f "$rev" ]; then
+    ln -s "$(realpath "$rev")" "$W/$x/target/release/raidkit"
+    continue
+  fi
+  rmdir "$W/$x/target/release" "$W/$x/target" "$W/$x"
   git worktree add -q --detach "$W/$x" "$rev"
   (cd "$W/$x" && CARGO_TARGET_DIR="$W/$x/target" cargo build --release -q -p raidkit)
 done
-echo "A = $A ($(git rev-parse --short "$A")), B = $B ($(git rev-parse --short "$B")); bench engine ${ENGINE_ARGS[*]}"
+echo "A = $(name "$A"), B = $(name "$B"); bench engine ${ENGINE_ARGS[*]}"
 for r in $(seq "$ROUNDS"); do
   for x in a b; do
     "$W/$x/target/release/raidkit" bench engine --runs 1 "${ENGINE_ARGS[@]}" \

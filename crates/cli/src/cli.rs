@@ -249,6 +249,23 @@ fn rate(s: &str) -> Result<u64, String> {
     parse_size(s.trim().trim_end_matches("/s"))
 }
 
+/// How the members' files and block devices are read and written.
+#[derive(Debug, Args)]
+pub struct IoArgs {
+    /// I/O to the member files and devices: auto (direct I/O where the file
+    /// system or device allows it, buffered on tmpfs), direct (O_DIRECT,
+    /// past the page cache; refused where it cannot be had) or buffered
+    /// (through the page cache). Members added or replaced on a running
+    /// server get the server's mode. What each member got is logged at
+    /// start-up (RAIDKIT_LOG=info).
+    #[arg(long, value_name = "MODE", default_value = "buffered", value_parser = io_mode)]
+    pub io: raidkit_open::IoMode,
+}
+
+fn io_mode(s: &str) -> Result<raidkit_open::IoMode, String> {
+    s.parse()
+}
+
 /// Members: file paths, block devices, or `array[M1,M2,...]` for an array
 /// used as a member (nesting: RAID-50, RAID-60), in any order.
 #[derive(Debug, Args)]
@@ -301,6 +318,8 @@ pub struct CreateArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub io: IoArgs,
     #[command(flatten)]
     pub members: Members,
 }
@@ -360,6 +379,8 @@ pub struct WriteArgs {
     /// that is refused, naming the missing members.
     #[arg(long)]
     pub run: bool,
+    #[command(flatten)]
+    pub io: IoArgs,
     #[command(flatten)]
     pub members: Members,
 }
@@ -432,6 +453,8 @@ pub struct ServeArgs {
     /// that is refused, naming the missing members.
     #[arg(long)]
     pub run: bool,
+    #[command(flatten)]
+    pub io: IoArgs,
     #[command(flatten)]
     pub members: Members,
 }

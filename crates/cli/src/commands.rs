@@ -38,6 +38,7 @@ pub fn run(cli: Cli) -> Result<()> {
 }
 
 fn cmd_create(a: CreateArgs) -> Result<()> {
+    raidkit_open::set_io_mode(a.io.io);
     let level: Level = a.level.parse()?;
     let layout = match &a.layout {
         Some(l) => Layout::parse(level, l)?,
@@ -411,6 +412,7 @@ fn cmd_read(a: ReadArgs) -> Result<()> {
 }
 
 fn cmd_write(a: WriteArgs) -> Result<()> {
+    raidkit_open::set_io_mode(a.io.io);
     let opts = raidkit_array::OpenOptions {
         run: a.run,
         ..Default::default()

@@ -26,6 +26,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if !(a.member_timeout > 0.0 && a.member_timeout.is_finite()) {
         bail!("--member-timeout must be a positive number of seconds");
     }
+    // Every member opened from here on, at start-up and by add or replace
+    // later, gets this mode.
+    raidkit_open::set_io_mode(a.io.io);
     let opts = raidkit_array::OpenOptions {
         read_only: a.read_only,
         readd_stale: !a.read_only,

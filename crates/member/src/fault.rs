@@ -145,6 +145,29 @@ impl FaultMember {
     }
 }
 
+impl FaultMember {
+    /// A write's faults around `write`, which writes to the inner member.
+    fn write_with(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        write: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let len = buf.len() as u64;
+        self.enter(Op::Write, offset, len)?;
+        let n = self.writes.fetch_add(1, Ordering::Relaxed);
+        if self.config.fail_writes_after.is_some_and(|f| n >= f) {
+            return Err(self.err(Op::Write, offset, len, 5));
+        }
+        write()?;
+        self.pending
+            .lock()
+            .expect("bad sectors")
+            .retain(|&o| !(o >= offset && o < offset + len));
+        Ok(())
+    }
+}
+
 impl Member for FaultMember {
     fn name(&self) -> &str {
         &self.name
@@ -175,18 +198,18 @@ impl Member for FaultMember {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        let len = buf.len() as u64;
-        self.enter(Op::Write, offset, len)?;
-        let n = self.writes.fetch_add(1, Ordering::Relaxed);
-        if self.config.fail_writes_after.is_some_and(|f| n >= f) {
-            return Err(self.err(Op::Write, offset, len, 5));
-        }
-        self.inner.write_at(buf, offset)?;
-        self.pending
-            .lock()
-            .expect("bad sectors")
-            .retain(|&o| !(o >= offset && o < offset + len));
-        Ok(())
+        self.write_with(buf, offset, || self.inner.write_at(buf, offset))
+    }
+
+    /// A durable write is a write like any other to the faults (it counts
+    /// towards fail-writes-after and heals bad sectors), made durable by
+    /// the member inside.
+    fn write_at_durable(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.write_with(buf, offset, || self.inner.write_at_durable(buf, offset))
+    }
+
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
     }
 
     fn flush(&self) -> Result<()> {
@@ -234,6 +257,29 @@ mod tests {
         let e = f.read_at(&mut b, 0).unwrap_err(); // op 9: vanished
         assert_eq!(e.source.raw_os_error(), Some(19));
         assert!(f.flush().is_err());
+    }
+
+    #[test]
+    fn durable_writes_are_faulted_as_writes_and_stay_durable_alone() {
+        use crate::{CutRng, PowerCutMember};
+        let dropped_elsewhere = (0..100).any(|seed| {
+            let inner = Arc::new(PowerCutMember::new("p", vec![0; 64 << 10]));
+            let f = FaultMember::new(
+                inner.clone(),
+                FaultConfig::parse("fail-writes-after=2").unwrap(),
+            );
+            f.write_at(&[3; 512], 8192).unwrap();
+            f.write_at_durable(&[2; 512], 0).unwrap();
+            assert!(
+                f.write_at_durable(&[2; 512], 0).is_err(),
+                "the third write fails"
+            );
+            inner.cut(&mut CutRng::new(seed));
+            let d = inner.durable();
+            assert!(d[..512].iter().all(|&x| x == 2), "durable write lost");
+            d[8192] == 0
+        });
+        assert!(dropped_elsewhere, "the durable write flushed everything");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The one interface every array member goes through.
 //!
 //! A [`Member`] is anything with a fixed length that can be read and written
-//! at byte offsets and flushed to stable storage: a file or block device
-//! (`file.rs`), a fault-injecting wrapper (`fault.rs`), a simulated disk
+//! at byte offsets and flushed to stable storage: a file or block device,
+//! through the page cache (`file.rs`) or with direct I/O (`direct.rs`; which
+//! one a path gets is [`IoMode`], `mode.rs`), a fault-injecting wrapper (`fault.rs`), a simulated disk
 //! (`sim.rs`), or another array (which is how RAID-50/60 nest). The test
 //! members, a perfect disk in memory (`mem.rs`) and one that loses unflushed
 //! writes at a power cut (`powercut.rs`), model storage for the crash tests.
@@ -19,19 +20,27 @@
 //! m.read_at(&mut buf, 4096).unwrap();
 //! ```
 
+pub mod aligned;
+pub mod direct;
 pub mod fault;
 pub mod file;
 pub mod guard;
 pub mod map;
 pub mod mem;
+pub mod mode;
 pub mod powercut;
 pub mod sim;
+mod sys;
+mod watch;
 
+pub use aligned::AlignedBuf;
+pub use direct::DirectMember;
 pub use fault::{FaultConfig, FaultMember};
 pub use file::FileMember;
 pub use guard::{guarded, Fault};
 pub use map::{MappedRange, Mapper};
 pub use mem::MemMember;
+pub use mode::{create_member, open_member, IoMode, OpenedMember};
 pub use powercut::{CutRng, PowerCutMember};
 pub use sim::{SimConfig, SimDisk};
 
@@ -114,6 +123,22 @@ pub trait Member: Send + Sync + fmt::Debug {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
     /// Make every completed write durable.
     fn flush(&self) -> Result<()>;
+    /// Write all of `buf` at `offset` and return once those bytes are
+    /// durable (a FUA write), without making any other pending write
+    /// durable where the member can tell them apart. The default writes
+    /// and flushes everything, which is durable but costs a whole flush.
+    fn write_at_durable(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.write_at(buf, offset)?;
+        self.flush()
+    }
+    /// The block size I/O should be aligned to, as a hint: reads and writes
+    /// at offsets and lengths that are multiples of it (from an
+    /// [`AlignedBuf`]) reach the device without a bounce copy or a
+    /// read-modify-write. Any offset and length still works. 1: no
+    /// preference (buffered files, memory, arrays).
+    fn block_size(&self) -> u32 {
+        1
+    }
     /// Flush and let go: a member with state of its own (an array) records
     /// a clean shutdown here. Called once, when its user is done with it.
     fn close(&self) -> Result<()> {

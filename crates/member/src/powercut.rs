@@ -144,6 +144,36 @@ impl Member for PowerCutMember {
         Ok(())
     }
 
+    /// The write lands on stable storage at once (a FUA write), and
+    /// nothing else does: other unflushed writes stay at the cut's mercy.
+    /// The parts of earlier unflushed writes that it overwrites are
+    /// dropped from them, as a disk's cache holds only the newest copy of a
+    /// sector, so that a cut cannot bring older bytes back over it.
+    fn write_at_durable(&self, buf: &[u8], offset: u64) -> Result<()> {
+        check_range(&self.name, Op::Write, offset, buf.len() as u64, self.len)?;
+        let mut st = self.state.lock().expect("power-cut state");
+        if st.dead {
+            return Err(self.dead(Op::Write, offset, buf.len() as u64));
+        }
+        let end = offset + buf.len() as u64;
+        let pending = std::mem::take(&mut st.pending);
+        for (o, d) in pending {
+            let e = o + d.len() as u64;
+            if e <= offset || o >= end {
+                st.pending.push((o, d));
+                continue;
+            }
+            if o < offset {
+                st.pending.push((o, d[..(offset - o) as usize].to_vec()));
+            }
+            if e > end {
+                st.pending.push((end, d[(end - o) as usize..].to_vec()));
+            }
+        }
+        st.durable[offset as usize..end as usize].copy_from_slice(buf);
+        Ok(())
+    }
+
     fn flush(&self) -> Result<()> {
         let mut st = self.state.lock().expect("power-cut state");
         if st.dead {
@@ -189,5 +219,39 @@ mod tests {
         }
         // Over 200 cuts every outcome happens: dropped, torn, kept.
         assert!(kept.iter().all(|&k| k > 0), "{kept:?}");
+    }
+
+    #[test]
+    fn a_durable_write_survives_alone_and_is_not_undone_by_older_writes() {
+        for seed in 0..200 {
+            let m = PowerCutMember::new("p", vec![0; 64 << 10]);
+            m.write_at(&[1; 8192], 0).unwrap(); // pending, under the durable one
+            m.write_at(&[3; 4096], 32768).unwrap(); // pending, elsewhere
+            m.write_at_durable(&[2; 1000], 3000).unwrap();
+            let mut b = vec![0u8; 8192];
+            m.read_at(&mut b, 0).unwrap();
+            assert!(b[..3000].iter().all(|&x| x == 1) && b[3000..4000].iter().all(|&x| x == 2));
+            assert!(b[4000..].iter().all(|&x| x == 1), "reads see every write");
+            m.cut(&mut CutRng::new(seed));
+            let d = m.durable();
+            assert!(
+                d[3000..4000].iter().all(|&x| x == 2),
+                "seed {seed}: durable write lost"
+            );
+            kept_or_not(&d[32768..36864], seed);
+        }
+        // The other pending write was not made durable by it: some cut drops it.
+        let dropped = (0..200).any(|seed| {
+            let m = PowerCutMember::new("p", vec![0; 64 << 10]);
+            m.write_at(&[3; 4096], 32768).unwrap();
+            m.write_at_durable(&[2; 512], 0).unwrap();
+            m.cut(&mut CutRng::new(seed));
+            m.durable()[32768..36864].iter().all(|&x| x == 0)
+        });
+        assert!(dropped, "a durable write made another write durable");
+    }
+
+    fn kept_or_not(d: &[u8], seed: u64) {
+        assert!(d.iter().all(|&x| x == 0 || x == 3), "seed {seed}");
     }
 }

@@ -158,8 +158,18 @@ impl Member for SimDisk {
         Ok(())
     }
 
+    fn write_at_durable(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.inner.write_at_durable(buf, offset)?;
+        self.occupy(offset, buf.len() as u64);
+        Ok(())
+    }
+
     fn flush(&self) -> Result<()> {
         self.inner.flush()
+    }
+
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
     }
 
     fn close(&self) -> Result<()> {

@@ -3,10 +3,44 @@
 //! disks (`sim:`). The engine (raidkit-array) takes members already opened;
 //! this crate is the one place that turns names into members, so that a new
 //! kind of member (a remote one, say) is added here and nowhere else.
+//!
+//! Member files and devices are opened with the process's I/O mode
+//! ([`set_io_mode`]: direct, buffered, or auto), set once by a command's
+//! `--io` flag; nested arrays and `fault:`/`sim:` wrappers take whatever
+//! the files inside them were opened as.
 
 pub mod spec;
 
+pub use raidkit_member::IoMode;
 pub use spec::{open, open_all, open_array, Spec};
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// The process's I/O mode (an `IoMode` as a number, for an atomic).
+static IO_MODE: AtomicU8 = AtomicU8::new(mode_code(IoMode::Buffered));
+
+const fn mode_code(m: IoMode) -> u8 {
+    match m {
+        IoMode::Auto => 0,
+        IoMode::Direct => 1,
+        IoMode::Buffered => 2,
+    }
+}
+
+/// How every member file or device opened from now on, in this process, is
+/// read and written. Callers that set nothing get buffered I/O.
+pub fn set_io_mode(io: IoMode) {
+    IO_MODE.store(mode_code(io), Ordering::Relaxed);
+}
+
+/// The mode [`set_io_mode`] set (buffered if none was).
+pub fn io_mode() -> IoMode {
+    match IO_MODE.load(Ordering::Relaxed) {
+        0 => IoMode::Auto,
+        1 => IoMode::Direct,
+        _ => IoMode::Buffered,
+    }
+}
 
 use raidkit_array::create::{CreateMember, CreateOptions, CreateReport, MISSING};
 use raidkit_array::{Added, Array, Error, Result};

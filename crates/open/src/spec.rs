@@ -11,7 +11,7 @@
 
 use raidkit_array::assemble::assemble;
 use raidkit_array::{Array, Error, Result};
-use raidkit_member::{FaultConfig, FaultMember, FileMember, Member, SimConfig, SimDisk};
+use raidkit_member::{open_member, FaultConfig, FaultMember, Member, SimConfig, SimDisk};
 use std::sync::Arc;
 
 /// A parsed member specification.
@@ -142,9 +142,15 @@ fn split_top_level(s: &str) -> std::result::Result<Vec<String>, String> {
 }
 
 /// Open the member a spec names; nested arrays are assembled and started.
+/// Files and devices are opened in the process's I/O mode
+/// ([`crate::set_io_mode`]), and what each got is logged.
 pub fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn Member>> {
     Ok(match spec {
-        Spec::File(p) => Arc::new(FileMember::open(p, read_only)?),
+        Spec::File(p) => {
+            let o = open_member(p, read_only, crate::io_mode())?;
+            tracing::info!("member {p}: {o}");
+            o.member
+        }
         Spec::Array(_) => Arc::new(open_array(spec, read_only)?),
         Spec::Fault(inner, config, _) => {
             Arc::new(FaultMember::new(open(inner, read_only)?, config.clone()))

@@ -1,0 +1,236 @@
+//! The file engines on block devices: loop devices with direct I/O over
+//! files on the machine's disk (`losetup --direct-io=on`), attached by each
+//! test and detached by a guard even when the test fails. Skipped, saying
+//! why, where that cannot be done (not root, no losetup).
+
+use raidkit_member::{open_member, AlignedBuf, DirectMember, FileMember, IoMode, Member};
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::process::Command;
+
+/// The tests here take turns: a command one test starts (losetup, mkfs,
+/// mount) holds copies of every descriptor of this process between its fork
+/// and exec, so another test's O_EXCL open, closed and at once reopened,
+/// could find its own claim on the device still held by that copy.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Run a command under `timeout`; its stdout, or None if it failed.
+fn run(args: &[&str]) -> Option<String> {
+    let out = Command::new("timeout").arg("30").args(args).output().ok()?;
+    if !out.status.success() {
+        eprintln!(
+            "{}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return None;
+    }
+    Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// A loop device over a file, detached (and unmounted, if mounted) on drop.
+struct Loop {
+    dev: String,
+    /// Where its file system is mounted (removed once unmounted).
+    mounted: Option<tempfile::TempDir>,
+    _dir: tempfile::TempDir,
+}
+
+impl Loop {
+    /// A loop device of `len` bytes with direct I/O and this logical
+    /// sector size; None (the reason printed) where loop devices cannot be
+    /// had here.
+    fn attach(len: u64, sector: u32) -> Option<Loop> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: loop devices need root");
+            return None;
+        }
+        if run(&["losetup", "--version"]).is_none() {
+            eprintln!("skipped: losetup is missing");
+            return None;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("raidkit-loop-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let backing = dir.path().join("backing.img");
+        std::fs::File::create(&backing)
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+        let sector = sector.to_string();
+        let b = backing.to_str().unwrap();
+        let dev = run(&[
+            "losetup",
+            "--direct-io=on",
+            "--sector-size",
+            &sector,
+            "-f",
+            "--show",
+            b,
+        ])
+        .expect("losetup could not attach a loop device");
+        Some(Loop {
+            dev,
+            mounted: None,
+            _dir: dir,
+        })
+    }
+
+    fn path(&self) -> &Path {
+        Path::new(&self.dev)
+    }
+
+    /// What the kernel says of the device in sysfs (queue/NAME).
+    fn queue(&self, name: &str) -> u32 {
+        let base = self.dev.trim_start_matches("/dev/");
+        std::fs::read_to_string(format!("/sys/block/{base}/queue/{name}"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        if let Some(m) = self.mounted.take() {
+            run(&["umount", m.path().to_str().unwrap()]);
+        }
+        run(&["losetup", "-d", &self.dev]);
+    }
+}
+
+/// The flags of this process's descriptor open on `path` (fdinfo, octal).
+fn fd_flags(path: &Path) -> u32 {
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        if std::fs::read_link(e.path()).ok().as_deref() == Some(path) {
+            let name = e.file_name();
+            let info =
+                std::fs::read_to_string(format!("/proc/self/fdinfo/{}", name.to_str().unwrap()))
+                    .unwrap();
+            let flags = info.lines().find_map(|l| l.strip_prefix("flags:")).unwrap();
+            return u32::from_str_radix(flags.trim(), 8).unwrap();
+        }
+    }
+    panic!("no descriptor open on {}", path.display());
+}
+
+const O_DIRECT_OCTAL: u32 = 0o40000;
+
+#[test]
+fn a_loop_device_is_sized_blocked_and_opened_direct() {
+    let _turn = serial();
+    for sector in [512u32, 4096] {
+        let Some(l) = Loop::attach(64 << 20, sector) else {
+            return;
+        };
+        let m = DirectMember::open(l.path(), false).unwrap();
+        assert!(m.is_block_device());
+        assert_eq!(m.len(), 64 << 20);
+        assert_eq!(m.logical_block_size(), l.queue("logical_block_size"));
+        assert_eq!(m.logical_block_size(), sector);
+        assert_eq!(m.physical_block_size(), l.queue("physical_block_size"));
+        assert_eq!(m.block_size(), sector);
+        assert_eq!(fd_flags(l.path()) & O_DIRECT_OCTAL, O_DIRECT_OCTAL);
+
+        // Odd offsets and lengths, an aligned buffer, a durable write.
+        m.write_at(b"sector-straddling bytes", 4096 * 3 - 5)
+            .unwrap();
+        let a = AlignedBuf::from_slice(&[7u8; 8192]);
+        m.write_at(&a, 1 << 20).unwrap();
+        m.write_at_durable(b"fua", 12_345).unwrap();
+        let mut b = [0u8; 23];
+        m.read_at(&mut b, 4096 * 3 - 5).unwrap();
+        assert_eq!(&b, b"sector-straddling bytes");
+        let mut c = [0u8; 3];
+        m.read_at(&mut c, 12_345).unwrap();
+        assert_eq!(&c, b"fua");
+
+        // Discard (BLKZEROOUT) reads back zeroes, edges included.
+        m.discard((1 << 20) + 100, 8000).unwrap();
+        let mut d = vec![0u8; 8192];
+        m.read_at(&mut d, 1 << 20).unwrap();
+        assert!(d[..100].iter().all(|&x| x == 7) && d[8100..].iter().all(|&x| x == 7));
+        assert!(
+            d[100..8100].iter().all(|&x| x == 0),
+            "{sector}: discard not zero"
+        );
+        m.flush().unwrap();
+
+        // Auto picks direct I/O for a block device; buffered is not O_DIRECT.
+        drop(m);
+        let o = open_member(l.path(), false, IoMode::Auto).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(o.mode, IoMode::Direct);
+        assert_eq!(o.logical_block, sector);
+        drop(o);
+        let f = FileMember::open(l.path(), false).unwrap();
+        assert_eq!(f.len(), 64 << 20);
+        assert_eq!(fd_flags(l.path()) & O_DIRECT_OCTAL, 0);
+        let mut e = [0u8; 3];
+        f.read_at(&mut e, 12_345).unwrap();
+        assert_eq!(&e, b"fua", "what the direct engine wrote, read buffered");
+    }
+}
+
+#[test]
+fn a_device_held_exclusively_is_refused_for_writing() {
+    let _turn = serial();
+    let Some(l) = Loop::attach(32 << 20, 512) else {
+        return;
+    };
+    let holder = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(l.path())
+        .unwrap();
+    for io in [IoMode::Direct, IoMode::Buffered, IoMode::Auto] {
+        let e = open_member(l.path(), false, io).unwrap_err();
+        assert_eq!(
+            e.source.kind(),
+            std::io::ErrorKind::ResourceBusy,
+            "{io}: {e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("in use: mounted or held by another program (O_EXCL)"),
+            "{e}"
+        );
+    }
+    // Reading a held device is fine (examine, detail).
+    open_member(l.path(), true, IoMode::Direct).unwrap();
+    drop(holder);
+    open_member(l.path(), false, IoMode::Direct).unwrap();
+}
+
+#[test]
+fn a_device_holding_a_mounted_file_system_is_refused() {
+    let _turn = serial();
+    let Some(mut l) = Loop::attach(64 << 20, 512) else {
+        return;
+    };
+    if run(&["mkfs.ext4", "-q", &l.dev]).is_none() {
+        eprintln!("skipped: mkfs.ext4 failed or is missing");
+        return;
+    }
+    let mnt = tempfile::Builder::new()
+        .prefix("raidkit-mnt-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    if run(&["mount", &l.dev, mnt.path().to_str().unwrap()]).is_none() {
+        eprintln!("skipped: mount failed");
+        return;
+    }
+    l.mounted = Some(mnt);
+    let e = DirectMember::open(l.path(), false).unwrap_err();
+    assert_eq!(e.source.kind(), std::io::ErrorKind::ResourceBusy, "{e}");
+    assert!(e.to_string().contains("mounted"), "{e}");
+    assert!(e.to_string().contains(&l.dev), "names the device: {e}");
+    assert!(FileMember::open(l.path(), false).is_err());
+}
