@@ -3,14 +3,16 @@
 //! marks (the whole array without one). See `journal.rs` for the log.
 
 use crate::background::{windows, ParityResync, Plan, Process};
-use crate::core::{Core, View};
+use crate::core::{Core, Disk, View};
 use crate::engine::Array;
+use crate::engine::{in_parallel, Small};
 use crate::error::{Error, Result};
 use crate::journal::{self, Record, Slot};
 use crate::levels::parity::DataFrom;
 use raidkit_layout::{Piece, StripeMap};
 use raidkit_member::Locked;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 impl Array {
     /// Before the in-place writes of a stripe update: put the update in the
@@ -128,22 +130,47 @@ impl Array {
         // Copies on redundancy + 1 members, spread by stripe.
         let n = v.roles.len();
         let want = self.core.geom.redundancy() + 1;
-        let mut written = 0;
-        for r in (0..n).map(|i| (stripe as usize + i) % n) {
-            if written == want {
+        let targets: Small<&Arc<Disk>> = (0..n)
+            .filter_map(|i| v.roles[(stripe as usize + i) % n].disk.as_ref())
+            .take(want)
+            .collect();
+        let at = j.offset + slot.at;
+        // Each copy made durable by itself (RWF_DSYNC; FUA with direct
+        // I/O), never by flushing the member's data area: a flush would
+        // wait for every dirty page of the member, not just the record.
+        let put = |d: &Arc<Disk>| match self.core.timed(d, || d.member.write_at_durable(&rec, at)) {
+            Ok(()) => 1,
+            Err(e) => {
+                self.core
+                    .fail_disk_by_ptr(d, &format!("writing the journal: {e}"));
+                0
+            }
+        };
+        let written = std::sync::atomic::AtomicUsize::new(0);
+        if targets.len() > 1 && !Self::page_cache_only(v) {
+            // Disks: every copy at once, the record waits for the slowest
+            // device rather than for the sum of them.
+            let _ = in_parallel(targets.iter(), |d| {
+                written.fetch_add(put(d), std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            });
+        } else {
+            for d in &targets {
+                written.fetch_add(put(d), std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let mut written = written.into_inner();
+        // A copy that failed (its member is failed now) is made up on the
+        // next members, as many as the record is short of.
+        for i in 0..n {
+            if written >= want {
                 break;
             }
-            let Some(d) = &v.roles[r].disk else { continue };
-            let at = j.offset + slot.at;
-            match self
-                .core
-                .timed(d, || d.member.write_at(&rec, at))
-                .and_then(|()| self.core.timed(d, || d.member.flush()))
-            {
-                Ok(()) => written += 1,
-                Err(e) => self
-                    .core
-                    .fail_disk_by_ptr(d, &format!("writing the journal: {e}")),
+            let Some(d) = v.roles[(stripe as usize + i) % n].disk.as_ref() else {
+                continue;
+            };
+            if !targets.iter().any(|t| Arc::ptr_eq(t, d)) {
+                written += put(d);
             }
         }
         self.core.ensure_alive(dev)?;

@@ -259,6 +259,14 @@ impl Array {
             return 0; // bits must stay until every member has the writes
         }
         let members: Vec<_> = v.writable().iter().map(|d| d.member.clone()).collect();
+        // Every write done so far durable before bits are cleared (the
+        // bitmap is written durably by itself, with no flush of the data).
+        // A write after this flush marks its region active, which keeps
+        // its bit for another round. Flushed before the meta lock is
+        // taken: a member failing the flush is failed under that lock.
+        if self.core.flush().is_err() {
+            return 0;
+        }
         // Lock order: meta before the bitmap's own lock, as everywhere.
         let (n, failed) = {
             let mut meta = self.core.meta.locked();

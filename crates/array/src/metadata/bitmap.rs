@@ -172,13 +172,17 @@ impl Bitmap {
         Ok(RegionSet { region, words })
     }
 
-    /// Write the bitmap to `members` and flush them; returns the members
-    /// that failed (by index), which the caller fails once no lock is held.
+    /// Write the bitmap to `members`, durably; returns the members that
+    /// failed (by index), which the caller fails once no lock is held. Each
+    /// copy is made durable by itself rather than by flushing the member,
+    /// which would wait for every dirty page of its data area too. (Bits
+    /// are cleared only after the data they cover was flushed: see
+    /// `clear_idle`'s caller.)
     fn write_out(&self, members: &[Arc<dyn Member>]) -> Vec<(usize, MemberError)> {
         let b = self.encode();
         let mut failed = Vec::new();
         for (i, m) in members.iter().enumerate() {
-            if let Err(e) = m.write_at(&b, BITMAP_OFFSET).and_then(|()| m.flush()) {
+            if let Err(e) = m.write_at_durable(&b, BITMAP_OFFSET) {
                 failed.push((i, e));
             }
         }
