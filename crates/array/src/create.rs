@@ -9,7 +9,7 @@ use crate::superblock::{
 };
 use crate::{assemble, bitmap, journal, SB_SIZE};
 use raidkit_layout::{Geometry, Layout, Level};
-use raidkit_member::{FileMember, Member};
+use raidkit_member::{IoMode, Member};
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -102,8 +102,9 @@ pub const MAX_NAME: usize = 64;
 pub enum CreateMember {
     /// Opened, to be checked blank (unless forced) and written.
     Existing(Arc<dyn Member>),
-    /// A file that does not exist yet: created of `--size`.
-    New(String),
+    /// A file that does not exist yet: created of `--size`, then used with
+    /// the I/O engine the mode gives (direct, buffered, or auto).
+    New(String, IoMode),
     /// `missing`: the role is created empty, as mdadm's (the array starts
     /// degraded; `add` fills it).
     Missing,
@@ -151,7 +152,7 @@ pub fn create(
     for (i, p) in prepared.iter().enumerate() {
         match p {
             Prepared::Existing(m) => check_blank(m.as_ref(), opts.force)?,
-            Prepared::New(path) if opts.size.is_none() => {
+            Prepared::New(path, _) if opts.size.is_none() => {
                 return Err(Error::Invalid(format!(
                     "{path} does not exist; give --size to create it"
                 )))
@@ -159,7 +160,7 @@ pub fn create(
             Prepared::Missing if i >= n_roles => {
                 return Err(Error::Invalid("a spare cannot be 'missing'".into()))
             }
-            Prepared::New(_) | Prepared::Missing => {}
+            Prepared::New(..) | Prepared::Missing => {}
         }
     }
 
@@ -176,8 +177,8 @@ pub fn create(
             }
             (Prepared::Existing(_), Some(want)) => want,
             (Prepared::Existing(m), None) => m.len(),
-            (Prepared::New(_), Some(want)) => want,
-            (Prepared::New(_), None) => unreachable!("checked above"),
+            (Prepared::New(..), Some(want)) => want,
+            (Prepared::New(..), None) => unreachable!("checked above"),
             // As big as the others (set below).
             (Prepared::Missing, want) => want.unwrap_or(0),
         };
@@ -317,10 +318,10 @@ pub fn create(
     for (p, &size) in prepared.into_iter().zip(&sizes) {
         members.push(match p {
             Prepared::Existing(m) => Some(m),
-            Prepared::New(path) => {
-                let m = FileMember::create(&path, size)?;
+            Prepared::New(path, io) => {
+                let m = raidkit_member::create_member(&path, size, io)?;
                 created.push(path);
-                Some(Arc::new(m))
+                Some(m.member)
             }
             Prepared::Missing => None,
         });
@@ -422,7 +423,7 @@ pub fn create(
 fn prepared_name(p: &Prepared) -> String {
     match p {
         Prepared::Existing(m) => m.name().to_string(),
-        Prepared::New(path) => path.clone(),
+        Prepared::New(path, _) => path.clone(),
         Prepared::Missing => MISSING.to_string(),
     }
 }

@@ -258,7 +258,7 @@ pub struct IoArgs {
     /// (through the page cache). Members added or replaced on a running
     /// server get the server's mode. What each member got is logged at
     /// start-up (RAIDKIT_LOG=info).
-    #[arg(long, value_name = "MODE", default_value = "buffered", value_parser = io_mode)]
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = io_mode)]
     pub io: raidkit_open::IoMode,
 }
 

@@ -131,6 +131,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         array.health().name(),
         if a.read_only { "only" } else { "write" }
     );
+    for (name, how) in raidkit_open::take_opened() {
+        println!("raidkit: member {name}: {how}");
+    }
     for e in &endpoints {
         let uri = e.clone();
         println!("raidkit: listening on {uri}");

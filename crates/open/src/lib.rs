@@ -33,6 +33,26 @@ pub fn set_io_mode(io: IoMode) {
     IO_MODE.store(mode_code(io), Ordering::Relaxed);
 }
 
+/// What each member file or device opened so far got ("direct I/O,
+/// logical block 512, physical 4096"), by name, for a command to say at
+/// start-up; taken once.
+pub fn take_opened() -> Vec<(String, String)> {
+    std::mem::take(
+        &mut *OPENED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    )
+}
+
+static OPENED: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+pub(crate) fn note_opened(name: &str, how: String) {
+    OPENED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((name.to_string(), how));
+}
+
 /// The mode [`set_io_mode`] set (buffered if none was).
 pub fn io_mode() -> IoMode {
     match IO_MODE.load(Ordering::Relaxed) {
@@ -54,7 +74,7 @@ pub fn create_member(spec: &Spec, is_role: bool) -> Result<CreateMember> {
         return Ok(CreateMember::Missing);
     }
     match spec {
-        Spec::File(p) if !Path::new(p).exists() => Ok(CreateMember::New(p.clone())),
+        Spec::File(p) if !Path::new(p).exists() => Ok(CreateMember::New(p.clone(), io_mode())),
         _ => Ok(CreateMember::Existing(open(spec, false)?)),
     }
 }

@@ -149,6 +149,7 @@ pub fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn Member>> {
         Spec::File(p) => {
             let o = open_member(p, read_only, crate::io_mode())?;
             tracing::info!("member {p}: {o}");
+            crate::note_opened(p, o.to_string());
             o.member
         }
         Spec::Array(_) => Arc::new(open_array(spec, read_only)?),

@@ -107,7 +107,7 @@ fn file_array(
     };
     let new: Vec<CreateMember> = members
         .iter()
-        .map(|m| CreateMember::New(m.clone()))
+        .map(|m| CreateMember::New(m.clone(), raidkit_member::IoMode::Buffered))
         .collect();
     create(new, &opts, |_, _| {}).unwrap();
     let opened: Vec<Arc<dyn Member>> = members
