@@ -404,9 +404,13 @@ pub struct ServeArgs {
     /// Control socket path (default: raidkit-<array uuid>.ctl in the temp directory).
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
-    /// Requests served at once per connection.
-    #[arg(long, default_value_t = 8)]
-    pub workers: usize,
+    /// Requests served at once per connection (default: 8 when every member
+    /// is written through the page cache, where a request is a memory copy
+    /// and more threads than that only contend; 32, a client's usual queue
+    /// depth, when a member waits on a device, so that the requests a
+    /// client has in flight all reach the disks).
+    #[arg(long)]
+    pub workers: Option<usize>,
     /// Connections served at once (each costs a thread per worker); more
     /// are closed at once and counted in status as refused.
     #[arg(long, value_name = "N", default_value_t = raidkit_nbd::DEFAULT_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..))]

@@ -77,7 +77,10 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             read_only: a.read_only,
         },
         Config {
-            workers_per_connection: a.workers.max(1),
+            workers_per_connection: a
+                .workers
+                .unwrap_or(if array.waits_on_devices() { 32 } else { 8 })
+                .max(1),
             merge_writes: sb.level.is_parity(),
             merge_align: if sb.level.is_parity() {
                 array.geometry().chunk * array.geometry().data_members() as u64

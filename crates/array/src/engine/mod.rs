@@ -219,6 +219,14 @@ impl Array {
         self.core.check_stalls()
     }
 
+    /// Whether some member in service waits on a device for its I/O
+    /// (direct I/O, a nested array, a simulated disk) rather than copying
+    /// to and from the page cache: requests then spend their time waiting,
+    /// and more of them at once keep the devices busy.
+    pub fn waits_on_devices(&self) -> bool {
+        !Self::page_cache_only(&self.core.view.load())
+    }
+
     /// Flush every member in service.
     pub fn flush(&self) -> Result<()> {
         self.core.flush()
