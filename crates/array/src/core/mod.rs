@@ -391,6 +391,18 @@ impl Core {
         self.ensure_alive(dev)
     }
 
+    /// Discard `[dev, dev + len)` of every member of `role` (it reads back
+    /// zeroes after), failing a member that cannot, as `member_write`.
+    pub(crate) fn member_discard(&self, v: &View, role: usize, dev: u64, len: u64) -> Result<()> {
+        let rv = &v.roles[role];
+        for d in rv.disk.iter().chain(rv.replacement.iter().map(|x| &x.0)) {
+            if let Err(e) = self.timed(d, || d.member.discard(d.data_offset + dev, len)) {
+                self.fail_disk_by_ptr(d, &e.to_string());
+            }
+        }
+        self.ensure_alive(dev)
+    }
+
     pub(crate) fn ensure_alive(&self, dev: u64) -> Result<()> {
         if self.alive.load(Ordering::Acquire) {
             Ok(())

@@ -359,6 +359,26 @@ impl Array {
         self.level.write(self, &v, &pieces, &src, buf.len())
     }
 
+    /// Discard `[offset, offset + len)` where the level keeps redundancy
+    /// consistent (striped and mirrored levels everywhere, parity levels
+    /// whole stripes with every member in service): the members free the
+    /// space and it reads back zeroes. Elsewhere the data stays as it was.
+    /// Returns the logical range discarded, if any.
+    pub fn discard_range(&self, offset: u64, len: u64) -> Result<Option<(u64, u64)>> {
+        self.core.check(offset, len)?;
+        self.core.begin_write()?;
+        self.core.ensure_alive(offset)?;
+        self.fg_ops.fetch_add(1, Ordering::Relaxed);
+        let v = self.core.view.load();
+        let pieces = self.core.geom.pieces(offset, len);
+        let bits = self.mark_bitmap(&v, &pieces);
+        if bits.is_some() {
+            self.core.ensure_alive(offset)?;
+        }
+        let v = self.core.view.load();
+        self.level.discard(self, &v, &pieces)
+    }
+
     /// Whether the writes in progress are enough to keep every core busy.
     pub(crate) fn cores_busy(&self) -> bool {
         self.writing.load(Ordering::Acquire) >= cores()
@@ -439,6 +459,20 @@ impl Member for Array {
                 e.into_io(),
             )
         })
+    }
+
+    /// Reads back zeroes after, as every member's discard: what the level
+    /// cannot discard (parts of stripes) is written with zeroes.
+    fn discard(&self, offset: u64, len: u64) -> Result<(), MemberError> {
+        let err =
+            |e: Error| MemberError::new(&self.core.name, Op::Discard, offset, len, e.into_io());
+        let end = offset + len;
+        let (lo, hi) = self
+            .discard_range(offset, len)
+            .map_err(err)?
+            .unwrap_or((end, end));
+        raidkit_member::write_zeroes(self, offset, lo - offset)?;
+        raidkit_member::write_zeroes(self, hi, end - hi)
     }
 
     fn flush(&self) -> Result<(), MemberError> {

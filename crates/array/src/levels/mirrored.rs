@@ -41,6 +41,18 @@ impl LevelOps for Mirrored {
             .try_for_each(|p| a.write_copies(v, p, src(p), true))
     }
 
+    fn discard(&self, a: &Array, _v: &View, pieces: &[Piece]) -> Result<Option<(u64, u64)>> {
+        // Every copy under the chunk's lock, as a write: they stay equal.
+        for p in pieces {
+            let _g = a.core.lock(p.logical / a.core.geom.chunk);
+            let v = a.core.view_under_lock();
+            for &(role, dev) in &p.copies {
+                a.core.member_discard(&v, role, dev, p.len)?;
+            }
+        }
+        Ok(super::span(pieces))
+    }
+
     fn units(&self, a: &Array) -> u64 {
         a.core.capacity() / a.core.geom.chunk
     }

@@ -43,6 +43,12 @@ pub(crate) trait LevelOps: Send + Sync {
         len: usize,
     ) -> Result<()>;
 
+    /// Discard what the pieces cover where the level can keep redundancy
+    /// consistent (it then reads back zeroes); elsewhere leave the data as
+    /// it is (a discard is advisory). Returns the logical range discarded
+    /// (one run: whole stripes in the middle for parity levels), if any.
+    fn discard(&self, a: &Array, v: &View, pieces: &[Piece]) -> Result<Option<(u64, u64)>>;
+
     /// Units a pass over the whole array walks (parity resync, check):
     /// stripes of parity levels, chunks of the address space of mirrors,
     /// none without redundancy.
@@ -79,4 +85,10 @@ pub(crate) fn of(level: Level) -> &'static dyn LevelOps {
         Level::Raid1 | Level::Raid10 => &mirrored::Mirrored,
         Level::Raid4 | Level::Raid5 | Level::Raid6 => &parity::Parity,
     }
+}
+
+/// The logical range `pieces` cover (they are in order, contiguous).
+pub(crate) fn span(pieces: &[Piece]) -> Option<(u64, u64)> {
+    let (first, last) = (pieces.first()?, pieces.last()?);
+    Some((first.logical, last.logical + last.len))
 }

@@ -57,6 +57,47 @@ impl LevelOps for Parity {
         a.write_parity(v, pieces, src)
     }
 
+    fn discard(&self, a: &Array, v: &View, pieces: &[Piece]) -> Result<Option<(u64, u64)>> {
+        // Whole stripes only: data and parity all discarded read back zero,
+        // and zero is the parity of zeroes (P and Q). A part of a stripe
+        // would need its parity rewritten: left as it is. With every
+        // member in service only, as a whole-stripe write logs its intent
+        // only then; a crash part-way leaves some chunks zero, which the
+        // intent records (or the bitmap) have resynced at the next start.
+        let Some((lo, hi)) = super::span(pieces) else {
+            return Ok(None);
+        };
+        let g = &a.core.geom;
+        let width = g.chunk * g.data_members() as u64;
+        let (s0, s1) = (lo.div_ceil(width), hi / width);
+        if s0 >= s1 || !Core::whole(v) {
+            return Ok(None);
+        }
+        // A batch of stripes at a time: the journal holds a bounded number
+        // of intent records, and clients wait for the locks held.
+        const BATCH: u64 = 32;
+        let mut at = s0;
+        while at < s1 {
+            let end = (at + BATCH).min(s1);
+            // Under the stripes' locks before the intent records, as any
+            // stripe write: a record that comes after another's is applied
+            // after it.
+            let _locks = a.core.lock_range(at, end);
+            let v = a.core.view_under_lock();
+            if !Core::whole(&v) {
+                break;
+            }
+            let slots = a.journal_intents(&v, at, end, g.chunk)?;
+            let (dev, len) = (at * g.chunk, (end - at) * g.chunk);
+            for role in 0..g.members() {
+                a.core.member_discard(&v, role, dev, len)?;
+            }
+            drop(slots);
+            at = end;
+        }
+        Ok((at > s0).then_some((s0 * width, at * width)))
+    }
+
     fn units(&self, a: &Array) -> u64 {
         a.core.geom.stripes()
     }

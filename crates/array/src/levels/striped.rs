@@ -47,6 +47,14 @@ impl LevelOps for Striped {
             .try_for_each(|p| a.write_copies(v, p, src(p), false))
     }
 
+    fn discard(&self, a: &Array, v: &View, pieces: &[Piece]) -> Result<Option<(u64, u64)>> {
+        for p in pieces {
+            let (role, dev) = p.copies[0];
+            a.core.member_discard(v, role, dev, p.len)?;
+        }
+        Ok(super::span(pieces))
+    }
+
     fn units(&self, _a: &Array) -> u64 {
         0
     }

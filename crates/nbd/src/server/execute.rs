@@ -125,11 +125,23 @@ fn execute(
                             // Zeroing costs a full write here: say so.
                             return Err((ENOTSUP, "zeroing is not faster than writing".into()));
                         }
-                        raidkit_member::write_zeroes(dev.as_ref(), r.offset, r.len as u64)
-                            .map_err(io_err)?;
+                        if r.flags & CMD_FLAG_NO_HOLE != 0 {
+                            raidkit_member::write_zeroes(dev.as_ref(), r.offset, r.len as u64)
+                        } else {
+                            // A discard reads back zeroes, and frees the
+                            // space where the device can.
+                            dev.discard(r.offset, r.len as u64)
+                        }
+                        .map_err(io_err)?;
                         inc(&st.zeroes, 1);
                     }
-                    _ => inc(&st.trims, 1), // advisory: the data stays as it was
+                    _ => {
+                        // The space freed where the device can; what it
+                        // cannot free is zeroed, so a trimmed range reads
+                        // the same (zeroes) whatever the layout.
+                        dev.discard(r.offset, r.len as u64).map_err(io_err)?;
+                        inc(&st.trims, 1);
+                    }
                 }
                 if r.flags & CMD_FLAG_FUA != 0 {
                     dev.flush().map_err(io_err)?;
