@@ -75,6 +75,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             description: format!("raidkit {} array '{}'", sb.level, sb.name),
             device,
             read_only: a.read_only,
+            preferred_block: preferred_block(&array),
         },
         Config {
             workers_per_connection: a
@@ -307,5 +308,28 @@ fn status_fields(
     match v {
         Value::Object(m) => m,
         _ => unreachable!(),
+    }
+}
+
+/// The request size to tell clients (NBD_INFO_BLOCK_SIZE): a whole stripe
+/// of data for parity levels, where anything less costs a read-modify-write,
+/// when that is a power of two (the protocol requires one; with three data
+/// members it never is); otherwise the chunk, so that at least a request
+/// does not update part of a chunk; 4 KiB for the other levels.
+fn preferred_block(array: &raidkit_array::Array) -> u32 {
+    let g = array.geometry();
+    if !g.level.is_parity() {
+        return raidkit_nbd::server::PREFERRED_BLOCK;
+    }
+    let stripe = g.chunk * g.data_members() as u64;
+    let pick = if stripe.is_power_of_two() {
+        stripe
+    } else {
+        g.chunk
+    };
+    if pick.is_power_of_two() {
+        pick.clamp(4096, 32 << 20) as u32
+    } else {
+        raidkit_nbd::server::PREFERRED_BLOCK
     }
 }

@@ -49,6 +49,9 @@ fn nbdinfo_shows_size_and_honest_flags() {
     }
     assert_eq!(e["is_read_only"], false);
     assert_eq!(e["block_size_maximum"], 32 << 20);
+    // Three data members: a stripe (192 KiB) is no power of two, so the
+    // preferred size is the chunk.
+    assert_eq!(e["block_size_preferred"], 64 << 10);
     // The default export ("") is the same array; an unknown name is refused.
     let default_uri = s.uri.trim_end_matches("lab").to_string();
     let o = tool("nbdinfo", &["--size", &default_uri]);
@@ -1384,6 +1387,17 @@ fn allocated(ms: &[String]) -> u64 {
     ms.iter()
         .map(|m| std::fs::metadata(m).unwrap().blocks() * 512)
         .sum()
+}
+
+#[test]
+fn the_preferred_block_size_is_a_whole_stripe_where_that_is_a_power_of_two() {
+    let dir = tmp();
+    let ms = members(dir.path(), 5);
+    create("5", &ms, "16M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let v: Value = serde_json::from_slice(&tool("nbdinfo", &["--json", &s.uri]).stdout).unwrap();
+    assert_eq!(v["exports"][0]["block_size_preferred"], 256 << 10);
+    assert_eq!(s.stop().code(), Some(0));
 }
 
 #[test]

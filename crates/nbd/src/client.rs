@@ -751,6 +751,7 @@ mod tests {
         let mem = Arc::new(raidkit_member::MemMember::new("mem", 8 << 20));
         let server = crate::Server::new(
             crate::Export {
+                preferred_block: crate::server::PREFERRED_BLOCK,
                 name: "t".into(),
                 description: String::new(),
                 device: mem.clone(),
@@ -870,6 +871,7 @@ mod tests {
         });
         let server = crate::Server::new(
             crate::Export {
+                preferred_block: crate::server::PREFERRED_BLOCK,
                 name: "t".into(),
                 description: String::new(),
                 device: dev.clone(),
@@ -1074,6 +1076,7 @@ mod tests {
             });
             let server = crate::Server::new(
                 crate::Export {
+                    preferred_block: crate::server::PREFERRED_BLOCK,
                     name: "t".into(),
                     description: String::new(),
                     device: m.clone(),

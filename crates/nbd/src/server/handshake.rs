@@ -3,7 +3,7 @@
 //! structured and whether block status was asked for, which the
 //! transmission phase needs to shape its replies.
 
-use super::{Export, MAX_PAYLOAD, PREFERRED_BLOCK};
+use super::{Export, MAX_PAYLOAD};
 use crate::proto::*;
 use crate::stream::Stream;
 use std::io::{self, Read, Write};
@@ -152,7 +152,7 @@ fn options(s: &mut Stream, export: &Export) -> io::Result<Option<Negotiated>> {
                 reply(
                     s,
                     REP_INFO,
-                    &info_block_size(1, PREFERRED_BLOCK, MAX_PAYLOAD),
+                    &info_block_size(1, export.preferred_block, MAX_PAYLOAD),
                 )?;
                 reply(s, REP_ACK, &[])?;
                 if h.option == OPT_GO {

@@ -61,6 +61,9 @@ pub struct Export {
     pub description: String,
     pub device: Arc<dyn Member>,
     pub read_only: bool,
+    /// The request size the device serves best (NBD_INFO_BLOCK_SIZE's
+    /// preferred size; a power of two, as the protocol requires).
+    pub preferred_block: u32,
 }
 
 /// Server tuning.
