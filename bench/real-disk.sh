@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# raidkit on a real disk: four loop devices with direct I/O over files on
+# the machine's disk (/var/tmp, not the RAM disk), first measured raw with
+# fio (libaio, direct) on all four at once, the physical limit; then raidkit
+# RAID-0, RAID-5 and RAID-6 of the same four devices served over NBD with
+# `--io direct`, RAID-5/6 with each consistency policy (none, bitmap,
+# journal; RAID-0 has no redundancy to keep consistent and runs with the
+# default), measured with fio's nbd engine. Jobs: 1 MiB sequential write
+# and read, 4 KiB random read and write at QD32 (raw: QD32 on each device;
+# raidkit: QD32 on one connection), and a single reader of 1 MiB at QD1 on
+# RAID-0. Configurations alternate within each round in a rotating order,
+# so that a drift of the disk does not fall on one of them; medians (with
+# min-max) over the rounds, and the ratios issue 23 names.
+#
+# Each array is created anew on the devices at its turn (--force
+# --assume-clean: its data is whatever the previous one left, which is
+# real, written data: the devices are filled once before the first round,
+# so no read is of a hole the file system answers without the disk).
+#
+# usage: [RAIDKIT=path/to/raidkit] [CHUNK=64K] [DIR=/var/tmp] bench/real-disk.sh [ROUNDS] [SECONDS] [SIZE]
+#   ROUNDS   rounds (default 3), SECONDS per job (default 10),
+#   SIZE     per device (default 1G; the files are DIR/raidkit-real-disk.*)
+# Needs root (losetup), fio, nbdinfo; prints one line per measurement, then
+# the table and ratios.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-3}
+SECS=${2:-10}
+SIZE=${3:-1G}
+CHUNK=${CHUNK:-64K}
+BASE=${DIR:-/var/tmp}
+[ "$(id -u)" -eq 0 ] || { echo "real-disk.sh: loop devices need root" >&2; exit 1; }
+./scripts/deps.sh
+if [ -z "${RAIDKIT:-}" ]; then
+  cargo build --release --quiet
+  RAIDKIT=${CARGO_TARGET_DIR:-$PWD/target}/release/raidkit
+fi
+R=$RAIDKIT
+W=$(mktemp -d "$BASE/raidkit-real-disk.XXXXXX")
+LOOPS=()
+SERVER=""
+cleanup() {
+  # The server first (it holds the devices), then the devices, then files.
+  [ -n "$SERVER" ] && { kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; }
+  for d in "${LOOPS[@]}"; do timeout 30 losetup -d "$d" || true; done
+  rm -rf "$W"
+}
+trap cleanup EXIT
+
+bytes=$(numfmt --from=iec "$SIZE")
+avail=$(( $(df --output=avail -B1 "$W" | tail -1) ))
+[ "$avail" -gt $(( 4 * bytes + (1 << 30) )) ] || { echo "real-disk.sh: $W lacks room for 4 x $SIZE" >&2; exit 1; }
+
+for i in 0 1 2 3; do
+  truncate -s "$SIZE" "$W/d$i.img"
+  LOOPS+=("$(timeout 30 losetup --direct-io=on -f --show "$W/d$i.img")")
+  dio=/sys/block/$(basename "${LOOPS[$i]}")/loop/dio
+  [ "$(cat "$dio")" = 1 ] || { echo "real-disk.sh: ${LOOPS[$i]}: direct I/O not on" >&2; exit 1; }
+done
+echo "devices: ${LOOPS[*]} over $W ($SIZE each), raidkit $R, chunk $CHUNK, $ROUNDS rounds of ${SECS}s jobs" >&2
+# Fill the devices once: real blocks behind every byte read later.
+fill=()
+for i in 0 1 2 3; do fill+=("--name=d$i" "--filename=${LOOPS[$i]}"); done
+fio --ioengine=libaio --direct=1 --rw=write --bs=1M --iodepth=8 "${fill[@]}" >/dev/null
+
+job_args() { # job -> fio arguments
+  case $1 in
+    seqwrite_1m)      echo "--rw=write --bs=1M --iodepth=32" ;;
+    seqread_1m)       echo "--rw=read --bs=1M --iodepth=32" ;;
+    randread_4k)      echo "--rw=randread --bs=4k --iodepth=32 --norandommap --randrepeat=0" ;;
+    randwrite_4k)     echo "--rw=randwrite --bs=4k --iodepth=32 --norandommap --randrepeat=0" ;;
+    seqread_1m_qd1)   echo "--rw=read --bs=1M --iodepth=1" ;;
+  esac
+}
+
+# fio's JSON -> the figure: MB/s for 1 MiB jobs, IOPS for 4 KiB ones (the
+# group's sum: all four devices at once for the raw runs).
+figure() { # json job
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]
+side = "write" if "write" in sys.argv[2] else "read"
+if j["error"]:
+    sys.exit(f"fio error {j['error']}")
+v = j[side]["iops"] if "4k" in sys.argv[2] else j[side]["bw_bytes"] / 1e6
+print(f"{v:.0f}")
+PY
+}
+
+raw() { # job -> value: fio on the four devices at once
+  local devs=()
+  for i in 0 1 2 3; do devs+=("--name=d$i" "--filename=${LOOPS[$i]}"); done
+  # shellcheck disable=SC2046
+  fio --ioengine=libaio --direct=1 $(job_args "$1") --time_based --runtime="$SECS" \
+      --ramp_time=1 --group_reporting --output-format=json --output="$W/out.json" "${devs[@]}" >/dev/null
+  figure "$W/out.json" "$1"
+}
+
+nbd() { # uri job -> value
+  # shellcheck disable=SC2046
+  fio --name=b --ioengine=nbd --uri="$1" $(job_args "$2") --time_based --runtime="$SECS" \
+      --ramp_time=1 --output-format=json --output="$W/out.json" >/dev/null
+  figure "$W/out.json" "$2"
+}
+
+serve() { # level policy -> starts $SERVER, its address in $URI
+  local level=$1 policy=$2 pol=()
+  [ "$policy" = default ] || pol=(--consistency-policy "$policy")
+  "$R" create --io direct --force --assume-clean --level "$level" --chunk "$CHUNK" \
+      --name "r$level" "${pol[@]}" "${LOOPS[@]}" >/dev/null
+  : > "$W/serve.out"
+  "$R" serve --io direct --listen 127.0.0.1:0 --control "$W/ctl" "${LOOPS[@]}" \
+      >"$W/serve.out" 2>"$W/serve.err" &
+  SERVER=$!
+  local uri=""
+  for _ in $(seq 300); do
+    uri=$(grep -o 'nbd://[^ ]*' "$W/serve.out" | head -1 || true)
+    [ -n "$uri" ] && break
+    kill -0 "$SERVER" 2>/dev/null || { cat "$W/serve.err" >&2; exit 1; }
+    sleep 0.1
+  done
+  [ -n "$uri" ] || { echo "server did not start" >&2; cat "$W/serve.err" >&2; exit 1; }
+  URI=$uri
+}
+
+unserve() {
+  kill -TERM "$SERVER"
+  wait "$SERVER" || { echo "server exited with $?" >&2; cat "$W/serve.err" >&2; exit 1; }
+  SERVER=""
+}
+
+JOBS=(seqwrite_1m seqread_1m randread_4k randwrite_4k)
+CONFIGS=(raw r0-default r5-none r5-bitmap r5-journal r6-none r6-bitmap r6-journal)
+RES="$W/results.txt"
+: > "$RES"
+for r in $(seq "$ROUNDS"); do
+  k=$(( (r - 1) % ${#CONFIGS[@]} ))
+  ORDER=("${CONFIGS[@]:$k}" "${CONFIGS[@]:0:$k}")
+  for c in "${ORDER[@]}"; do
+    if [ "$c" = raw ]; then
+      for job in "${JOBS[@]}"; do
+        echo "round $r $job $c $(raw "$job")" | tee -a "$RES"
+      done
+      continue
+    fi
+    level=${c%%-*}; level=${level#r}; policy=${c#*-}
+    serve "$level" "$policy"
+    jobs=("${JOBS[@]}")
+    [ "$level" = 0 ] && jobs+=(seqread_1m_qd1)
+    for job in "${jobs[@]}"; do
+      echo "round $r $job $c $(nbd "$URI" "$job")" | tee -a "$RES"
+    done
+    unserve
+  done
+done
+
+python3 - "$RES" <<'PY'
+import sys, statistics
+from collections import defaultdict
+d = defaultdict(list)
+for line in open(sys.argv[1]):
+    _, r, job, cfg, v = line.split()
+    d[(job, cfg)].append(float(v))
+med = {k: statistics.median(v) for k, v in d.items()}
+jobs = ["seqwrite_1m", "seqread_1m", "randread_4k", "randwrite_4k", "seqread_1m_qd1"]
+cfgs = ["raw", "r0-default", "r5-none", "r5-bitmap", "r5-journal", "r6-none", "r6-bitmap", "r6-journal"]
+def cell(job, cfg):
+    v = d.get((job, cfg))
+    return f"{med[(job, cfg)]:.0f} ({min(v):.0f}-{max(v):.0f})" if v else "-"
+print()
+print("medians (min-max); MB/s for 1 MiB jobs, IOPS for 4 KiB jobs; raw = all four devices at once")
+print(f"{'config':<12}" + "".join(f"{j:>22}" for j in jobs))
+for c in cfgs:
+    print(f"{c:<12}" + "".join(f"{cell(j, c):>22}" for j in jobs))
+def ratio(a, b):
+    return f"{med[a] / med[b]:.2f}" if a in med and b in med and med[b] else "-"
+print()
+print("ratios of medians (issue 23's targets in brackets)")
+print(f"  RAID-0 1 MiB seq read / raw aggregate:              {ratio(('seqread_1m', 'r0-default'), ('seqread_1m', 'raw'))}  [>= 0.9]")
+print(f"  RAID-0 4 KiB rand read / raw aggregate:             {ratio(('randread_4k', 'r0-default'), ('randread_4k', 'raw'))}  [>= 0.9]")
+print(f"  RAID-0 1 MiB seq read, one reader QD1 / raw agg.:   {ratio(('seqread_1m_qd1', 'r0-default'), ('seqread_1m', 'raw'))}  [>= 0.9]")
+for lv in ("r5", "r6"):
+    for p in ("bitmap", "journal"):
+        tag = " (the default)" if p == "journal" else ""
+        print(f"  {lv} {p}{tag} / none, 1 MiB seq write:  {ratio(('seqwrite_1m', f'{lv}-{p}'), ('seqwrite_1m', f'{lv}-none'))}  [>= 0.9]")
+        print(f"  {lv} {p}{tag} / none, 4 KiB rand write: {ratio(('randwrite_4k', f'{lv}-{p}'), ('randwrite_4k', f'{lv}-none'))}  [>= 0.7]")
+if ("randwrite_4k", "raw") in med:
+    bound = med[("randwrite_4k", "raw")] / 4
+    print(f"  read-modify-write bound (raw 4 KiB rand write IOPS / 4): {bound:.0f}")
+    for p in ("none", "bitmap", "journal"):
+        k = ("randwrite_4k", f"r5-{p}")
+        if k in med:
+            print(f"  r5 {p} 4 KiB rand write / bound:  {med[k] / bound:.2f}  [>= 0.8]")
+PY
