@@ -39,6 +39,10 @@ pub(crate) type Small<T> = SmallVec<[T; 16]>;
 /// Reads at least this large are spread over the members in parallel.
 pub(crate) const PARALLEL_IO: usize = 1 << 20;
 
+/// The same for arrays with a member that waits on a device (direct I/O):
+/// a thread hand-off costs microseconds, a device read far more.
+const PARALLEL_DEVICE_IO: usize = 64 << 10;
+
 /// Threads for member I/O done in parallel. Member calls block (on disks,
 /// for milliseconds), so they get a pool of their own rather than rayon's
 /// global one, which is sized for computation.
@@ -272,7 +276,15 @@ impl Array {
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
         let v = self.core.view.load();
         let pieces = self.core.geom.pieces(offset, buf.len() as u64);
-        if buf.len() >= PARALLEL_IO && pieces.len() > 1 {
+        let parallel = if Self::page_cache_only(&v) {
+            PARALLEL_IO
+        } else {
+            // Members that wait on their devices: a read over several of
+            // them waits for one device at a time unless they are read at
+            // once (a single reader at queue depth 1 gets no other help).
+            PARALLEL_DEVICE_IO
+        };
+        if buf.len() >= parallel && pieces.len() > 1 {
             return self.read_parallel(&v, &pieces, buf, offset);
         }
         for p in pieces {
