@@ -103,15 +103,17 @@ impl Array {
                 "too many intent records for the journal".into(),
             ));
         };
-        (s0..s1)
-            .zip(slots)
-            .map(|(s, slot)| {
-                self.journal_write(j, slot, v, s, s * chunk, |uuid, seq| {
-                    journal::encode_intent(uuid, seq, s, s * chunk, len)
-                })
-            })
-            .collect::<Result<Vec<_>>>()
-            .map(Some)
+        // The records lie one after the other in the log: one durable
+        // write for all of them on each member, not one per stripe (on a
+        // disk each durable write is a cache flush or a FUA).
+        let uuid = self.core.meta.locked().sb.array_uuid;
+        let mut recs = Vec::with_capacity(slots.len() * journal::HEADER);
+        for (s, slot) in (s0..s1).zip(&slots) {
+            recs.extend_from_slice(&journal::encode_intent(uuid, slot.seq, s, s * chunk, len));
+        }
+        let at = j.offset + slots.first().map_or(0, |x| x.at);
+        self.journal_store(v, s0, s0 * chunk, at, &recs)?;
+        Ok(Some(slots))
     }
 
     /// Write a record into its reserved slot on `redundancy + 1` members
@@ -127,18 +129,24 @@ impl Array {
     ) -> Result<Slot<'a>> {
         let uuid = self.core.meta.locked().sb.array_uuid;
         let rec = encode(uuid, slot.seq);
-        // Copies on redundancy + 1 members, spread by stripe.
+        self.journal_store(v, stripe, dev, j.offset + slot.at, &rec)?;
+        Ok(slot)
+    }
+
+    /// Write `rec` (one or more records, contiguous in the log) at `at` on
+    /// `redundancy + 1` members (spread by `stripe`), durably. Replay reads
+    /// every member's log, so where a record lies is free.
+    fn journal_store(&self, v: &View, stripe: u64, dev: u64, at: u64, rec: &[u8]) -> Result<()> {
         let n = v.roles.len();
         let want = self.core.geom.redundancy() + 1;
         let targets: Small<&Arc<Disk>> = (0..n)
             .filter_map(|i| v.roles[(stripe as usize + i) % n].disk.as_ref())
             .take(want)
             .collect();
-        let at = j.offset + slot.at;
         // Each copy made durable by itself (RWF_DSYNC; FUA with direct
         // I/O), never by flushing the member's data area: a flush would
         // wait for every dirty page of the member, not just the record.
-        let put = |d: &Arc<Disk>| match self.core.timed(d, || d.member.write_at_durable(&rec, at)) {
+        let put = |d: &Arc<Disk>| match self.core.timed(d, || d.member.write_at_durable(rec, at)) {
             Ok(()) => 1,
             Err(e) => {
                 self.core
@@ -180,7 +188,7 @@ impl Array {
                 detail: "no member could take the journal record".into(),
             });
         }
-        Ok(slot)
+        Ok(())
     }
 
     /// The log is full and nothing is in flight: make every record up to
