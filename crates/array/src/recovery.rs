@@ -263,7 +263,11 @@ impl Array {
         // bitmap is written durably by itself, with no flush of the data).
         // A write after this flush marks its region active, which keeps
         // its bit for another round. Flushed before the meta lock is
-        // taken: a member failing the flush is failed under that lock.
+        // taken: a member failing the flush is failed under that lock. No
+        // bit set: nothing to clear, and no flush either.
+        if !b.any_set() {
+            return 0;
+        }
         if self.core.flush().is_err() {
             return 0;
         }

@@ -127,6 +127,11 @@ impl Bitmap {
         self.regions
     }
 
+    /// Whether any region is marked dirty.
+    pub fn any_set(&self) -> bool {
+        self.durable.iter().any(|w| w.load(SeqCst) != 0)
+    }
+
     /// The dirty regions now.
     pub fn snapshot(&self) -> RegionSet {
         RegionSet {
