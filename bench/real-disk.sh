@@ -17,7 +17,8 @@
 # real, written data: the devices are filled once before the first round,
 # so no read is of a hole the file system answers without the disk).
 #
-# usage: [RAIDKIT=path/to/raidkit] [CHUNK=64K] [DIR=/var/tmp] bench/real-disk.sh [ROUNDS] [SECONDS] [SIZE]
+# usage: [RAIDKIT=path/to/raidkit] [CHUNK=64K] [DIR=/var/tmp] [JOBS="..."] [CONFIGS="..."]
+#        bench/real-disk.sh [ROUNDS] [SECONDS] [SIZE]
 #   ROUNDS   rounds (default 3), SECONDS per job (default 10),
 #   SIZE     per device (default 1G; the files are DIR/raidkit-real-disk.*)
 # Needs root (losetup), fio, nbdinfo; prints one line per measurement, then
@@ -129,8 +130,9 @@ unserve() {
   SERVER=""
 }
 
-JOBS=(seqwrite_1m seqread_1m randread_4k randwrite_4k)
-CONFIGS=(raw r0-default r5-none r5-bitmap r5-journal r6-none r6-bitmap r6-journal)
+# JOBS="..." and CONFIGS="..." in the environment pick a subset.
+read -r -a JOBS <<< "${JOBS:-seqwrite_1m seqread_1m randread_4k randwrite_4k}"
+read -r -a CONFIGS <<< "${CONFIGS:-raw r0-default r5-none r5-bitmap r5-journal r6-none r6-bitmap r6-journal}"
 RES="$W/results.txt"
 : > "$RES"
 for r in $(seq "$ROUNDS"); do

@@ -3,7 +3,7 @@
 //! marks (the whole array without one). See `journal.rs` for the log.
 
 use crate::background::{windows, ParityResync, Plan, Process};
-use crate::core::{Core, Disk, View};
+use crate::core::{Core, Disk};
 use crate::engine::Array;
 use crate::engine::{in_parallel, Small};
 use crate::error::{Error, Result};
@@ -21,7 +21,6 @@ impl Array {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn journal_update(
         &self,
-        v: &View,
         stripe: u64,
         sm: &StripeMap,
         pieces: &[(&Piece, &[u8])],
@@ -41,7 +40,7 @@ impl Array {
             parts.push((qr, dev, q));
         }
         let size = journal::record_size(parts.iter().map(|x| x.2.len()));
-        self.journal_put(j, v, stripe, dev, size, |uuid, seq| {
+        self.journal_put(j, stripe, dev, size, |uuid, seq| {
             journal::encode(uuid, seq, stripe, &parts)
         })
         .map(Some)
@@ -52,7 +51,6 @@ impl Array {
     /// array with every member in service only.
     pub(crate) fn journal_intent(
         &self,
-        v: &View,
         stripe: u64,
         dev: u64,
         len: u64,
@@ -60,7 +58,7 @@ impl Array {
         let Some(j) = &self.journal else {
             return Ok(None);
         };
-        self.journal_put(j, v, stripe, dev, journal::HEADER as u64, |uuid, seq| {
+        self.journal_put(j, stripe, dev, journal::HEADER as u64, |uuid, seq| {
             journal::encode_intent(uuid, seq, stripe, dev, len)
         })
         .map(Some)
@@ -71,14 +69,13 @@ impl Array {
     fn journal_put<'a>(
         &'a self,
         j: &'a journal::Journal,
-        v: &View,
         stripe: u64,
         dev: u64,
         size: u64,
         encode: impl FnOnce(uuid::Uuid, u64) -> Vec<u8>,
     ) -> Result<Slot<'a>> {
         let slot = j.reserve(size, |seq| self.journal_checkpoint(seq))?;
-        self.journal_write(j, slot, v, stripe, dev, encode)
+        self.journal_write(slot, stripe, dev, encode)
     }
 
     /// Intent records for the whole stripes `s0..s1` (each `len` bytes
@@ -86,7 +83,6 @@ impl Array {
     /// holds them all until the stripes are written. None: no journal.
     pub(crate) fn journal_intents(
         &self,
-        v: &View,
         s0: u64,
         s1: u64,
         len: u64,
@@ -111,8 +107,8 @@ impl Array {
         for (s, slot) in (s0..s1).zip(&slots) {
             recs.extend_from_slice(&journal::encode_intent(uuid, slot.seq, s, s * chunk, len));
         }
-        let at = j.offset + slots.first().map_or(0, |x| x.at);
-        self.journal_store(v, s0, s0 * chunk, at, &recs)?;
+        let at = slots.first().map_or(0, |x| x.at);
+        self.journal_store(s0, s0 * chunk, at, &recs)?;
         Ok(Some(slots))
     }
 
@@ -120,43 +116,88 @@ impl Array {
     /// (spread by stripe) and make it durable there.
     fn journal_write<'a>(
         &'a self,
-        j: &'a journal::Journal,
         slot: Slot<'a>,
-        v: &View,
         stripe: u64,
         dev: u64,
         encode: impl FnOnce(uuid::Uuid, u64) -> Vec<u8>,
     ) -> Result<Slot<'a>> {
         let uuid = self.core.meta.locked().sb.array_uuid;
         let rec = encode(uuid, slot.seq);
-        self.journal_store(v, stripe, dev, j.offset + slot.at, &rec)?;
+        self.journal_store(stripe, dev, slot.at, &rec)?;
         Ok(slot)
     }
 
-    /// Write `rec` (one or more records, contiguous in the log) at `at` on
-    /// `redundancy + 1` members (spread by `stripe`), durably. Replay reads
-    /// every member's log, so where a record lies is free.
-    fn journal_store(&self, v: &View, stripe: u64, dev: u64, at: u64, rec: &[u8]) -> Result<()> {
+    /// Write `rec` (one or more records, contiguous in the log) at `at` in
+    /// the log, durably, sharing the write with the records concurrent
+    /// updates commit meanwhile (see [`journal::Journal::commit`]).
+    fn journal_store(&self, stripe: u64, dev: u64, at: u64, rec: &[u8]) -> Result<()> {
+        let j = self.journal.as_ref().expect("journal");
+        j.commit(at, stripe, dev, rec.to_vec(), |batch| {
+            self.journal_store_batch(batch).map_err(|e| match e {
+                Error::Unavailable { detail, .. } => detail,
+                e => e.to_string(),
+            })
+        })
+        .map_err(|detail| Error::Unavailable {
+            offset: dev,
+            detail,
+        })
+    }
+
+    /// Write a batch of records on `redundancy + 1` members (spread by the
+    /// first record's stripe; replay reads every member's log, so where a
+    /// record lies is free), durably, each member's copy by itself
+    /// (RWF_DSYNC; FUA with direct I/O), never by flushing a buffered
+    /// member's data area: that would wait for every dirty page of it.
+    fn journal_store_batch(&self, batch: &mut [journal::Pending]) -> Result<()> {
+        let j = self.journal.as_ref().expect("journal");
+        batch.sort_by_key(|p| p.at);
+        // Records adjacent in the log become one write.
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        for p in batch.iter_mut() {
+            match runs.last_mut() {
+                Some((at, bytes)) if *at + bytes.len() as u64 == p.at => {
+                    bytes.extend_from_slice(&p.rec)
+                }
+                _ => runs.push((p.at, std::mem::take(&mut p.rec))),
+            }
+        }
+        let (stripe, dev) = (batch[0].stripe, batch[0].dev);
+        let v = self.core.view.load_full();
         let n = v.roles.len();
         let want = self.core.geom.redundancy() + 1;
         let targets: Small<&Arc<Disk>> = (0..n)
             .filter_map(|i| v.roles[(stripe as usize + i) % n].disk.as_ref())
             .take(want)
             .collect();
-        // Each copy made durable by itself (RWF_DSYNC; FUA with direct
-        // I/O), never by flushing the member's data area: a flush would
-        // wait for every dirty page of the member, not just the record.
-        let put = |d: &Arc<Disk>| match self.core.timed(d, || d.member.write_at_durable(rec, at)) {
-            Ok(()) => 1,
-            Err(e) => {
-                self.core
-                    .fail_disk_by_ptr(d, &format!("writing the journal: {e}"));
-                0
+        let put = |d: &Arc<Disk>| {
+            let m = &d.member;
+            let done = self.core.timed(d, || match runs.as_slice() {
+                [(at, bytes)] => m.write_at_durable(bytes, j.offset + at),
+                // Several runs on a member without a page cache of its own:
+                // a flush after them is one cache flush, as one FUA is.
+                runs if m.as_file().is_none() => {
+                    for (at, bytes) in runs {
+                        m.write_at(bytes, j.offset + at)?;
+                    }
+                    m.flush()
+                }
+                runs => runs
+                    .iter()
+                    .try_for_each(|(at, bytes)| m.write_at_durable(bytes, j.offset + at)),
+            });
+            match done {
+                Ok(()) => 1,
+                Err(e) => {
+                    self.core
+                        .fail_disk_by_ptr(d, &format!("writing the journal: {e}"));
+                    0
+                }
             }
         };
         let written = std::sync::atomic::AtomicUsize::new(0);
-        if targets.len() > 1 && !Self::page_cache_only(v) {
-            // Disks: every copy at once, the record waits for the slowest
+        if targets.len() > 1 && !Self::page_cache_only(&v) {
+            // Disks: every copy at once, the records wait for the slowest
             // device rather than for the sum of them.
             let _ = in_parallel(targets.iter(), |d| {
                 written.fetch_add(put(d), std::sync::atomic::Ordering::Relaxed);
@@ -169,7 +210,7 @@ impl Array {
         }
         let mut written = written.into_inner();
         // A copy that failed (its member is failed now) is made up on the
-        // next members, as many as the record is short of.
+        // next members, as many as the records are short of.
         for i in 0..n {
             if written >= want {
                 break;

@@ -141,7 +141,7 @@ impl Array {
             let mapper = d.member.as_mapper().filter(|m| m.writable())?;
             push_extent(&mut ext, file, Some(mapper), d.data_offset + dev, p.len);
         }
-        let Ok(slots) = self.journal_intents(&v, s0, s1, chunk) else {
+        let Ok(slots) = self.journal_intents(s0, s1, chunk) else {
             return None;
         };
         self.fg_ops.fetch_add(1, Ordering::Relaxed);

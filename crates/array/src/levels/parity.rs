@@ -14,7 +14,7 @@ use crate::levels::mirrored::read_in_sync;
 use crate::recovery::{Job, Outcome};
 use crate::{scratch, seams};
 use raidkit_layout::{Piece, StripeMap};
-use raidkit_member::MemberError;
+use raidkit_member::Locked;
 use raidkit_parity as parity;
 use smallvec::smallvec;
 
@@ -87,7 +87,7 @@ impl LevelOps for Parity {
             if !Core::whole(&v) {
                 break;
             }
-            let slots = a.journal_intents(&v, at, end, g.chunk)?;
+            let slots = a.journal_intents(at, end, g.chunk)?;
             let (dev, len) = (at * g.chunk, (end - at) * g.chunk);
             for role in 0..g.members() {
                 a.core.member_discard(&v, role, dev, len)?;
@@ -206,50 +206,111 @@ impl Array {
     ) -> Result<()> {
         let mut i = 0;
         while i < pieces.len() {
-            let stripe = pieces[i].stripe;
-            let mut j = i;
-            while j < pieces.len() && pieces[j].stripe == stripe {
-                j += 1;
-            }
-            match self.journal.as_ref().map(|jl| jl.window) {
-                None => {
-                    let group: Small<(&Piece, &[u8])> =
-                        pieces[i..j].iter().map(|p| (p, src(p))).collect();
-                    self.write_stripe(stripe, &group)?;
-                }
-                Some(_) if self.full_stripe(&pieces[i..j]) && Core::whole(v) => {
-                    // The whole stripe rewritten: one intent record, no
-                    // windows needed.
-                    let group: Small<(&Piece, &[u8])> =
-                        pieces[i..j].iter().map(|p| (p, src(p))).collect();
-                    self.write_stripe(stripe, &group)?;
-                }
-                Some(w) => {
-                    // Journaled: one record per column window.
-                    let c0 = pieces[i..j].iter().map(|p| p.col).min().expect("piece");
-                    let c1 = pieces[i..j]
-                        .iter()
-                        .map(|p| p.col + p.len)
-                        .max()
-                        .expect("piece");
-                    let mut ws = c0 / w * w;
-                    while ws < c1 {
-                        let clipped: Small<Piece> = pieces[i..j]
-                            .iter()
-                            .filter_map(|p| clip(p, ws, ws + w))
-                            .collect();
-                        if !clipped.is_empty() {
-                            let group: Small<(&Piece, &[u8])> =
-                                clipped.iter().map(|p| (p, src(p))).collect();
-                            self.write_stripe(stripe, &group)?;
-                        }
-                        ws += w;
+            let j = stripe_end(pieces, i);
+            // With a journal, a run of stripes rewritten whole logs the
+            // intents of all of them in one durable write.
+            if self.journal.is_some() && Core::whole(v) && self.whole_chunks(&pieces[i..j]) {
+                let mut run = vec![(i, j)];
+                while run.len() < INTENT_BATCH {
+                    let (_, e) = *run.last().expect("run");
+                    if e == pieces.len() || pieces[e].stripe != pieces[e - 1].stripe + 1 {
+                        break;
                     }
+                    let f = stripe_end(pieces, e);
+                    if !self.whole_chunks(&pieces[e..f]) {
+                        break;
+                    }
+                    run.push((e, f));
+                }
+                if run.len() > 1 {
+                    self.write_whole_stripes(pieces, &run, src)?;
+                    i = run.last().expect("run").1;
+                    continue;
                 }
             }
+            self.write_group(v, &pieces[i..j], src)?;
             i = j;
         }
         Ok(())
+    }
+
+    /// Whether one stripe's pieces rewrite every data chunk whole.
+    fn whole_chunks(&self, pieces: &[Piece]) -> bool {
+        self.full_stripe(pieces) && pieces[0].col == 0 && pieces[0].len == self.core.geom.chunk
+    }
+
+    /// Stripes rewritten whole, one after the other (`run`: their pieces'
+    /// ranges in `pieces`): under all their locks, one durable write of
+    /// their intent records, then the stripes. Should a member have left
+    /// meanwhile, stripe by stripe as any write.
+    fn write_whole_stripes<'a>(
+        &self,
+        pieces: &[Piece],
+        run: &[(usize, usize)],
+        src: &(dyn Fn(&Piece) -> &'a [u8] + Sync),
+    ) -> Result<()> {
+        let s0 = pieces[run[0].0].stripe;
+        let s1 = s0 + run.len() as u64;
+        let chunk = self.core.geom.chunk;
+        seams::before_stripe_lock();
+        let locks = self.core.lock_range(s0, s1);
+        let v = self.core.view_under_lock();
+        if !Core::whole(&v) {
+            drop(locks);
+            return run
+                .iter()
+                .try_for_each(|&(a, b)| self.write_group(&v, &pieces[a..b], src));
+        }
+        let slots = self.journal_intents(s0, s1, chunk)?;
+        for &(a, b) in run {
+            let stripe = pieces[a].stripe;
+            let sm = self.core.geom.stripe_map(stripe);
+            let group: Small<(&Piece, &[u8])> = pieces[a..b].iter().map(|p| (p, src(p))).collect();
+            self.write_full_stripe(&v, &group, &sm, stripe * chunk, chunk as usize)?;
+        }
+        drop(slots);
+        Ok(())
+    }
+
+    /// One stripe's pieces: updated under its lock; with a journal, by
+    /// column windows (one record each) unless the whole stripe is
+    /// rewritten with every member in service.
+    fn write_group<'a>(
+        &self,
+        v: &View,
+        pieces: &[Piece],
+        src: &(dyn Fn(&Piece) -> &'a [u8] + Sync),
+    ) -> Result<()> {
+        let stripe = pieces[0].stripe;
+        match self.journal.as_ref().map(|jl| jl.window) {
+            None => {
+                let group: Small<(&Piece, &[u8])> = pieces.iter().map(|p| (p, src(p))).collect();
+                self.write_stripe(stripe, &group)
+            }
+            Some(_) if self.full_stripe(pieces) && Core::whole(v) => {
+                // The whole stripe rewritten: one intent record, no
+                // windows needed.
+                let group: Small<(&Piece, &[u8])> = pieces.iter().map(|p| (p, src(p))).collect();
+                self.write_stripe(stripe, &group)
+            }
+            Some(w) => {
+                // Journaled: one record per column window.
+                let c0 = pieces.iter().map(|p| p.col).min().expect("piece");
+                let c1 = pieces.iter().map(|p| p.col + p.len).max().expect("piece");
+                let mut ws = c0 / w * w;
+                while ws < c1 {
+                    let clipped: Small<Piece> =
+                        pieces.iter().filter_map(|p| clip(p, ws, ws + w)).collect();
+                    if !clipped.is_empty() {
+                        let group: Small<(&Piece, &[u8])> =
+                            clipped.iter().map(|p| (p, src(p))).collect();
+                        self.write_stripe(stripe, &group)?;
+                    }
+                    ws += w;
+                }
+                Ok(())
+            }
+        }
     }
 
     pub(crate) fn read_parity_piece(&self, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()> {
@@ -301,8 +362,23 @@ impl Array {
                 }
             }
         };
-        for dd in (0..k).filter(|&d| need[d]) {
-            data[dd] = read(sm.data[dd], &mut failed);
+        let wanted: Small<usize> = (0..k).filter(|&d| need[d]).collect();
+        if wanted.len() > 1 && !Self::page_cache_only(v) {
+            // Disks: every row at once.
+            let got = std::sync::Mutex::new((std::mem::take(&mut data), Small::new()));
+            let _ = in_parallel(wanted, |dd| {
+                let mut f = Small::new();
+                let row = read(sm.data[dd], &mut f);
+                let mut g = got.locked();
+                g.0[dd] = row;
+                g.1.extend(f);
+                Ok(())
+            });
+            (data, failed) = got.into_inner().unwrap_or_else(|e| e.into_inner());
+        } else {
+            for dd in wanted {
+                data[dd] = read(sm.data[dd], &mut failed);
+            }
         }
         if (0..k).all(|d| !need[d] || data[d].is_some()) {
             return Ok(data.into_iter().map(Option::unwrap_or_default).collect());
@@ -427,47 +503,41 @@ impl Array {
         if rmw_ok && rcw_reads > 0 && rmw_reads < rcw_reads {
             let mut pbuf = scratch::take(len);
             let mut qbuf = sm.q.map(|_| scratch::take(len));
-            let mut old = scratch::take(0);
-            let read_ok = (|| {
-                let ok =
-                    |r: Option<std::result::Result<(), MemberError>>| matches!(r, Some(Ok(())));
-                if !ok(self.core.member_read(v, sm.p, &mut pbuf, dev)) {
-                    return false;
-                }
-                if let (Some(q), Some(qb)) = (sm.q, qbuf.as_mut()) {
-                    if !ok(self.core.member_read(v, q, qb, dev)) {
-                        return false;
-                    }
-                }
-                for (p, d) in pieces {
-                    old.resize(p.len as usize, 0);
-                    if !ok(self
-                        .core
-                        .member_read(v, p.copies[0].0, &mut old, p.copies[0].1))
-                    {
-                        return false;
-                    }
+            let mut olds: Small<Vec<u8>> = pieces
+                .iter()
+                .map(|(p, _)| scratch::take(p.len as usize))
+                .collect();
+            let read_ok = self.rmw_reads(
+                v,
+                &sm,
+                dev,
+                pieces,
+                &mut pbuf,
+                qbuf.as_deref_mut(),
+                &mut olds,
+            );
+            if read_ok {
+                for ((p, d), old) in pieces.iter().zip(&olds) {
                     let r = (p.col - c0) as usize..(p.col - c0 + p.len) as usize;
                     parity::update_pq(
                         &mut pbuf[r.clone()],
                         qbuf.as_mut().map(|q| &mut q[r]),
                         sm.syndrome[p.dd],
-                        &old,
+                        old,
                         d,
                     );
                 }
-                true
-            })();
+            }
             let done = read_ok.then(|| {
                 let _slot =
-                    self.journal_update(v, stripe, &sm, pieces, dev, &pbuf, qbuf.as_deref())?;
+                    self.journal_update(stripe, &sm, pieces, dev, &pbuf, qbuf.as_deref())?;
                 self.write_out(v, pieces, &sm, dev, &pbuf, qbuf.as_deref())
             });
             scratch::give(pbuf);
             if let Some(q) = qbuf {
                 scratch::give(q);
             }
-            scratch::give(old);
+            olds.into_iter().for_each(scratch::give);
             // A failed read falls through to reconstruct-write below,
             // which rewrites every block read-modify-write read: that cures it.
             if let Some(r) = done {
@@ -479,7 +549,7 @@ impl Array {
         // intent (journal.rs); otherwise the journal takes the blocks.
         let intent = rcw_reads == 0 && self.journal.is_some() && Core::whole(v);
         if rcw_reads == 0 && len >= 2 * COLUMN && (self.journal.is_none() || intent) {
-            let _slot = self.journal_intent(v, stripe, dev, len as u64)?;
+            let _slot = self.journal_intent(stripe, dev, len as u64)?;
             return self.write_full_stripe(v, pieces, &sm, dev, len);
         }
 
@@ -518,9 +588,9 @@ impl Array {
         }
         drop(refs);
         let slot = if intent {
-            self.journal_intent(v, stripe, dev, len as u64)
+            self.journal_intent(stripe, dev, len as u64)
         } else {
-            self.journal_update(v, stripe, &sm, pieces, dev, &pbuf, qbuf.as_deref())
+            self.journal_update(stripe, &sm, pieces, dev, &pbuf, qbuf.as_deref())
         };
         let written =
             slot.and_then(|_slot| self.write_out(v, pieces, &sm, dev, &pbuf, qbuf.as_deref()));
@@ -617,7 +687,45 @@ impl Array {
         done
     }
 
-    /// The writes that end a stripe update: new data, then P and Q.
+    /// The reads of a read-modify-write: old P (and Q) of the window
+    /// `[dev, dev + pbuf.len())` and the old contents of each piece; on
+    /// disks all at once, so the update waits for one read, not for the
+    /// sum of them. false: one failed.
+    #[allow(clippy::too_many_arguments)]
+    fn rmw_reads(
+        &self,
+        v: &View,
+        sm: &StripeMap,
+        dev: u64,
+        pieces: &[(&Piece, &[u8])],
+        pbuf: &mut [u8],
+        qbuf: Option<&mut [u8]>,
+        olds: &mut [Vec<u8>],
+    ) -> bool {
+        let mut reads: Small<(usize, u64, &mut [u8])> = smallvec![(sm.p, dev, pbuf)];
+        if let (Some(q), Some(qb)) = (sm.q, qbuf) {
+            reads.push((q, dev, qb));
+        }
+        for ((p, _), old) in pieces.iter().zip(olds.iter_mut()) {
+            reads.push((p.copies[0].0, p.copies[0].1, old.as_mut_slice()));
+        }
+        let read = |(role, at, buf): (usize, u64, &mut [u8])| match self
+            .core
+            .member_read(v, role, buf, at)
+        {
+            Some(Ok(())) => Ok(()),
+            // Only whether it failed matters: reconstruct-write takes over.
+            _ => Err(Error::Invalid("read-modify-write read failed".into())),
+        };
+        if Self::page_cache_only(v) {
+            reads.into_iter().try_for_each(read).is_ok()
+        } else {
+            in_parallel(reads, read).is_ok()
+        }
+    }
+
+    /// The writes that end a stripe update: new data, P and Q (on disks
+    /// all at once).
     pub(crate) fn write_out(
         &self,
         v: &View,
@@ -627,15 +735,20 @@ impl Array {
         p: &[u8],
         q: Option<&[u8]>,
     ) -> Result<()> {
-        for (piece, d) in pieces {
-            self.core
-                .member_write(v, piece.copies[0].0, d, piece.copies[0].1)?;
-        }
-        self.core.member_write(v, sm.p, p, dev)?;
+        let mut writes: Small<(usize, u64, &[u8])> = pieces
+            .iter()
+            .map(|(piece, d)| (piece.copies[0].0, piece.copies[0].1, *d))
+            .collect();
+        writes.push((sm.p, dev, p));
         if let (Some(role), Some(q)) = (sm.q, q) {
-            self.core.member_write(v, role, q, dev)?;
+            writes.push((role, dev, q));
         }
-        Ok(())
+        let write = |(role, at, buf): (usize, u64, &[u8])| self.core.member_write(v, role, buf, at);
+        if Self::page_cache_only(v) {
+            writes.into_iter().try_for_each(write)
+        } else {
+            in_parallel(writes, write)
+        }
     }
 
     /// Compute stripe `stripe`'s P (and Q) straight from the data chunks in
@@ -864,6 +977,19 @@ pub(crate) fn column_parity(
 }
 
 /// The part of a piece within columns `[lo, hi)` of its chunk.
+/// Most intent records one write logs together (the log holds a bounded
+/// number, and clients wait for the locks held).
+const INTENT_BATCH: usize = 32;
+
+/// The end of the run of pieces of `pieces[i]`'s stripe.
+fn stripe_end(pieces: &[Piece], i: usize) -> usize {
+    let mut j = i;
+    while j < pieces.len() && pieces[j].stripe == pieces[i].stripe {
+        j += 1;
+    }
+    j
+}
+
 pub(crate) fn clip(p: &Piece, lo: u64, hi: u64) -> Option<Piece> {
     let a = p.col.max(lo);
     let b = (p.col + p.len).min(hi);

@@ -47,6 +47,7 @@
 use crate::superblock::{get_u32, get_u64, put_u32, put_u64};
 use raidkit_member::Locked;
 use raidkit_member::{Member, MemberError};
+use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
 use uuid::Uuid;
 
@@ -230,6 +231,11 @@ pub fn scan(
     Ok(out)
 }
 
+/// The log is reused a quarter at a time: before records go into a
+/// quarter, the records of the previous round there must be applied in
+/// place, durably, and the superblocks must say so (a checkpoint).
+const SEGMENTS: usize = 4;
+
 #[derive(Debug, Default)]
 struct LogState {
     /// Next free byte of the log.
@@ -237,7 +243,18 @@ struct LogState {
     /// Last sequence number handed out.
     seq: u64,
     /// Records handed out whose in-place writes have not finished.
-    inflight: u64,
+    inflight: std::collections::BTreeSet<u64>,
+    /// Every record up to this one is in place, durably, and recorded so.
+    applied: u64,
+    /// A checkpoint is being made (by a writer, outside the lock).
+    checkpointing: bool,
+    /// The quarter the last record went into.
+    segment: usize,
+    /// Per quarter, the highest sequence number of a record in it.
+    last: [u64; SEGMENTS],
+    /// Per quarter, what `last` was when this round entered it: the
+    /// records a checkpoint must cover before it is written over.
+    old: [u64; SEGMENTS],
 }
 
 /// The running log: space and sequence numbers for records.
@@ -249,6 +266,55 @@ pub struct Journal {
     pub window: u64,
     state: Mutex<LogState>,
     idle: Condvar,
+    commits: Mutex<Commits>,
+    committed: Condvar,
+}
+
+/// A record (or several, contiguous in the log) waiting to be made durable.
+#[derive(Debug)]
+pub struct Pending {
+    ticket: u64,
+    /// Offset in the log.
+    pub at: u64,
+    pub rec: Vec<u8>,
+    /// The stripe it belongs to, and its array data offset (for errors).
+    pub stripe: u64,
+    pub dev: u64,
+}
+
+/// Group commit: records queued by concurrent writers, written by whichever
+/// of them finds no write in progress, all at once.
+#[derive(Debug, Default)]
+struct Commits {
+    queue: Vec<Pending>,
+    leading: bool,
+    next: u64,
+    /// Outcomes of tickets written and not yet picked up by their writers.
+    done: HashMap<u64, Result<(), String>>,
+}
+
+/// The writer leading a group commit: publishes the outcome to every writer
+/// of its batch and steps down, also when the write panics (the others
+/// would wait for ever).
+struct Lead<'a> {
+    journal: &'a Journal,
+    tickets: Vec<u64>,
+    outcome: Option<Result<(), String>>,
+}
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        let outcome = self
+            .outcome
+            .take()
+            .unwrap_or_else(|| Err("the journal write did not finish".into()));
+        let mut c = self.journal.commits.locked();
+        for t in &self.tickets {
+            c.done.insert(*t, outcome.clone());
+        }
+        c.leading = false;
+        self.journal.committed.notify_all();
+    }
 }
 
 /// A place in the log for one record, held until its in-place writes are done.
@@ -262,10 +328,8 @@ pub struct Slot<'a> {
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         let mut st = self.journal.state.locked();
-        st.inflight -= 1;
-        if st.inflight == 0 {
-            self.journal.idle.notify_all();
-        }
+        st.inflight.remove(&self.seq);
+        self.journal.idle.notify_all();
     }
 }
 
@@ -276,11 +340,67 @@ impl Journal {
             size,
             window: window_for(size, members),
             state: Mutex::new(LogState {
-                pos: 0,
                 seq: last_seq,
-                inflight: 0,
+                applied: last_seq,
+                ..LogState::default()
             }),
             idle: Condvar::new(),
+            commits: Mutex::new(Commits::default()),
+            committed: Condvar::new(),
+        }
+    }
+
+    /// Make `rec` (at `at` in the log) durable, together with the records
+    /// other writers queue meanwhile: on a disk each durable write is a
+    /// cache flush or a FUA, which costs the same for one record as for
+    /// thirty, so concurrent updates share one (group commit, as a file
+    /// system's journal does). The first writer to find no write in
+    /// progress takes every record queued and hands them to `write`; the
+    /// others wait for its outcome.
+    pub fn commit(
+        &self,
+        at: u64,
+        stripe: u64,
+        dev: u64,
+        rec: Vec<u8>,
+        write: impl FnOnce(&mut Vec<Pending>) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let mut c = self.commits.locked();
+        let ticket = c.next;
+        c.next += 1;
+        c.queue.push(Pending {
+            ticket,
+            at,
+            rec,
+            stripe,
+            dev,
+        });
+        let mut write = Some(write);
+        loop {
+            if let Some(outcome) = c.done.remove(&ticket) {
+                return outcome;
+            }
+            if !c.leading {
+                // No write in progress, so ours is still queued (a leader
+                // publishes every outcome before it steps down).
+                c.leading = true;
+                let mut batch = std::mem::take(&mut c.queue);
+                drop(c);
+                let mut lead = Lead {
+                    journal: self,
+                    tickets: batch.iter().map(|p| p.ticket).collect(),
+                    outcome: None,
+                };
+                let write = write.take().expect("a writer leads once");
+                lead.outcome = Some(write(&mut batch));
+                drop(lead);
+                c = self.commits.locked();
+                continue;
+            }
+            c = self
+                .committed
+                .wait(c)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
     }
 
@@ -295,7 +415,7 @@ impl Journal {
     pub fn reserve<E>(
         &self,
         len: u64,
-        checkpoint: impl FnOnce(u64) -> Result<(), E>,
+        checkpoint: impl FnMut(u64) -> Result<(), E>,
     ) -> Result<Slot<'_>, E> {
         Ok(self.take(1, len, checkpoint)?.pop().expect("one slot"))
     }
@@ -308,7 +428,7 @@ impl Journal {
         &self,
         count: usize,
         len: u64,
-        checkpoint: impl FnOnce(u64) -> Result<(), E>,
+        checkpoint: impl FnMut(u64) -> Result<(), E>,
     ) -> Result<Option<Vec<Slot<'_>>>, E> {
         if len * count as u64 > self.size {
             return Ok(None);
@@ -320,33 +440,98 @@ impl Journal {
         &self,
         count: usize,
         len: u64,
-        checkpoint: impl FnOnce(u64) -> Result<(), E>,
+        mut checkpoint: impl FnMut(u64) -> Result<(), E>,
     ) -> Result<Vec<Slot<'_>>, E> {
         let total = len * count as u64;
+        let quarter = (self.size / SEGMENTS as u64).max(1);
+        let seg = |at: u64| ((at / quarter) as usize).min(SEGMENTS - 1);
         let mut st = self.state.locked();
-        if st.pos + total > self.size {
-            while st.inflight > 0 {
-                st = self
-                    .idle
-                    .wait(st)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-            }
-            // Nothing in flight: every record handed out is in place.
-            checkpoint(st.seq)?;
-            st.pos = 0;
+        let mut at = st.pos;
+        let wrapped = at + total > self.size;
+        if wrapped {
+            at = 0;
+        }
+        // The quarters the new records go into that this round has not
+        // entered yet: their old records must be checkpointed first.
+        let new_segments: Vec<usize> = (seg(at)..=seg(at + total - 1))
+            .filter(|&t| wrapped || t != st.segment)
+            .collect();
+        let need = new_segments.iter().map(|&t| st.last[t]).max().unwrap_or(0);
+        while st.applied < need {
+            st = self.make_checkpoint(st, need, true, &mut checkpoint)?;
+        }
+        for &t in &new_segments {
+            st.old[t] = st.last[t];
+            st.last[t] = 0;
         }
         let mut slots = Vec::with_capacity(count);
         for _ in 0..count {
             st.seq += 1;
-            st.inflight += 1;
+            let seq = st.seq;
+            st.inflight.insert(seq);
             slots.push(Slot {
                 journal: self,
                 seq: st.seq,
-                at: st.pos,
+                at,
             });
-            st.pos += len;
+            let end_seg = seg(at + len - 1);
+            for t in seg(at)..=end_seg {
+                st.last[t] = st.seq;
+            }
+            at += len;
+        }
+        st.pos = at;
+        st.segment = seg(at.saturating_sub(1));
+        // Entering a quarter: checkpoint the next one's old records now,
+        // while the writers fill this one, so that none waits for it when
+        // the log gets there. Its records are a round old and normally
+        // done; if not, the writer that needs the quarter waits for them.
+        if !new_segments.is_empty() {
+            let next = (seg(at.saturating_sub(1)) + 1) % SEGMENTS;
+            let ahead = st.last[next];
+            if st.applied < ahead {
+                // A failure here is met again, and returned, by the writer
+                // that needs the quarter.
+                drop(self.make_checkpoint(st, ahead, false, &mut checkpoint));
+            }
         }
         Ok(slots)
+    }
+
+    /// Make (or wait for another writer's) checkpoint of every record up
+    /// to at least `need`: once no record up to it is in flight, as many
+    /// as are done, outside the lock. Without `wait`, only if that can be
+    /// done at once.
+    fn make_checkpoint<'g, E>(
+        &'g self,
+        mut st: std::sync::MutexGuard<'g, LogState>,
+        need: u64,
+        wait: bool,
+        checkpoint: &mut impl FnMut(u64) -> Result<(), E>,
+    ) -> Result<std::sync::MutexGuard<'g, LogState>, E> {
+        while st.checkpointing || st.inflight.first().is_some_and(|&s| s <= need) {
+            if !wait {
+                return Ok(st);
+            }
+            st = self
+                .idle
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if st.applied >= need {
+                return Ok(st);
+            }
+        }
+        let upto = st.inflight.first().map_or(st.seq, |&s| s - 1);
+        st.checkpointing = true;
+        drop(st);
+        let done = checkpoint(upto);
+        let mut st = self.state.locked();
+        st.checkpointing = false;
+        if done.is_ok() {
+            st.applied = st.applied.max(upto);
+        }
+        self.idle.notify_all();
+        done.map(|()| st)
     }
 
     /// Continue numbering after `seq` (records found at replay).
@@ -358,7 +543,7 @@ impl Journal {
     /// Wait until no record is in flight (for a final checkpoint).
     pub fn quiesce(&self) -> u64 {
         let mut st = self.state.locked();
-        while st.inflight > 0 {
+        while !st.inflight.is_empty() || st.checkpointing {
             st = self
                 .idle
                 .wait(st)
@@ -440,9 +625,10 @@ mod tests {
         let j = Journal::new(0, 64 << 10, 4, 10);
         let a = j.reserve(32 << 10, |_| Ok::<(), ()>(())).unwrap();
         assert_eq!((a.seq, a.at), (11, 0));
-        drop(a);
+        // `a` in flight: no checkpoint of it ahead.
         let b = j.reserve(32 << 10, |_| Ok::<(), ()>(())).unwrap();
         assert_eq!(b.at, 32 << 10);
+        drop(a);
         drop(b);
         let mut cp = None;
         let c = j
@@ -453,5 +639,65 @@ mod tests {
             .unwrap();
         assert_eq!(cp, Some(12));
         assert_eq!((c.seq, c.at), (13, 0));
+    }
+
+    #[test]
+    fn the_next_quarter_is_checkpointed_ahead() {
+        // Quarters of 16 KiB, one record each.
+        let j = Journal::new(0, 64 << 10, 4, 10);
+        let mut cps = Vec::new();
+        let mut held = Vec::new();
+        for (seq, at) in [(11, 0), (12, 16 << 10), (13, 32 << 10)] {
+            let s = j
+                .reserve(16 << 10, |x| {
+                    cps.push(x);
+                    Ok::<(), ()>(())
+                })
+                .unwrap();
+            assert_eq!((s.seq, s.at), (seq, at));
+            held.push(s);
+        }
+        held.clear();
+        assert!(cps.is_empty(), "nothing to checkpoint yet: {cps:?}");
+        // Entering the last quarter checkpoints the first one's records
+        // (the log comes back to it next), but not the record in flight.
+        let d = j
+            .reserve(16 << 10, |x| {
+                cps.push(x);
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        assert_eq!(cps, vec![13]);
+        drop(d);
+        // The wrap needs no checkpoint of its own.
+        let e = j
+            .reserve(16 << 10, |x| {
+                cps.push(x);
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        assert_eq!((e.seq, e.at), (15, 0));
+        assert_eq!(cps, vec![13]);
+        // The second quarter: the third's old record (13) is covered.
+        drop(e);
+        let f = j
+            .reserve(16 << 10, |x| {
+                cps.push(x);
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        assert_eq!(f.at, 16 << 10);
+        assert_eq!(cps, vec![13]);
+        // The third: the fourth's (14) is not, and is checkpointed ahead,
+        // up to the last record done (16), not the one in flight (17).
+        drop(f);
+        let g = j
+            .reserve(16 << 10, |x| {
+                cps.push(x);
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        assert_eq!((g.seq, g.at), (17, 32 << 10));
+        assert_eq!(cps, vec![13, 16]);
     }
 }
