@@ -426,6 +426,12 @@ pub struct ServeArgs {
     /// a buffer first, as for uncached data.
     #[arg(long)]
     pub no_mapped_reads: bool,
+    /// Do not read ahead of a sequential reader. By default an array of
+    /// members without a page cache (direct I/O) reads the next few full
+    /// stripes of a sequential stream while the client takes the last, so
+    /// that one reader at queue depth 1 keeps every disk working.
+    #[arg(long)]
+    pub no_read_ahead: bool,
     /// Do not receive large writes to cached pages straight into mappings
     /// of the member files (plain files of linear, RAID-0 and, by whole
     /// stripes, RAID-4/5/6 arrays: one copy in the server instead of two);

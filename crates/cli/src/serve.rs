@@ -68,7 +68,18 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let device: Arc<dyn raidkit_member::Member> = array.clone();
+    let device: Arc<dyn raidkit_member::Member> = if array.waits_on_devices() && !a.no_read_ahead {
+        // Blocks of whole stripes, about 1 MiB, four in flight.
+        let g = array.geometry();
+        let stripe = (g.chunk * g.data_members().max(1) as u64).max(4096);
+        let block = (1u64 << 20).div_ceil(stripe) * stripe;
+        Arc::new(
+            raidkit_member::ReadAhead::new(array.clone(), block, 4)
+                .context("starting the read-ahead threads")?,
+        )
+    } else {
+        array.clone()
+    };
     let server = Server::new(
         Export {
             name: export_name.clone(),

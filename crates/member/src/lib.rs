@@ -29,6 +29,7 @@ pub mod map;
 pub mod mem;
 pub mod mode;
 pub mod powercut;
+pub mod readahead;
 pub mod sim;
 mod sys;
 mod watch;
@@ -42,6 +43,7 @@ pub use map::{MappedRange, Mapper};
 pub use mem::MemMember;
 pub use mode::{create_member, open_member, IoMode, OpenedMember};
 pub use powercut::{CutRng, PowerCutMember};
+pub use readahead::ReadAhead;
 pub use sim::{SimConfig, SimDisk};
 
 use std::fmt;

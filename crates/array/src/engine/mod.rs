@@ -14,6 +14,7 @@ mod extents;
 mod open;
 
 pub(crate) use crate::core::{Disk, SyncState, View};
+use crate::scratch;
 
 use crate::assemble::{Absence, Assembly, Health};
 use crate::background::Recovery;
@@ -324,10 +325,51 @@ impl Array {
             at += p.len;
             groups[self.level.read_role(self, p)].push((p, dst));
         }
-        in_parallel(groups.into_iter().filter(|g| !g.is_empty()), |g| {
-            g.into_iter()
-                .try_for_each(|(p, dst)| self.level.read_piece(self, v, p, dst))
-        })
+        in_parallel(
+            groups.into_iter().enumerate().filter(|g| !g.1.is_empty()),
+            |(role, g)| self.read_member_run(v, role, g),
+        )
+    }
+
+    /// The pieces one member serves in a large read. Pieces that lie one
+    /// after the other on the member (a RAID-0 or RAID-5 member's chunks of
+    /// consecutive stripes) are read with one request: a disk serves one
+    /// request of 256 KiB far faster than four of 64 KiB issued one after
+    /// the other. A run that cannot be read so (a member not in sync
+    /// there, a read error) is read piece by piece, which reconstructs,
+    /// repairs and fails members as any read does.
+    fn read_member_run(&self, v: &View, role: usize, g: Vec<(&Piece, &mut [u8])>) -> Result<()> {
+        let dev_of = |p: &Piece| p.copies.iter().find(|c| c.0 == role).map(|c| c.1);
+        let mut rest = g.into_iter().peekable();
+        while let Some((p, dst)) = rest.next() {
+            let mut run = vec![(p, dst)];
+            if let Some(start) = dev_of(p) {
+                let mut end = start + p.len;
+                while let Some((q, _)) = rest.peek() {
+                    if dev_of(q) != Some(end) {
+                        break;
+                    }
+                    end += q.len;
+                    run.push(rest.next().expect("peeked"));
+                }
+                if run.len() > 1 {
+                    let mut buf = scratch::take((end - start) as usize);
+                    let read = self.core.member_read(v, role, &mut buf, start);
+                    if let Some(Ok(())) = read {
+                        let mut at = 0;
+                        for (q, dst) in run.drain(..) {
+                            dst.copy_from_slice(&buf[at..at + q.len as usize]);
+                            at += q.len as usize;
+                        }
+                    }
+                    scratch::give(buf);
+                }
+            }
+            for (q, dst) in run {
+                self.level.read_piece(self, v, q, dst)?;
+            }
+        }
+        Ok(())
     }
 
     /// The device range a write touches (for the write-intent bitmap).
