@@ -1,7 +1,9 @@
-//! Commands that change a running array through its control socket:
-//! fail, remove, add, replace, wait and speed.
+//! Commands that talk to running servers through their control sockets:
+//! status, list, stop, fail, remove, add, replace, wait and speed.
 
-use crate::cli::{AddArgs, FailArgs, MemberArgs, ReplaceArgs, SpeedArgs, StatusArgs, WaitArgs};
+use crate::cli::{
+    AddArgs, FailArgs, ListArgs, MemberArgs, ReplaceArgs, SpeedArgs, StatusArgs, StopArgs, WaitArgs,
+};
 use crate::units::human;
 use anyhow::{anyhow, bail, Context, Result};
 use raidkit_control::call;
@@ -169,11 +171,9 @@ pub fn wait(a: WaitArgs) -> Result<()> {
     }
 }
 
-/// The control socket to use: the one given, or the only live one in the temp directory.
-pub fn find_control(given: Option<&Path>) -> Result<PathBuf> {
-    if let Some(p) = given {
-        return Ok(p.to_path_buf());
-    }
+/// The control sockets of every server running on this machine (those in
+/// the temp directory that answer).
+fn live_servers() -> Result<Vec<PathBuf>> {
     let dir = std::env::temp_dir();
     let mut live = Vec::new();
     for e in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
@@ -186,6 +186,58 @@ pub fn find_control(given: Option<&Path>) -> Result<PathBuf> {
             live.push(p);
         }
     }
+    live.sort();
+    Ok(live)
+}
+
+fn status_of(path: &Path) -> Result<Value> {
+    call(path, &json!({"cmd": "status"}), Duration::from_secs(10))
+        .map_err(|e| anyhow!("{}: {e}", path.display()))
+}
+
+/// The control socket to use: the one given (a socket path, or the name or
+/// UUID of a running array), or the only live one in the temp directory.
+pub fn find_control(given: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = given {
+        let text = p.to_string_lossy();
+        if p.exists() || text.contains('/') {
+            return Ok(p.to_path_buf());
+        }
+        // A name or a UUID: ask every running server.
+        let mut found = Vec::new();
+        let mut names = Vec::new();
+        for s in live_servers()? {
+            let Ok(v) = status_of(&s) else { continue };
+            let name = v["array"]["name"].as_str().unwrap_or("").to_string();
+            let uuid = v["array"]["uuid"].as_str().unwrap_or("").to_string();
+            if name == text || uuid == text {
+                found.push(s);
+            } else {
+                names.push(format!("'{name}'"));
+            }
+        }
+        return match found.len() {
+            1 => Ok(found.remove(0)),
+            0 => bail!(
+                "no running raidkit server has an array named '{text}' or with that UUID, and there is no such control socket{}",
+                if names.is_empty() {
+                    " (no server is running)".to_string()
+                } else {
+                    format!(" (running: {})", names.join(", "))
+                }
+            ),
+            _ => bail!(
+                "several running servers have an array named '{text}' ({}); give --control PATH or the UUID",
+                found
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+    }
+    let mut live = live_servers()?;
+    let dir = std::env::temp_dir();
     match live.len() {
         1 => Ok(live.remove(0)),
         0 => bail!(
@@ -193,13 +245,151 @@ pub fn find_control(given: Option<&Path>) -> Result<PathBuf> {
             dir.display()
         ),
         _ => bail!(
-            "several raidkit servers are running ({}); give --control PATH",
+            "several raidkit servers are running ({}); give --control PATH, or the array's name or UUID (raidkit list shows them)",
             live.iter()
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
     }
+}
+
+/// Stop a running server cleanly: the control socket asks it to, and this
+/// waits until it has gone (its array marked clean).
+pub fn stop(a: StopArgs) -> Result<()> {
+    let given = a
+        .array
+        .as_deref()
+        .map(Path::new)
+        .or(a.control.control.as_deref());
+    let path = find_control(given)?;
+    let before = status_of(&path)?;
+    let name = before["array"]["name"].as_str().unwrap_or("?").to_string();
+    let v = call(
+        &path,
+        &json!({"cmd": "stop", "force": a.force}),
+        Duration::from_secs(10),
+    )
+    .map_err(|e| anyhow!("array '{name}': {e}"))?;
+    let pid = v["pid"].as_u64().unwrap_or(0);
+    // The server removes its socket last, after marking the array clean.
+    let started = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&path).is_ok() {
+        if started.elapsed() > Duration::from_secs(a.timeout) {
+            bail!(
+                "array '{name}' (PID {pid}) has not stopped after {}s",
+                a.timeout
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if a.json {
+        println!(
+            "{}",
+            json!({"stopped": true, "name": name, "pid": pid, "disconnected": v["disconnected"]})
+        );
+    } else {
+        println!("raidkit: stopped array '{name}' (PID {pid})");
+    }
+    Ok(())
+}
+
+/// One line (or JSON object) per running server, by array name:
+/// /proc/mdstat for raidkit.
+pub fn list(a: ListArgs) -> Result<()> {
+    let mut rows = Vec::new();
+    for s in live_servers()? {
+        let Ok(v) = status_of(&s) else { continue };
+        let members = v["members"].as_array().cloned().unwrap_or_default();
+        // Every role is listed (a missing member too); a replacement
+        // shares its role's number.
+        let roles = |pred: &dyn Fn(&Value) -> bool| {
+            let mut r: Vec<u64> = members
+                .iter()
+                .filter(|m| pred(m))
+                .filter_map(|m| m["role"].as_u64())
+                .collect();
+            r.sort_unstable();
+            r.dedup();
+            r.len()
+        };
+        let total = roles(&|_| true);
+        let up = roles(&|m| m["state"] == "active");
+        let recovery = v["recovery"].as_object().map(|r| {
+            let rate = r["rate"].as_f64().unwrap_or(0.0);
+            let left = r["bytes_total"]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(r["bytes_done"].as_u64().unwrap_or(0));
+            json!({
+                "kind": r["kind"],
+                "role": r["role"],
+                "progress": r["progress"],
+                "rate": rate,
+                "seconds_left": (rate > 0.0).then(|| left as f64 / rate),
+            })
+        });
+        rows.push(json!({
+            "name": v["array"]["name"],
+            "uuid": v["array"]["uuid"],
+            "level": v["array"]["level"],
+            "state": v["state"],
+            "size": v["array"]["size"],
+            "members_up": up,
+            "members_total": total,
+            "endpoints": v["endpoints"],
+            "pid": v["pid"],
+            "control": s.display().to_string(),
+            "clients": v["connections"]["active"],
+            "recovery": recovery,
+        }));
+    }
+    rows.sort_by(|x, y| {
+        let k = |r: &Value| {
+            (
+                r["name"].as_str().unwrap_or("").to_string(),
+                r["pid"].as_u64(),
+            )
+        };
+        k(x).cmp(&k(y))
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("no raidkit server is running");
+        return Ok(());
+    }
+    println!(
+        "{:<16} {:<6} {:<10} {:>7} {:>9} {:>7}  {:<40} RECOVERY",
+        "ARRAY", "LEVEL", "STATE", "MEMBERS", "SIZE", "PID", "ENDPOINT"
+    );
+    for r in &rows {
+        let recovery = match r["recovery"].as_object() {
+            None => "-".to_string(),
+            Some(x) => format!(
+                "{} {:.1}% at {}/s, {} left",
+                x["kind"].as_str().unwrap_or("?"),
+                x["progress"].as_f64().unwrap_or(0.0) * 100.0,
+                human(x["rate"].as_f64().unwrap_or(0.0) as u64),
+                x["seconds_left"]
+                    .as_f64()
+                    .map_or("?".to_string(), |s| format!("{s:.0}s"))
+            ),
+        };
+        println!(
+            "{:<16} {:<6} {:<10} {:>7} {:>9} {:>7}  {:<40} {recovery}",
+            r["name"].as_str().unwrap_or("?"),
+            r["level"].as_str().unwrap_or("?"),
+            r["state"].as_str().unwrap_or("?"),
+            format!("{}/{}", r["members_up"], r["members_total"]),
+            human(r["size"].as_u64().unwrap_or(0)),
+            r["pid"],
+            r["endpoints"][0].as_str().unwrap_or("-"),
+        );
+    }
+    Ok(())
 }
 
 pub fn status(a: StatusArgs) -> Result<()> {

@@ -30,6 +30,14 @@ pub enum Command {
     Serve(ServeArgs),
     /// Ask a running server for the array's state, members and I/O counters.
     Status(StatusArgs),
+    /// Every raidkit server running on this machine, one line each: array,
+    /// level, state, members in sync, size, PID, endpoint and recovery
+    /// (raidkit's /proc/mdstat).
+    List(ListArgs),
+    /// Stop a running server cleanly (its array is flushed and marked
+    /// clean), as SIGTERM does; refused while clients are connected unless
+    /// --force.
+    Stop(StopArgs),
     /// Check, offline, that redundancy agrees with the data: P and Q
     /// recomputed from the data by plain reference code, mirrors compared.
     /// Exits 1 if anything disagrees.
@@ -291,9 +299,11 @@ pub struct CreateArgs {
     /// Size of each member; member files that do not exist are created (sparse) this big.
     #[arg(short = 'z', long, value_parser = size)]
     pub size: Option<u64>,
-    /// Array name (at most 64 bytes).
-    #[arg(short = 'N', long, default_value = "raidkit")]
-    pub name: String,
+    /// Array name (at most 64 bytes). Default: the first member's file
+    /// name without its extension (`d0.img` gives `d0`, `/dev/sdb` gives
+    /// `sdb`), as mdadm names an array after its device.
+    #[arg(short = 'N', long)]
+    pub name: Option<String>,
     /// Overwrite members that hold data or belong to another array.
     #[arg(short, long)]
     pub force: bool,
@@ -472,9 +482,36 @@ pub struct ServeArgs {
 /// Which running server to talk to.
 #[derive(Debug, Args)]
 pub struct Control {
-    /// The server's control socket (default: the only one running).
-    #[arg(long, value_name = "PATH")]
+    /// The server: its control socket, or its array's name or UUID
+    /// (default: the only server running).
+    #[arg(long, value_name = "PATH|NAME|UUID")]
     pub control: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Print JSON (an array of objects, one per server).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StopArgs {
+    /// The array: its name or UUID, or the server's control socket
+    /// (default: the only server running).
+    pub array: Option<String>,
+    /// Stop even while clients are connected: they are disconnected, and
+    /// writes they have not flushed may be lost to them.
+    #[arg(long)]
+    pub force: bool,
+    /// Seconds to wait for the server to finish.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub control: Control,
 }
 
 #[derive(Debug, Args)]
@@ -547,8 +584,9 @@ pub struct SpeedArgs {
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// Control socket of the server (default: the only one running).
-    #[arg(long, value_name = "PATH")]
+    /// The server: its control socket, or its array's name or UUID
+    /// (default: the only server running).
+    #[arg(long, value_name = "PATH|NAME|UUID")]
     pub control: Option<PathBuf>,
     /// Print JSON.
     #[arg(long)]

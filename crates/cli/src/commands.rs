@@ -21,6 +21,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Write(a) => cmd_write(a),
         Command::Serve(a) => crate::serve::serve(a),
         Command::Status(a) => crate::admin::status(a),
+        Command::List(a) => crate::admin::list(a),
+        Command::Stop(a) => crate::admin::stop(a),
         Command::Check(a) => cmd_check(a),
         Command::Fail(a) => crate::admin::fail(a),
         Command::Remove(a) => crate::admin::remove(a),
@@ -37,6 +39,32 @@ pub fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// An array's default name, from its first member: the file name without
+/// its extension; for a nested array, `over-` and its first member's.
+fn default_name(first: &str) -> String {
+    let (prefix, spec) = match first.strip_prefix("array[") {
+        Some(inner) => ("over-", inner.split([',', ']']).next().unwrap_or("")),
+        None => ("", first),
+    };
+    // A spec may carry a scheme and options (fault:d.img?delay=1ms).
+    let path = spec.split('?').next().unwrap_or("");
+    let path = path.rsplit(':').next().unwrap_or(path);
+    let stem = std::path::Path::new(path)
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("");
+    let clean: String = stem
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || "._-".contains(*c))
+        .take(56)
+        .collect();
+    if clean.is_empty() {
+        "raidkit".to_string()
+    } else {
+        format!("{prefix}{clean}")
+    }
+}
+
 fn cmd_create(a: CreateArgs) -> Result<()> {
     raidkit_open::set_io_mode(a.io.io);
     let level: Level = a.level.parse()?;
@@ -50,7 +78,10 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
         layout,
         chunk: a.chunk,
         size: a.size,
-        name: a.name.clone(),
+        name: a
+            .name
+            .clone()
+            .unwrap_or_else(|| default_name(&a.members.members[0])),
         force: a.force,
         assume_clean: a.assume_clean,
         bitmap_region: a.bitmap_region,
@@ -78,7 +109,7 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
             "{}",
             json!({
                 "uuid": report.uuid.to_string(),
-                "name": a.name,
+                "name": opts.name,
                 "level": level.to_string(),
                 "layout": layout_json(layout),
                 "chunk": a.chunk,
@@ -91,7 +122,7 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
     } else {
         println!(
             "raidkit: created {level} array '{}' ({}) on {} members: {} usable{}",
-            a.name,
+            opts.name,
             report.uuid,
             specs.len(),
             human(report.capacity),

@@ -7,6 +7,7 @@ use crate::units::human;
 use anyhow::{bail, Context, Result};
 use raidkit_array::Array;
 use raidkit_control::{ControlServer, Handler};
+use raidkit_member::Locked;
 use raidkit_nbd::{Config, Export, Server, Stats, ZeroCopy};
 use serde_json::{json, Map, Value};
 use std::net::TcpListener;
@@ -131,10 +132,19 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| default_control(&sb.array_uuid.to_string()));
     let started = Instant::now();
-    let handler = control_handler(array.clone(), server.stats(), endpoints.clone(), started);
+    let stop = Arc::new(AtomicBool::new(false));
+    let handler = control_handler(
+        array.clone(),
+        server.stats(),
+        Served {
+            endpoints: endpoints.clone(),
+            control: control_path.display().to_string(),
+            started,
+            stop: stop.clone(),
+        },
+    );
     let mut control = ControlServer::start(&control_path, handler)?;
 
-    let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
@@ -199,12 +209,16 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-fn control_handler(
-    array: Arc<Array>,
-    stats: Arc<Stats>,
+/// What the control socket reports about the server itself, and the flag
+/// that stops it.
+struct Served {
     endpoints: Vec<String>,
+    control: String,
     started: Instant,
-) -> Arc<Handler> {
+    stop: Arc<AtomicBool>,
+}
+
+fn control_handler(array: Arc<Array>, stats: Arc<Stats>, served: Served) -> Arc<Handler> {
     Arc::new(move |cmd: &str, args: &Map<String, Value>| {
         let text = |k: &str| -> Result<String, String> {
             args.get(k)
@@ -219,7 +233,22 @@ fn control_handler(
             m
         };
         match cmd {
-            "status" => Ok(status_fields(&array, &stats, &endpoints, started)),
+            "status" => Ok(status_fields(&array, &stats, &served)),
+            "stop" => {
+                let peers = stats.peers.locked().clone();
+                if !peers.is_empty() && !flag("force") {
+                    return Err(format!(
+                        "{} client(s) connected ({}): disconnect them first, or stop with --force to disconnect them",
+                        peers.len(),
+                        peers.join(", ")
+                    ));
+                }
+                served.stop.store(true, Ordering::Release);
+                let mut m = one("stopping", json!(true));
+                m.insert("pid".into(), json!(std::process::id()));
+                m.insert("disconnected".into(), json!(peers));
+                Ok(m)
+            }
             "fail" => array
                 .fail_member(&text("member")?, flag("force"))
                 .map(|m| one("member", json!(m)))
@@ -260,18 +289,13 @@ fn control_handler(
                 Ok(m)
             }
             other => Err(format!(
-                "unknown command '{other}' (this server knows: status, fail, remove, add, replace, speed)"
+                "unknown command '{other}' (this server knows: status, stop, fail, remove, add, replace, speed)"
             )),
         }
     })
 }
 
-fn status_fields(
-    array: &Array,
-    stats: &Stats,
-    endpoints: &[String],
-    started: Instant,
-) -> Map<String, Value> {
+fn status_fields(array: &Array, stats: &Stats, served: &Served) -> Map<String, Value> {
     let sb = array.superblock();
     let c = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
     let v = json!({
@@ -312,9 +336,12 @@ fn status_fields(
             "active": c(&stats.connections_active),
             "total": c(&stats.connections_total),
             "refused": c(&stats.connections_refused),
+            "peers": stats.peers.locked().clone(),
         },
-        "endpoints": endpoints,
-        "uptime_seconds": started.elapsed().as_secs_f64(),
+        "endpoints": served.endpoints,
+        "control": served.control,
+        "pid": std::process::id(),
+        "uptime_seconds": served.started.elapsed().as_secs_f64(),
     });
     match v {
         Value::Object(m) => m,

@@ -379,7 +379,9 @@ fn raid50_from_the_command_line() {
 
 #[test]
 fn every_command_has_help() {
-    for cmd in ["create", "examine", "detail", "read", "write"] {
+    for cmd in [
+        "create", "examine", "detail", "read", "write", "list", "stop",
+    ] {
         let o = ok(&[cmd, "--help"]);
         assert!(String::from_utf8_lossy(&o.stdout).contains("Usage: raidkit"));
     }

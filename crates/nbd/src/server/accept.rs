@@ -4,7 +4,7 @@
 //! so a connection that cannot be given one is closed at once rather than
 //! left waiting.
 
-use super::{connection, inc, Server};
+use super::{connection, inc, Server, Stats};
 use crate::stream::Stream;
 use raidkit_member::Locked;
 use std::io;
@@ -115,20 +115,30 @@ fn start_connection(server: &Arc<Server>, s: Stream, peer: String) -> io::Result
         }
     };
     let me = server.clone();
-    let spawned = std::thread::Builder::new()
-        .name("nbd-conn".into())
-        .spawn(move || {
+    stats.peers.locked().push(peer.clone());
+    let gone = |stats: &Stats, peer: &str| {
+        let mut peers = stats.peers.locked();
+        if let Some(i) = peers.iter().position(|p| p == peer) {
+            peers.remove(i);
+        }
+    };
+    let spawned = std::thread::Builder::new().name("nbd-conn".into()).spawn({
+        let peer = peer.clone();
+        move || {
             inc(&me.stats.connections_total, 1);
             match connection::serve(&me, s) {
                 Ok(()) => tracing::debug!("{peer}: disconnected"),
                 Err(e) => tracing::info!("{peer}: connection ended: {e}"),
             }
+            gone(&me.stats, &peer);
             me.stats.connections_active.fetch_sub(1, Ordering::AcqRel);
-        });
+        }
+    });
     let h = match spawned {
         Ok(h) => h,
         Err(e) => {
             // The socket went with the closure: the client sees it closed.
+            gone(stats, &peer);
             stats.connections_active.fetch_sub(1, Ordering::AcqRel);
             inc(&stats.connections_refused, 1);
             return Err(io::Error::other(format!(

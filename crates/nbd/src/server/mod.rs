@@ -163,6 +163,9 @@ pub struct Stats {
     /// Connections closed unserved: over `max_connections`, or no thread
     /// could be had for them.
     pub connections_refused: AtomicU64,
+    /// Who is connected now: the peer address of each connection served
+    /// ("unix" for a Unix socket).
+    pub peers: std::sync::Mutex<Vec<String>>,
 }
 
 fn inc(c: &AtomicU64, n: u64) {

@@ -1,0 +1,161 @@
+//! The daily commands of an administrator: `list` of the running servers,
+//! `stop`, `--control` by array name or UUID, default array names. Each
+//! test gives its servers a temp directory of their own (TMPDIR), so that
+//! `list` and name lookups see only them.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// raidkit with TMPDIR set to `tmpdir`, to its end (at most the deadline).
+fn rk(tmpdir: &Path, a: &[&str]) -> std::process::Output {
+    output_within(Command::new(BIN).env("TMPDIR", tmpdir).args(a), DEADLINE)
+}
+
+fn rk_ok(tmpdir: &Path, a: &[&str]) -> String {
+    let o = rk(tmpdir, a);
+    assert!(
+        o.status.success(),
+        "raidkit {a:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+/// A failing run: exit status 1; returns its stderr.
+fn rk_fails(tmpdir: &Path, a: &[&str]) -> String {
+    let o = rk(tmpdir, a);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "raidkit {a:?} should fail: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+/// `serve` with the default control socket (in `tmpdir`); returns the
+/// guarded process and its first endpoint.
+fn serve(tmpdir: &Path, ms: &[String]) -> (Guarded, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.env("TMPDIR", tmpdir)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(ms)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut g = Guarded::spawn(&mut cmd);
+    let out = g.child().stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some(i) = line.find("nbd://") {
+                let _ = tx.send(line[i..].split_whitespace().next().unwrap().to_string());
+            }
+        }
+    });
+    let uri = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("server did not start");
+    (g, uri)
+}
+
+fn json(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+#[test]
+fn list_stop_and_control_by_name() {
+    let dir = tmp();
+    let t = dir.path();
+    let a: Vec<String> = (0..2)
+        .map(|i| t.join(format!("a{i}.img")).display().to_string())
+        .collect();
+    let b: Vec<String> = (0..3)
+        .map(|i| t.join(format!("b{i}.img")).display().to_string())
+        .collect();
+    // Default names come from the first member: 'a0' and 'b0'.
+    let mut c = vec!["create", "--json", "--level", "1", "--size", "8M"];
+    c.extend(a.iter().map(String::as_str));
+    assert_eq!(json(&rk_ok(t, &c))["name"], "a0");
+    let mut c = vec![
+        "create", "--json", "--level", "5", "--size", "8M", "--chunk", "64K",
+    ];
+    c.extend(b.iter().map(String::as_str));
+    assert_eq!(json(&rk_ok(t, &c))["name"], "b0");
+
+    let (mut sa, uri_a) = serve(t, &a);
+    let (mut sb, _) = serve(t, &b);
+
+    // Both listed, with their PIDs, members and endpoints.
+    let rows = json(&rk_ok(t, &["list", "--json"]));
+    let rows = rows.as_array().expect("a list");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (row, pid, n, level) in [(0, sa.id(), 2, "raid1"), (1, sb.id(), 3, "raid5")] {
+        let r = &rows[row];
+        assert_eq!(r["name"], ["a0", "b0"][row], "{r}");
+        assert_eq!(r["pid"], pid, "{r}");
+        assert_eq!(r["level"], level, "{r}");
+        assert_eq!(
+            (r["members_up"].as_u64(), r["members_total"].as_u64()),
+            (Some(n), Some(n))
+        );
+        assert!(r["endpoints"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("nbd://127.0.0.1:"));
+    }
+    let text = rk_ok(t, &["list"]);
+    assert!(
+        text.contains("a0") && text.contains("b0") && text.contains("2/2"),
+        "{text}"
+    );
+
+    // Two servers: a command needs to be told which; by name or UUID.
+    let err = rk_fails(t, &["status"]);
+    assert!(err.contains("several raidkit servers"), "{err}");
+    let st = json(&rk_ok(t, &["status", "--json", "--control", "b0"]));
+    assert_eq!(st["array"]["name"], "b0");
+    assert_eq!(st["pid"], sb.id());
+    let uuid = st["array"]["uuid"].as_str().unwrap().to_string();
+    let st = json(&rk_ok(t, &["status", "--json", "--control", &uuid]));
+    assert_eq!(st["array"]["name"], "b0");
+    let err = rk_fails(t, &["status", "--control", "nosuch"]);
+    assert!(err.contains("'nosuch'"), "{err}");
+
+    // A client connected to a0: stop refuses and names it; the server runs on.
+    let mut client = Guarded::spawn(
+        Command::new("/usr/bin/python3")
+            .args([
+                "-c",
+                "import nbd, sys, time\nh = nbd.NBD()\nh.connect_uri(sys.argv[1])\ntime.sleep(120)\n",
+                &uri_a,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    wait_for("the client to connect", 30, || {
+        json(&rk_ok(t, &["status", "--json", "--control", "a0"]))["connections"]["active"] == 1
+    });
+    let err = rk_fails(t, &["stop", "a0"]);
+    assert!(err.contains("1 client(s) connected (127.0.0.1:"), "{err}");
+    assert!(sa.try_wait().is_none(), "stop refused, yet the server went");
+    // --force disconnects it; the server exits cleanly and the array is clean.
+    let out = json(&rk_ok(t, &["stop", "a0", "--force", "--json"]));
+    assert_eq!(out["stopped"], true);
+    assert_eq!(out["pid"], sa.id());
+    assert_eq!(sa.wait_within(Duration::from_secs(60)).code(), Some(0));
+    client.kill();
+    let e = json(&rk_ok(t, &["examine", "--json", &a[0]]));
+    assert_eq!(e["state"], "clean", "{e}");
+
+    // The other by its UUID, no client: stopped at once.
+    let out = rk_ok(t, &["stop", &uuid]);
+    assert!(out.contains("stopped array 'b0'"), "{out}");
+    assert_eq!(sb.wait_within(Duration::from_secs(60)).code(), Some(0));
+    assert!(rk_ok(t, &["list"]).contains("no raidkit server is running"));
+    assert_eq!(json(&rk_ok(t, &["list", "--json"])), serde_json::json!([]));
+}
