@@ -205,6 +205,8 @@ impl<'a> Process<'a> {
             rate: 0.0,
             began: Some(began),
         });
+        // At info: `serve` logs at info by default, so its log records every
+        // recovery; offline commands (create's initial sync) say their own.
         tracing::info!(
             kind = plan.kind,
             role = plan.role,

@@ -13,12 +13,40 @@ use clap::Parser;
 
 fn main() {
     let args = cli::Cli::parse();
+    if matches!(
+        args.command,
+        cli::Command::Examine(_)
+            | cli::Command::Detail(_)
+            | cli::Command::Read(_)
+            | cli::Command::Check(_)
+    ) {
+        // Reports cut short by their reader (`raidkit detail | head`) end
+        // quietly, as other tools' do, not with a panic on EPIPE. Only for
+        // the offline commands, whose sole other file is a member: a server
+        // must live through a client that goes away, and a command talking
+        // to a server must report a server that went.
+        // SAFETY: setting a signal's disposition to the default, before any
+        // thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    // A server's log is the record of what happened to its array (every
+    // recovery, every connection that ended in an error): info. Other
+    // commands report for themselves: warnings only.
+    let default_level = if matches!(args.command, cli::Command::Serve(_)) {
+        "info"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("RAIDKIT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal, never into a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Err(e) = commands::run(args) {
         // One clear message: the error and its causes, outermost first.

@@ -159,3 +159,57 @@ fn list_stop_and_control_by_name() {
     assert!(rk_ok(t, &["list"]).contains("no raidkit server is running"));
     assert_eq!(json(&rk_ok(t, &["list", "--json"])), serde_json::json!([]));
 }
+
+#[test]
+fn logs_have_no_colour_and_say_every_membership_change() {
+    let dir = tmp();
+    let ms = members(dir.path(), 2);
+    create("1", &ms, "8M");
+    let spare = dir.path().join("spare.img").display().to_string();
+    tool("truncate", &["-s", "8M", &spare]);
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let ctl = s.control.display().to_string();
+    ok(&["fail", "--control", &ctl, &ms[1]]);
+    ok(&["remove", "--control", &ctl, &ms[1]]);
+    ok(&["add", "--control", &ctl, &spare]);
+    ok(&["wait", "--control", &ctl]);
+    assert_eq!(s.stop().code(), Some(0));
+    let log = s.log();
+    assert!(!log.contains('\x1b'), "colour codes in a log file:\n{log}");
+    for line in [
+        "member failed",
+        "member removed",
+        "member takes role 1 and is rebuilt",
+        "rebuild started",
+        "rebuild ended",
+    ] {
+        assert!(log.contains(line), "no '{line}' in the log:\n{log}");
+    }
+}
+
+#[test]
+fn a_report_cut_short_by_its_reader_ends_quietly() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "8M");
+    // `detail` into a pipe whose reader has gone: no panic, no message.
+    let script = format!(
+        "\"$1\" detail {} | head -c 1 >/dev/null; echo \"${{PIPESTATUS[0]}}\"",
+        ms.join(" ")
+    );
+    let o = tool("bash", &["-c", &script, "bash", BIN]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    let code: i32 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    // 0 if it had written everything before the reader went, else SIGPIPE.
+    assert!(code == 0 || code == 141, "exit status {code}: {err}");
+    // A large read into a reader that goes at once.
+    let script = format!(
+        "\"$1\" read {} --offset 0 --length 8M | head -c 1 >/dev/null; echo \"${{PIPESTATUS[0]}}\"",
+        ms.join(" ")
+    );
+    let o = tool("bash", &["-c", &script, "bash", BIN]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked") && !err.contains("error"), "{err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "141", "{err}");
+}

@@ -148,7 +148,7 @@ pub fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn Member>> {
     Ok(match spec {
         Spec::File(p) => {
             let o = open_member(p, read_only, crate::io_mode())?;
-            tracing::info!("member {p}: {o}");
+            tracing::debug!("member {p}: {o}");
             crate::note_opened(p, o.to_string());
             o.member
         }

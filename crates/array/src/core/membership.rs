@@ -229,6 +229,18 @@ impl Core {
         meta.sb.roles[r].state = RoleState::Rebuilding;
         v.failed
             .retain(|f| !(f.1 == Some(r) && f.0.uuid == disk.uuid));
+        // Membership changes reach the log at the default level: an
+        // administrator reading it afterwards must see every one.
+        tracing::warn!(
+            member = disk.name(),
+            role = r,
+            "member takes role {r} and is {}",
+            if dirty.is_some() {
+                "resynced where it missed writes"
+            } else {
+                "rebuilt"
+            }
+        );
         let rv = &mut v.roles[r];
         rv.disk = Some(disk);
         rv.sync = Some(SyncState::new(0, dirty));
@@ -321,6 +333,7 @@ impl Core {
         };
         self.view.store(Arc::new(v));
         let _ = d.member.close();
+        tracing::warn!(member = d.name(), "member removed");
         Ok(d.name().to_string())
     }
 
@@ -462,6 +475,7 @@ impl Core {
                 }
             }
             None => {
+                tracing::warn!(member = disk.name(), "member added as a spare");
                 v.spares.push(disk);
                 Added::Spare
             }
@@ -511,6 +525,11 @@ impl Core {
         if let Some(b) = &self.bitmap {
             b.write_to(disk.member.as_ref())?;
         }
+        tracing::warn!(
+            member = disk.name(),
+            role = r,
+            "member is rebuilt as the replacement of {who} in role {r}"
+        );
         v.roles[r].replacement = Some((disk, SyncState::new(0, None)));
         self.view.store(Arc::new(v));
         drop(meta);
