@@ -24,6 +24,20 @@ fn absolute(member: &str) -> String {
     member.to_string()
 }
 
+/// A member to add or swap in: as `absolute`, and a plain file name that
+/// does not exist yet (the server creates it) is made absolute here too, so
+/// that it is created where the user is, not where the server runs.
+fn absolute_new(member: &str) -> String {
+    let p = Path::new(member);
+    let plain = !member.contains([':', '?', '[']) && member != "missing";
+    if !p.exists() && plain && p.is_relative() {
+        if let Ok(cwd) = std::env::current_dir() {
+            return cwd.join(p).display().to_string();
+        }
+    }
+    absolute(member)
+}
+
 fn request(control: Option<&Path>, req: Value) -> Result<Value> {
     let path = find_control(control)?;
     call(&path, &req, Duration::from_secs(60)).map_err(|e| anyhow!(e))
@@ -53,7 +67,7 @@ pub fn remove(a: MemberArgs) -> Result<()> {
 pub fn add(a: AddArgs) -> Result<()> {
     let v = request(
         a.control.control.as_deref(),
-        json!({"cmd": "add", "member": absolute(&a.member), "force": a.force}),
+        json!({"cmd": "add", "member": absolute_new(&a.member), "force": a.force}),
     )?;
     match v["as"].as_str() {
         Some("spare") => println!("raidkit: {} added as a spare", a.member),
@@ -70,7 +84,7 @@ pub fn replace(a: ReplaceArgs) -> Result<()> {
     let v = request(
         a.control.control.as_deref(),
         json!({"cmd": "replace", "member": absolute(&a.member),
-               "with": absolute(&a.with), "force": a.force}),
+               "with": absolute_new(&a.with), "force": a.force}),
     )?;
     println!(
         "raidkit: rebuilding role {} onto {} while {} serves (raidkit wait to follow it)",

@@ -535,7 +535,8 @@ pub struct MemberArgs {
 
 #[derive(Debug, Args)]
 pub struct AddArgs {
-    /// The member to add (a path, or any member spec).
+    /// The member to add (a path, or any member spec). A file that does
+    /// not exist is created, as large as the array's members.
     pub member: String,
     /// Use it even if it holds data or another array's superblock.
     #[arg(long)]
@@ -548,7 +549,8 @@ pub struct AddArgs {
 pub struct ReplaceArgs {
     /// The member to replace: its path, or its role number.
     pub member: String,
-    /// The new member.
+    /// The new member (a path, or any member spec). A file that does not
+    /// exist is created, as large as the array's members.
     #[arg(long, value_name = "PATH")]
     pub with: String,
     /// Use the new member even if it holds data or another array's superblock.

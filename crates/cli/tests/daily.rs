@@ -213,3 +213,60 @@ fn a_report_cut_short_by_its_reader_ends_quietly() {
     assert!(!err.contains("panicked") && !err.contains("error"), "{err}");
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "141", "{err}");
 }
+
+#[test]
+fn add_and_replace_create_a_missing_member_file_sized_like_its_peers() {
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 2);
+    create("1", &ms, "8M");
+    let size = std::fs::metadata(&ms[0]).unwrap().len();
+    let mut s = Served::start(t, &ms, &[]);
+    let ctl = s.control.display().to_string();
+    // Relative names, from the user's directory: the files are made there.
+    let run = |a: &[&str]| {
+        let o = output_within(Command::new(BIN).current_dir(t).args(a), DEADLINE);
+        assert!(
+            o.status.success(),
+            "raidkit {a:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    run(&["fail", "--control", &ctl, &ms[1]]);
+    run(&["remove", "--control", &ctl, &ms[1]]);
+    run(&["add", "--control", &ctl, "new.img"]);
+    run(&["wait", "--control", &ctl]);
+    assert_eq!(std::fs::metadata(t.join("new.img")).unwrap().len(), size);
+    run(&["replace", "--control", &ctl, &ms[0], "--with", "fresh.img"]);
+    run(&["wait", "--control", &ctl]);
+    assert_eq!(std::fs::metadata(t.join("fresh.img")).unwrap().len(), size);
+    let st: Value =
+        serde_json::from_slice(&ok(&["status", "--json", "--control", &ctl]).stdout).unwrap();
+    let paths: Vec<String> = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["state"] == "active")
+        .map(|m| m["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(paths.len(), 2, "{st}");
+    assert!(paths.iter().any(|p| p.ends_with("/new.img")), "{paths:?}");
+    assert!(paths.iter().any(|p| p.ends_with("/fresh.img")), "{paths:?}");
+    // A file that cannot be created: refused, saying why.
+    let o = output_within(
+        Command::new(BIN)
+            .current_dir(t)
+            .args(["add", "--control", &ctl, "no/such/dir/x.img"]),
+        DEADLINE,
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("could not be created"), "{err}");
+    assert_eq!(s.stop().code(), Some(0));
+    // The array, its new members, reads back what was there.
+    ok(&[
+        "check",
+        &t.join("new.img").display().to_string(),
+        &t.join("fresh.img").display().to_string(),
+    ]);
+}

@@ -111,7 +111,41 @@ pub fn create(
 pub fn add_member(array: &Array, spec_text: &str, force: bool) -> Result<Added> {
     let s = Spec::parse(spec_text)?;
     array.check_not_in_service(spec_text, s.path())?;
-    array.add_member(open(&s, false)?, force)
+    let (m, created) = open_or_create(array, &s)?;
+    array
+        .add_member(m, force)
+        .inspect_err(|_| forget_created(created))
+}
+
+/// Open the member a spec names for `add` or `replace`; a plain file that
+/// does not exist is created, as large as the array's members (as
+/// `create` makes missing member files). Some(path): it was created here.
+fn open_or_create(
+    array: &Array,
+    s: &Spec,
+) -> Result<(std::sync::Arc<dyn raidkit_member::Member>, Option<String>)> {
+    match s {
+        Spec::File(p) if !Path::new(p).exists() => {
+            let len = array.member_len();
+            let o = raidkit_member::create_member(p, len, io_mode()).map_err(|e| {
+                Error::Invalid(format!(
+                    "{p} does not exist and could not be created ({} bytes, as the array's members): {}",
+                    len, e.source
+                ))
+            })?;
+            note_opened(p, o.to_string());
+            Ok((o.member, Some(p.clone())))
+        }
+        _ => Ok((open(s, false)?, None)),
+    }
+}
+
+/// A member file created for an `add` or `replace` the array refused goes
+/// again: nothing is left behind by a refusal.
+fn forget_created(created: Option<String>) {
+    if let Some(p) = created {
+        let _ = std::fs::remove_file(p);
+    }
 }
 
 /// Rebuild `who` onto the member `with_text` names (see
@@ -121,7 +155,10 @@ pub fn replace_member(array: &Array, who: &str, with_text: &str, force: bool) ->
     array.check_replaceable(who)?;
     let s = Spec::parse(with_text)?;
     array.check_not_in_service(with_text, s.path())?;
-    array.replace_member(who, open(&s, false)?, force)
+    let (m, created) = open_or_create(array, &s)?;
+    array
+        .replace_member(who, m, force)
+        .inspect_err(|_| forget_created(created))
 }
 
 /// The same file named twice (directly, through a link, or inside a nested spec).

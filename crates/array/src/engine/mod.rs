@@ -270,6 +270,18 @@ impl Array {
         self.core.replace_member(who, with, force)
     }
 
+    /// The size of the array's members (the largest in service): what a
+    /// member added or swapped in needs.
+    pub fn member_len(&self) -> u64 {
+        let v = self.core.view.load();
+        v.roles
+            .iter()
+            .filter_map(|r| r.disk.as_ref())
+            .map(|d| d.member.len())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Read `buf.len()` bytes at logical `offset`.
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.core.check(offset, buf.len() as u64)?;
