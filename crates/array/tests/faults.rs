@@ -194,10 +194,14 @@ fn refusals_are_clear() {
     assert!(e.contains("remove"), "{e}");
     let e = a.fail_member("9", false).unwrap_err().to_string();
     assert!(e.contains("no role 9"), "{e}");
-    let e = raidkit_open::add_member(&a, &path(d.path(), "nope.img"), false)
+    // A file that cannot be created is refused, naming it.
+    let e = raidkit_open::add_member(&a, &path(d.path(), "no/such/dir/nope.img"), false)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("nope.img"), "{e}");
+    assert!(
+        e.contains("nope.img") && e.contains("could not be created"),
+        "{e}"
+    );
     // A member too small, and one holding data.
     let small = path(d.path(), "small.img");
     std::fs::File::create(&small)
@@ -214,6 +218,19 @@ fn refusals_are_clear() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("holds data"), "{e}");
+    // Refused members are left as they were, and nothing was created.
+    assert!(!d.path().join("no").exists());
+    // A file that does not exist is created, as large as the members, and
+    // takes the missing role.
+    let new = path(d.path(), "new.img");
+    assert_eq!(
+        raidkit_open::add_member(&a, &new, false).unwrap(),
+        Added::Role {
+            role: 0,
+            resync: false
+        }
+    );
+    assert_eq!(std::fs::metadata(&new).unwrap().len(), MEMBER);
     done(a);
 }
 

@@ -426,20 +426,23 @@ fn print_status(v: &Value, as_json: bool) -> Result<()> {
     }
     let arr = &v["array"];
     println!(
-        "array '{}' ({}, {}, {} usable): {}",
+        "array '{}' ({}, {}, {} usable, consistency policy {}): {}",
         arr["name"].as_str().unwrap_or("?"),
         arr["level"].as_str().unwrap_or("?"),
         arr["layout"].as_str().unwrap_or("-"),
         human(arr["size"].as_u64().unwrap_or(0)),
+        arr["consistency_policy"].as_str().unwrap_or("?"),
         v["state"].as_str().unwrap_or("?")
     );
     for m in v["members"].as_array().into_iter().flatten() {
+        // A member without a role (a spare, or a failed one a spare has
+        // replaced) shows '-': its state says which.
         let role = m["role"]
             .as_u64()
             .map(|r| r.to_string())
-            .unwrap_or_else(|| "spare".into());
+            .unwrap_or_else(|| "-".into());
         println!(
-            "  {role:>5}  {:<8} {}{}",
+            "  {role:>4}  {:<10} {}{}",
             m["state"].as_str().unwrap_or("?"),
             m["path"].as_str().unwrap_or("-"),
             m["reason"]
@@ -462,7 +465,7 @@ fn print_status(v: &Value, as_json: bool) -> Result<()> {
     );
     if let Some(r) = v["recovery"].as_object() {
         println!(
-            "recovery: {} of role {} onto {}: {:.1}% ({} of {} in this run, {:.1}s, {}/s)",
+            "recovery: {} of role {} onto {}: {:.1}% ({} of {} in this run, {:.1}s, {}/s, {} left)",
             r["kind"].as_str().unwrap_or("?"),
             r["role"],
             r["member"].as_str().unwrap_or("?"),
@@ -470,7 +473,19 @@ fn print_status(v: &Value, as_json: bool) -> Result<()> {
             human(r["bytes_done"].as_u64().unwrap_or(0)),
             human(r["bytes_total"].as_u64().unwrap_or(0)),
             r["seconds"].as_f64().unwrap_or(0.0),
-            human(r["rate"].as_f64().unwrap_or(0.0) as u64)
+            human(r["rate"].as_f64().unwrap_or(0.0) as u64),
+            {
+                let rate = r["rate"].as_f64().unwrap_or(0.0);
+                let left = r["bytes_total"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    .saturating_sub(r["bytes_done"].as_u64().unwrap_or(0));
+                if rate > 0.0 {
+                    format!("{:.0}s", left as f64 / rate)
+                } else {
+                    "?".to_string()
+                }
+            }
         );
     }
     if let Some(r) = v["last_recovery"].as_object() {

@@ -6,6 +6,7 @@ use crate::units::human;
 use anyhow::{bail, Context, Result};
 use raidkit_array::assemble::{assemble, Absence, Assembly};
 use raidkit_array::create::CreateOptions;
+use raidkit_array::create::Policy;
 use raidkit_array::superblock::{read_superblock, Role, Superblock};
 use raidkit_layout::{Layout, Level};
 use raidkit_open::spec::{self, Spec};
@@ -256,6 +257,7 @@ fn cmd_examine(a: ExamineArgs) -> Result<()> {
                 "ctime": sb.ctime,
                 "utime": sb.utime,
                 "recovery_offset": sb.recovery_offset,
+                "consistency_policy": Policy::of(sb).name(),
                 "bitmap": (sb.bitmap.region > 0).then(|| json!({
                     "offset": sb.bitmap.offset,
                     "region": sb.bitmap.region,
@@ -313,6 +315,7 @@ fn print_sb_common(sb: &Superblock) {
         human(sb.array_size)
     );
     println!("          Events : {}", sb.events);
+    println!("     Consistency : {}", Policy::of(sb).name());
     println!(
         "     Array State : {}",
         serde_json::to_value(sb.state)
@@ -370,6 +373,7 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
                 "raid_disks": sb.raid_disks(),
                 "events": sb.events,
                 "resync_offset": sb.resync,
+                "consistency_policy": Policy::of(sb).name(),
                 "members": rows,
                 "warnings": asm.warnings,
             }))?

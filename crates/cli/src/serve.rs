@@ -308,6 +308,7 @@ fn status_fields(array: &Array, stats: &Stats, served: &Served) -> Map<String, V
             "chunk": sb.chunk,
             "size": array.capacity(),
             "events": sb.events,
+            "consistency_policy": raidkit_array::create::Policy::of(&sb).name(),
         },
         "members": array.members_status(),
         "recovery": array.recovery_status(),

@@ -270,3 +270,80 @@ fn add_and_replace_create_a_missing_member_file_sized_like_its_peers() {
         &t.join("fresh.img").display().to_string(),
     ]);
 }
+
+#[test]
+fn the_consistency_policy_is_shown_everywhere() {
+    let dir = tmp();
+    for (level, policy, want) in [
+        ("5", None, "journal"),
+        ("1", None, "bitmap"),
+        ("6", Some("none"), "none"),
+        ("5", Some("bitmap"), "bitmap"),
+    ] {
+        let sub = dir.path().join(format!("{level}-{want}"));
+        std::fs::create_dir(&sub).unwrap();
+        let ms = members(&sub, 4);
+        let mut c = vec!["create", "--level", level, "--size", "8M", "--chunk", "64K"];
+        if let Some(p) = policy {
+            c.extend(["--consistency-policy", p]);
+        }
+        ok(&args(&c, &ms));
+        let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+        assert_eq!(e["consistency_policy"], want, "examine, raid{level}: {e}");
+        let d: Value =
+            serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
+        assert_eq!(d["consistency_policy"], want, "detail, raid{level}: {d}");
+        let text = String::from_utf8_lossy(&ok(&args(&["detail"], &ms)).stdout).to_string();
+        assert!(text.contains(&format!("Consistency : {want}")), "{text}");
+        let mut s = Served::start(&sub, &ms, &[]);
+        let ctl = s.control.display().to_string();
+        let st: Value =
+            serde_json::from_slice(&ok(&["status", "--json", "--control", &ctl]).stdout).unwrap();
+        assert_eq!(
+            st["array"]["consistency_policy"], want,
+            "status, raid{level}: {st}"
+        );
+        let text = String::from_utf8_lossy(&ok(&["status", "--control", &ctl]).stdout).to_string();
+        assert!(
+            text.contains(&format!("consistency policy {want}")),
+            "{text}"
+        );
+        assert_eq!(s.stop().code(), Some(0));
+    }
+}
+
+#[test]
+fn status_shows_a_member_without_a_role_as_such() {
+    let dir = tmp();
+    let ms = members(dir.path(), 2);
+    let spare = dir.path().join("s0.img").display().to_string();
+    ok(&args(
+        &["create", "--level", "1", "--size", "8M", "--spare", &spare],
+        &ms,
+    ));
+    let mut all = ms.clone();
+    all.push(spare.clone());
+    let mut s = Served::start(dir.path(), &all, &[]);
+    let ctl = s.control.display().to_string();
+    ok(&["fail", "--control", &ctl, &ms[1]]);
+    ok(&["wait", "--control", &ctl]);
+    let text = String::from_utf8_lossy(&ok(&["status", "--control", &ctl]).stdout).to_string();
+    // The failed member has no role any more: '-' and faulty, not 'spare'.
+    let failed = text
+        .lines()
+        .find(|l| l.contains(&ms[1]))
+        .unwrap_or_else(|| panic!("{} not listed:\n{text}", ms[1]));
+    let cols: Vec<&str> = failed.split_whitespace().collect();
+    assert_eq!(&cols[..2], &["-", "faulty"], "{text}");
+    // The spare serves role 1 now.
+    let took = text
+        .lines()
+        .find(|l| l.contains(&spare))
+        .expect("spare listed");
+    assert_eq!(
+        &took.split_whitespace().collect::<Vec<_>>()[..2],
+        &["1", "active"],
+        "{text}"
+    );
+    assert_eq!(s.stop().code(), Some(0));
+}
