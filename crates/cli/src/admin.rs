@@ -48,10 +48,14 @@ pub fn fail(a: FailArgs) -> Result<()> {
         a.control.control.as_deref(),
         json!({"cmd": "fail", "member": absolute(&a.member), "force": a.force}),
     )?;
-    println!(
-        "raidkit: {} marked faulty",
-        v["member"].as_str().unwrap_or("?")
-    );
+    if a.json {
+        println!("{}", json!({"member": v["member"], "state": "faulty"}));
+    } else {
+        println!(
+            "raidkit: {} marked faulty",
+            v["member"].as_str().unwrap_or("?")
+        );
+    }
     Ok(())
 }
 
@@ -60,7 +64,11 @@ pub fn remove(a: MemberArgs) -> Result<()> {
         a.control.control.as_deref(),
         json!({"cmd": "remove", "member": absolute(&a.member)}),
     )?;
-    println!("raidkit: {} removed", v["member"].as_str().unwrap_or("?"));
+    if a.json {
+        println!("{}", json!({"member": v["member"], "removed": true}));
+    } else {
+        println!("raidkit: {} removed", v["member"].as_str().unwrap_or("?"));
+    }
     Ok(())
 }
 
@@ -69,6 +77,14 @@ pub fn add(a: AddArgs) -> Result<()> {
         a.control.control.as_deref(),
         json!({"cmd": "add", "member": absolute_new(&a.member), "force": a.force}),
     )?;
+    if a.json {
+        // "as": rebuild, resync or spare; "role": null for a spare.
+        println!(
+            "{}",
+            json!({"member": a.member, "as": v["as"], "role": v["role"]})
+        );
+        return Ok(());
+    }
     match v["as"].as_str() {
         Some("spare") => println!("raidkit: {} added as a spare", a.member),
         Some(how) => println!(
@@ -86,10 +102,17 @@ pub fn replace(a: ReplaceArgs) -> Result<()> {
         json!({"cmd": "replace", "member": absolute(&a.member),
                "with": absolute_new(&a.with), "force": a.force}),
     )?;
-    println!(
-        "raidkit: rebuilding role {} onto {} while {} serves (raidkit wait to follow it)",
-        v["role"], a.with, a.member
-    );
+    if a.json {
+        println!(
+            "{}",
+            json!({"member": a.member, "with": a.with, "role": v["role"]})
+        );
+    } else {
+        println!(
+            "raidkit: rebuilding role {} onto {} while {} serves (raidkit wait to follow it)",
+            v["role"], a.with, a.member
+        );
+    }
     Ok(())
 }
 
@@ -105,7 +128,10 @@ pub fn speed(a: SpeedArgs) -> Result<()> {
     if a.json {
         println!(
             "{}",
-            json!({"rebuild_min": v["rebuild_min"], "rebuild_max": v["rebuild_max"]})
+            // `rebuild_speed` as `status --json` has it; the flat names
+            // stay for scripts that read them.
+            json!({"rebuild_min": v["rebuild_min"], "rebuild_max": v["rebuild_max"],
+                   "rebuild_speed": {"min": v["rebuild_min"], "max": v["rebuild_max"]}})
         );
     } else {
         println!(
@@ -153,7 +179,13 @@ pub fn wait(a: WaitArgs) -> Result<()> {
                 b.finish_and_clear();
             }
             let state = v["state"].as_str().unwrap_or("?");
-            if let Some(r) = v["last_recovery"].as_object() {
+            if a.json {
+                println!(
+                    "{}",
+                    json!({"state": state, "last_recovery": v["last_recovery"],
+                           "waited_seconds": started.elapsed().as_secs_f64()})
+                );
+            } else if let Some(r) = v["last_recovery"].as_object() {
                 println!(
                     "raidkit: last recovery: {} of role {}: {} in {:.1}s ({}); array {state}",
                     r["kind"].as_str().unwrap_or("?"),

@@ -521,6 +521,9 @@ pub struct FailArgs {
     /// Fail it even if the array cannot run without it.
     #[arg(long)]
     pub force: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub control: Control,
 }
@@ -529,6 +532,9 @@ pub struct FailArgs {
 pub struct MemberArgs {
     /// The member: its path, or its role number.
     pub member: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub control: Control,
 }
@@ -541,6 +547,9 @@ pub struct AddArgs {
     /// Use it even if it holds data or another array's superblock.
     #[arg(long)]
     pub force: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub control: Control,
 }
@@ -556,6 +565,9 @@ pub struct ReplaceArgs {
     /// Use the new member even if it holds data or another array's superblock.
     #[arg(long)]
     pub force: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub control: Control,
 }
@@ -565,6 +577,9 @@ pub struct WaitArgs {
     /// Give up (exit 1) after this many seconds.
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<f64>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub control: Control,
 }

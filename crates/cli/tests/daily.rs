@@ -347,3 +347,56 @@ fn status_shows_a_member_without_a_role_as_such() {
     );
     assert_eq!(s.stop().code(), Some(0));
 }
+
+#[test]
+fn every_control_command_answers_in_json() {
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 2);
+    create("1", &ms, "8M");
+    let mut s = Served::start(t, &ms, &[]);
+    let ctl = s.control.display().to_string();
+    let j = |a: &[&str]| -> Value {
+        let mut full = a.to_vec();
+        full.extend(["--json", "--control", &ctl]);
+        let o = ok(&full);
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+            panic!(
+                "raidkit {a:?}: not JSON ({e}): {}",
+                String::from_utf8_lossy(&o.stdout)
+            )
+        })
+    };
+    let v = j(&["fail", &ms[1]]);
+    assert_eq!(
+        (v["member"].as_str(), v["state"].as_str()),
+        (Some(ms[1].as_str()), Some("faulty")),
+        "{v}"
+    );
+    let v = j(&["remove", &ms[1]]);
+    assert_eq!(v["removed"], true, "{v}");
+    let new = t.join("n.img").display().to_string();
+    let v = j(&["add", &new]);
+    assert_eq!(
+        (v["as"].as_str(), v["role"].as_u64()),
+        (Some("rebuild"), Some(1)),
+        "{v}"
+    );
+    let v = j(&["wait"]);
+    assert_eq!(v["state"], "optimal", "{v}");
+    assert_eq!(v["last_recovery"]["kind"], "rebuild", "{v}");
+    let v = j(&[
+        "replace",
+        &ms[0],
+        "--with",
+        &t.join("r.img").display().to_string(),
+    ]);
+    assert_eq!(v["role"], 0, "{v}");
+    j(&["wait"]);
+    let v = j(&["speed", "--rebuild-max", "64M"]);
+    assert_eq!(v["rebuild_speed"]["max"], 64 << 20, "{v}");
+    assert_eq!(v["rebuild_max"], 64 << 20, "{v}");
+    let st = j(&["status"]);
+    assert_eq!(st["rebuild_speed"]["max"], 64 << 20, "{st}");
+    assert_eq!(s.stop().code(), Some(0));
+}
