@@ -108,7 +108,7 @@ impl Array {
             recs.extend_from_slice(&journal::encode_intent(uuid, slot.seq, s, s * chunk, len));
         }
         let at = slots.first().map_or(0, |x| x.at);
-        self.journal_store(s0, s0 * chunk, at, &recs)?;
+        self.journal_store(s0, s0 * chunk, at, recs)?;
         Ok(Some(slots))
     }
 
@@ -123,16 +123,16 @@ impl Array {
     ) -> Result<Slot<'a>> {
         let uuid = self.core.meta.locked().sb.array_uuid;
         let rec = encode(uuid, slot.seq);
-        self.journal_store(stripe, dev, slot.at, &rec)?;
+        self.journal_store(stripe, dev, slot.at, rec)?;
         Ok(slot)
     }
 
     /// Write `rec` (one or more records, contiguous in the log) at `at` in
     /// the log, durably, sharing the write with the records concurrent
     /// updates commit meanwhile (see [`journal::Journal::commit`]).
-    fn journal_store(&self, stripe: u64, dev: u64, at: u64, rec: &[u8]) -> Result<()> {
+    fn journal_store(&self, stripe: u64, dev: u64, at: u64, rec: Vec<u8>) -> Result<()> {
         let j = self.journal.as_ref().expect("journal");
-        j.commit(at, stripe, dev, rec.to_vec(), |batch| {
+        j.commit(at, stripe, dev, rec, |batch| {
             self.journal_store_batch(batch).map_err(|e| match e {
                 Error::Unavailable { detail, .. } => detail,
                 e => e.to_string(),

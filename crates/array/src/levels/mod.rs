@@ -13,6 +13,7 @@
 pub(crate) mod mirrored;
 pub(crate) mod parity;
 mod parity_rebuild;
+mod parity_write;
 pub(crate) mod striped;
 
 use crate::background::Process;
