@@ -533,3 +533,70 @@ fn print_status(v: &Value, as_json: bool) -> Result<()> {
     }
     Ok(())
 }
+
+/// For an open refused because another process holds the member: if that
+/// process is a raidkit server, the message names it and its array ("d0.img
+/// is in use by the raidkit server of array 'lab' (PID 1234)"), so that the
+/// user knows which server to stop.
+pub fn in_use_message(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        let member =
+            c.downcast_ref::<raidkit_member::MemberError>()
+                .or_else(|| match c.downcast_ref::<raidkit_array::Error>() {
+                    Some(raidkit_array::Error::Member(m)) => Some(m),
+                    _ => None,
+                });
+        if let Some(m) = member {
+            let busy = raidkit_member::InUse::of_error(&m.source)?;
+            let pid = busy.pid?;
+            let array = server_array(pid)?;
+            return Some(format!(
+                "{} is in use by the raidkit server of array '{array}' (PID {pid})",
+                m.member
+            ));
+        }
+        cause = c.source();
+    }
+    None
+}
+
+/// The array served by the raidkit server with process ID `pid`: its
+/// control socket found among its open sockets (/proc/PID/fd and
+/// /proc/net/unix), then asked. Never this process itself, whose control
+/// socket may be the one busy asking.
+fn server_array(pid: u32) -> Option<String> {
+    if pid == std::process::id() {
+        return None;
+    }
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .filter_map(|fd| {
+            let l = std::fs::read_link(fd.path()).ok()?;
+            let l = l.to_str()?;
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let unix = std::fs::read_to_string("/proc/net/unix").ok()?;
+    // "Num RefCount Protocol Flags Type St Inode Path": the server's bound
+    // sockets, its control socket (usually raidkit-*.ctl) tried first; an
+    // NBD socket does not answer a status request and is passed over.
+    let mut sockets: Vec<PathBuf> = unix
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let path = f.get(7)?;
+            inodes
+                .iter()
+                .any(|i| Some(&i.as_str()) == f.get(6))
+                .then(|| PathBuf::from(path))
+        })
+        .collect();
+    sockets.sort_by_key(|p| !p.to_string_lossy().ends_with(".ctl"));
+    sockets.iter().find_map(|s| {
+        let v = call(s, &json!({"cmd": "status"}), Duration::from_secs(2)).ok()?;
+        v["array"]["name"].as_str().map(String::from)
+    })
+}

@@ -51,7 +51,11 @@ fn main() {
     if let Err(e) = commands::run(args) {
         // One clear message: the error and its causes, outermost first.
         let mut msg = e.to_string();
-        for cause in e.chain().skip(1) {
+        let in_use = admin::in_use_message(e.as_ref());
+        if let Some(m) = &in_use {
+            msg = m.clone();
+        }
+        for cause in e.chain().skip(1).filter(|_| in_use.is_none()) {
             let c = cause.to_string();
             if !msg.contains(&c) {
                 msg.push_str(": ");

@@ -37,7 +37,13 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         force: a.force,
         run: a.run,
     };
-    let array = Arc::new(open_array_with(&a.members.members, opts, a.force)?);
+    // A server names its members by absolute path (status, logs), whatever
+    // directory the command that asks about them runs in.
+    let members = crate::arrays::parse_specs(&a.members.members)?
+        .into_iter()
+        .map(|s| s.absolute().to_string())
+        .collect::<Vec<_>>();
+    let array = Arc::new(open_array_with(&members, opts, a.force)?);
     array.set_rebuild_speed(Some(a.rebuild_min), Some(a.rebuild_max));
     let sb = array.superblock();
     let export_name = a.export.clone().unwrap_or_else(|| sb.name.clone());
@@ -266,12 +272,12 @@ fn control_handler(array: Arc<Array>, stats: Arc<Stats>, served: Served) -> Arc<
                     }
                     raidkit_array::Added::Spare => one("as", json!("spare")),
                 })
-                .map_err(|e| e.to_string()),
+                .map_err(|e| crate::admin::in_use_message(&e).unwrap_or(e.to_string())),
             "replace" => {
                 raidkit_open::replace_member(&array, &text("member")?, &text("with")?, flag("force"))
             }
                 .map(|r| one("role", json!(r)))
-                .map_err(|e| e.to_string()),
+                .map_err(|e| crate::admin::in_use_message(&e).unwrap_or(e.to_string())),
             "speed" => {
                 let rate = |k: &str| -> Result<Option<u64>, String> {
                     match args.get(k) {

@@ -400,3 +400,94 @@ fn every_control_command_answers_in_json() {
     assert_eq!(st["rebuild_speed"]["max"], 64 << 20, "{st}");
     assert_eq!(s.stop().code(), Some(0));
 }
+
+#[test]
+fn a_member_in_use_names_the_server_that_holds_it() {
+    let dir = tmp();
+    let t = dir.path();
+    let files = |p: &str| -> Vec<String> {
+        (0..2)
+            .map(|i| t.join(format!("{p}{i}.img")).display().to_string())
+            .collect()
+    };
+    let (a, b) = (files("lab"), files("other"));
+    for (ms, name) in [(&a, "lab"), (&b, "other")] {
+        let mut c = vec!["create", "--level", "1", "--size", "8M", "--name", name];
+        c.extend(ms.iter().map(String::as_str));
+        rk_ok(t, &c);
+    }
+    let (mut sa, _) = serve(t, &a);
+    let (mut sb, _) = serve(t, &b);
+    let holder = format!(
+        "{} is in use by the raidkit server of array 'lab' (PID {})",
+        a[0],
+        sa.id()
+    );
+    // A second server of the same members: refused, naming the first.
+    let mut c = vec!["serve", "--listen", "127.0.0.1:0"];
+    c.extend(a.iter().map(String::as_str));
+    let err = rk_fails(t, &c);
+    assert!(err.contains(&holder), "{err}");
+    // Another array's server asked to take a member in use: the same.
+    rk_ok(t, &["fail", "--control", "other", &b[1]]);
+    rk_ok(t, &["remove", "--control", "other", &b[1]]);
+    let err = rk_fails(t, &["add", "--control", "other", &a[0], "--force"]);
+    assert!(err.contains(&holder), "{err}");
+    // Nothing was written to the member in use: its array checks clean.
+    for s in [&mut sa, &mut sb] {
+        // SAFETY: kill(2) on our own, unreaped child.
+        unsafe { libc::kill(s.id() as i32, libc::SIGTERM) };
+        assert!(s.wait_within(Duration::from_secs(60)).success());
+    }
+    let mut c = vec!["check"];
+    c.extend(a.iter().map(String::as_str));
+    rk_ok(t, &c);
+}
+
+#[test]
+fn status_names_members_by_absolute_path() {
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 2);
+    create("1", &ms, "8M");
+    // Served by relative names, from the members' directory.
+    let rel: Vec<String> = ms
+        .iter()
+        .map(|m| {
+            Path::new(m)
+                .file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let mut cmd = Command::new(BIN);
+    cmd.env("TMPDIR", t)
+        .current_dir(t)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(&rel)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut s = Guarded::spawn(&mut cmd);
+    let out = s.child().stdout.take().expect("stdout");
+    let mut lines = BufReader::new(out).lines();
+    assert!(lines
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|l| l.contains("nbd://")));
+    let st = json(&rk_ok(t, &["status", "--json"]));
+    let paths: Vec<&str> = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ms.iter().map(String::as_str).collect::<Vec<_>>());
+    let human = rk_ok(t, &["status"]);
+    for m in &ms {
+        assert!(human.contains(m.as_str()), "{human}");
+    }
+    rk_ok(t, &["stop"]);
+    s.wait_within(Duration::from_secs(60));
+}

@@ -45,6 +45,7 @@ pub use mode::{create_member, open_member, IoMode, OpenedMember};
 pub use powercut::{CutRng, PowerCutMember};
 pub use readahead::ReadAhead;
 pub use sim::{SimConfig, SimDisk};
+pub use sys::InUse;
 
 use std::fmt;
 use std::fs::File;
@@ -75,7 +76,7 @@ impl fmt::Display for Op {
 /// An I/O error on one member, with the context needed to act on it:
 /// which member, which operation, where.
 #[derive(Debug, thiserror::Error)]
-#[error("{member}: {op} of {len} bytes at offset {offset} failed: {source}")]
+#[error("{}", self.describe())]
 pub struct MemberError {
     pub member: String,
     pub op: Op,
@@ -86,6 +87,18 @@ pub struct MemberError {
 }
 
 impl MemberError {
+    /// An open says what could not be opened and why; an I/O error also
+    /// where.
+    fn describe(&self) -> String {
+        match self.op {
+            Op::Open => format!("{}: cannot open: {}", self.member, self.source),
+            op => format!(
+                "{}: {op} of {} bytes at offset {} failed: {}",
+                self.member, self.len, self.offset, self.source
+            ),
+        }
+    }
+
     pub fn new(member: &str, op: Op, offset: u64, len: u64, source: io::Error) -> MemberError {
         MemberError {
             member: member.to_string(),

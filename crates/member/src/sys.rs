@@ -3,6 +3,7 @@
 //! sizes, durable writes (RWF_DSYNC) and discards that read back zeroes.
 
 use crate::{write_zeroes, Member, MemberError, Op, Result};
+use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -57,7 +58,7 @@ pub(crate) fn open_member_file(
         .map_err(|e| match e.raw_os_error() {
             Some(libc::EBUSY) if !regular && !read_only => open_err(io::Error::new(
                 io::ErrorKind::ResourceBusy,
-                "in use: mounted or held by another program (O_EXCL)",
+                InUse::holding_device(path),
             )),
             Some(libc::EINVAL) if direct => open_err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -114,15 +115,106 @@ pub(crate) fn check_kind(path: &Path, name: &str) -> Result<bool> {
 pub(crate) fn lock(file: &File, name: &str) -> Result<()> {
     file.try_lock().map_err(|e| {
         let source = match e {
-            std::fs::TryLockError::WouldBlock => io::Error::new(
-                io::ErrorKind::ResourceBusy,
-                "in use by another process (a running raidkit server?)",
-            ),
+            std::fs::TryLockError::WouldBlock => {
+                io::Error::new(io::ErrorKind::ResourceBusy, InUse::locking(file))
+            }
             std::fs::TryLockError::Error(e) => e,
         };
         MemberError::new(name, Op::Open, 0, 0, source)
     })
 }
+
+/// Why a member could not be opened for writing: another process holds it.
+/// The error carries the holder's PID where the kernel says it, so that the
+/// command line can name the raidkit server (and its array) that holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InUse {
+    /// The holding process, if found.
+    pub pid: Option<u32>,
+    /// Its program name (/proc/PID/comm).
+    pub program: Option<String>,
+    /// A block device held with O_EXCL (mounted, md, LVM), not a file's lock.
+    pub device: bool,
+}
+
+impl InUse {
+    /// The holder of `file`'s flock, from /proc/locks, which lists every
+    /// lock with its owner's PID and the locked file's device and inode.
+    fn locking(file: &File) -> InUse {
+        use std::os::unix::fs::MetadataExt;
+        let pid = file.metadata().ok().and_then(|m| {
+            let locks = std::fs::read_to_string("/proc/locks").ok()?;
+            let (major, minor) = (libc::major(m.dev()), libc::minor(m.dev()));
+            let want = format!("{major:02x}:{minor:02x}:{}", m.ino());
+            locks.lines().find_map(|l| {
+                // "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
+                    .then(|| f.get(4)?.parse().ok())
+                    .flatten()
+            })
+        });
+        InUse::of(pid, false)
+    }
+
+    /// The process holding block device `path` open, found by looking
+    /// through every process's open files (the kernel does not name an
+    /// O_EXCL holder; a mount or md has no process, and then none is found).
+    fn holding_device(path: &Path) -> InUse {
+        use std::os::unix::fs::MetadataExt;
+        let me = std::process::id();
+        let pid = std::fs::metadata(path).ok().and_then(|want| {
+            std::fs::read_dir("/proc").ok()?.flatten().find_map(|p| {
+                let pid: u32 = p.file_name().to_str()?.parse().ok()?;
+                if pid == me {
+                    return None;
+                }
+                std::fs::read_dir(p.path().join("fd"))
+                    .ok()?
+                    .flatten()
+                    .any(|fd| {
+                        std::fs::metadata(fd.path())
+                            .is_ok_and(|m| m.rdev() == want.rdev() && m.ino() == want.ino())
+                    })
+                    .then_some(pid)
+            })
+        });
+        InUse::of(pid, true)
+    }
+
+    fn of(pid: Option<u32>, device: bool) -> InUse {
+        let program = pid.and_then(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .ok()
+                .map(|s| s.trim().to_string())
+        });
+        InUse {
+            pid,
+            program,
+            device,
+        }
+    }
+
+    /// The InUse an error carries, if it is one.
+    pub fn of_error(e: &io::Error) -> Option<&InUse> {
+        e.get_ref()?.downcast_ref::<InUse>()
+    }
+}
+
+impl fmt::Display for InUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.pid, &self.program) {
+            (Some(pid), Some(prog)) => write!(f, "in use by {prog} (PID {pid})"),
+            (Some(pid), None) => write!(f, "in use by process {pid}"),
+            (None, _) if self.device => f.write_str(
+                "in use: mounted, or held by md, LVM or another program (the kernel refused O_EXCL)",
+            ),
+            (None, _) => f.write_str("in use: locked by another process"),
+        }
+    }
+}
+
+impl std::error::Error for InUse {}
 
 /// A block device's size (BLKGETSIZE64).
 pub(crate) fn device_size(file: &File) -> io::Result<u64> {

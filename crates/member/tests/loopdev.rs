@@ -197,15 +197,44 @@ fn a_device_held_exclusively_is_refused_for_writing() {
             std::io::ErrorKind::ResourceBusy,
             "{io}: {e}"
         );
-        assert!(
-            e.to_string()
-                .contains("in use: mounted or held by another program (O_EXCL)"),
-            "{e}"
-        );
+        // Held by this process itself: no other holder to name.
+        let busy = raidkit_member::InUse::of_error(&e.source).expect("an InUse error");
+        assert!(busy.device && busy.pid.is_none(), "{busy:?}");
     }
     // Reading a held device is fine (examine, detail).
     open_member(l.path(), true, IoMode::Direct).unwrap();
     drop(holder);
+    // Held by another process: named, with its PID. (It ends by itself
+    // after a minute should this test die before killing it.)
+    let mut other = std::process::Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(format!(
+            "import os,sys,time; os.open('{}', os.O_RDONLY|os.O_EXCL); print('held', flush=True); time.sleep(60)",
+            l.path().display()
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(other.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "held");
+    let e = open_member(l.path(), false, IoMode::Direct).unwrap_err();
+    let busy = raidkit_member::InUse::of_error(&e.source).cloned();
+    let _ = other.kill();
+    let _ = other.wait();
+    let busy = busy.expect("an InUse error");
+    assert_eq!(busy.pid, Some(other.id()), "{busy:?}");
+    assert!(busy.device, "{busy:?}");
+    assert_eq!(busy.program.as_deref(), Some("python3"), "{busy:?}");
+    assert!(
+        e.to_string()
+            .contains(&format!("(PID {})", busy.pid.unwrap())),
+        "{e}"
+    );
     open_member(l.path(), false, IoMode::Direct).unwrap();
 }
 

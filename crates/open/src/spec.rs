@@ -72,6 +72,22 @@ impl Spec {
         Ok(Spec::File(t.to_string()))
     }
 
+    /// The same spec with every file path absolute (joined to the working
+    /// directory, symbolic links kept: /dev/disk/by-id names stay), so that
+    /// a server's status and log name members unambiguously.
+    pub fn absolute(self) -> Spec {
+        match self {
+            Spec::File(p) => Spec::File(
+                std::path::absolute(&p)
+                    .map(|a| a.display().to_string())
+                    .unwrap_or(p),
+            ),
+            Spec::Array(v) => Spec::Array(v.into_iter().map(Spec::absolute).collect()),
+            Spec::Fault(inner, c, q) => Spec::Fault(Box::new(inner.absolute()), c, q),
+            Spec::Sim(inner, c, q) => Spec::Sim(Box::new(inner.absolute()), c, q),
+        }
+    }
+
     /// The file path, for plain members.
     pub fn path(&self) -> Option<&str> {
         match self {
