@@ -44,8 +44,13 @@ pub struct RecoveryStatus {
     pub resumed_from: u64,
     /// Seconds this run has been going.
     pub seconds: f64,
-    /// Bytes per second in this run so far.
+    /// Bytes per second over the last few seconds (`RECENT`), so that it
+    /// follows a speed change or a busy spell at once.
     pub rate: f64,
+    /// Bytes per second over the whole run so far.
+    pub rate_average: f64,
+    /// Seconds until this run ends at `rate` (none before a rate is known).
+    pub seconds_left: Option<f64>,
     #[serde(skip)]
     pub(crate) began: Option<Instant>,
 }
@@ -92,6 +97,9 @@ pub(crate) struct Recovery {
     /// Bytes/s when idle; 0: no limit.
     max_rate: AtomicU64,
     done: AtomicU64,
+    /// (when, bytes done) of this run, one every `SAMPLE_EVERY`, the last
+    /// `RECENT` of them: the recent rate.
+    samples: Mutex<std::collections::VecDeque<(Instant, u64)>>,
     /// A parity resync waiting to run (after an unclean shutdown).
     pub(crate) pending_parity: Mutex<Option<ParityResync>>,
     /// A parity resync has not finished: the array must stay marked dirty.
@@ -105,13 +113,49 @@ impl Default for Recovery {
             min_rate: AtomicU64::new(DEFAULT_MIN_RATE),
             max_rate: AtomicU64::new(0),
             done: AtomicU64::new(0),
+            samples: Mutex::default(),
             pending_parity: Mutex::new(None),
             parity_unfinished: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
 
+/// The span the reported rate of a recovery covers: long enough to smooth
+/// over the pacer's steps, short enough to follow a speed change within
+/// seconds (md's /proc/mdstat takes up to 30 s).
+const RECENT: Duration = Duration::from_secs(5);
+/// How often a progress sample is kept.
+const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
 impl Recovery {
+    /// Keep a sample of the progress, at most one per `SAMPLE_EVERY`.
+    fn sample(&self, done: u64) {
+        let now = Instant::now();
+        let mut s = self.samples.locked();
+        if s.back()
+            .is_some_and(|(t, _)| now.duration_since(*t) < SAMPLE_EVERY)
+        {
+            return;
+        }
+        s.push_back((now, done));
+        // Keep one sample older than RECENT: the window's start.
+        while s.len() > 2
+            && s.get(1)
+                .is_some_and(|(t, _)| now.duration_since(*t) >= RECENT)
+        {
+            s.pop_front();
+        }
+    }
+
+    /// Bytes per second over the last `RECENT` (from the oldest sample in
+    /// it to now); None until a second has been sampled.
+    fn recent_rate(&self, done: u64) -> Option<f64> {
+        let s = self.samples.locked();
+        let (t, d) = *s.front()?;
+        let dt = t.elapsed().as_secs_f64();
+        (dt >= 1.0).then(|| done.saturating_sub(d) as f64 / dt)
+    }
+
     pub fn note(&self, notes: Vec<String>) {
         self.state.locked().notes.extend(notes);
     }
@@ -192,6 +236,11 @@ impl<'a> Process<'a> {
         let r = &array.recovery;
         r.done.store(0, Ordering::Relaxed);
         let began = Instant::now();
+        {
+            let mut s = r.samples.locked();
+            s.clear();
+            s.push_back((began, 0));
+        }
         r.state.locked().running = Some(RecoveryStatus {
             kind: plan.kind,
             role: plan.role,
@@ -203,6 +252,8 @@ impl<'a> Process<'a> {
             resumed_from: plan.resumed_from,
             seconds: 0.0,
             rate: 0.0,
+            rate_average: 0.0,
+            seconds_left: None,
             began: Some(began),
         });
         // At info: `serve` logs at info by default, so its log records every
@@ -229,7 +280,9 @@ impl<'a> Process<'a> {
 
     /// `bytes` more done: counted in the progress, then paced.
     pub fn advance(&mut self, bytes: u64) {
-        self.array.recovery.done.fetch_add(bytes, Ordering::Relaxed);
+        let r = &self.array.recovery;
+        let done = r.done.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        r.sample(done);
         self.pacer.pace(bytes);
     }
 
@@ -347,11 +400,17 @@ impl Array {
                 ((r.bytes_before + r.bytes_done) as f64 / whole as f64).min(1.0)
             };
             r.seconds = r.began.map_or(0.0, |b| b.elapsed().as_secs_f64());
-            r.rate = if r.seconds > 0.0 {
+            r.rate_average = if r.seconds > 0.0 {
                 r.bytes_done as f64 / r.seconds
             } else {
                 0.0
             };
+            r.rate = self
+                .recovery
+                .recent_rate(r.bytes_done)
+                .unwrap_or(r.rate_average);
+            r.seconds_left =
+                (r.rate > 0.0).then(|| r.bytes_total.saturating_sub(r.bytes_done) as f64 / r.rate);
             r
         })
     }

@@ -38,6 +38,20 @@ fn absolute_new(member: &str) -> String {
     absolute(member)
 }
 
+/// Seconds left as a person reads them ("2h05m", "4m10s", "35s"); "?"
+/// while no rate is known.
+fn time_left(secs: &Value) -> String {
+    let Some(s) = secs.as_f64().filter(|s| s.is_finite()) else {
+        return "?".to_string();
+    };
+    let s = s.round() as u64;
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, m, sec) => format!("{m}m{sec:02}s"),
+        (h, m, _) => format!("{h}h{m:02}m"),
+    }
+}
+
 fn request(control: Option<&Path>, req: Value) -> Result<Value> {
     let path = find_control(control)?;
     call(&path, &req, Duration::from_secs(60)).map_err(|e| anyhow!(e))
@@ -151,7 +165,7 @@ pub fn wait(a: WaitArgs) -> Result<()> {
         let b = indicatif::ProgressBar::new(1);
         b.set_style(
             indicatif::ProgressStyle::with_template(
-                "{msg} [{bar:40}] {percent:>3}% {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+                "{msg} [{bar:40}] {percent:>3}% {bytes}/{total_bytes} {prefix}",
             )
             .expect("progress template")
             .progress_chars("=> "),
@@ -172,6 +186,13 @@ pub fn wait(a: WaitArgs) -> Result<()> {
                 "{} role {}",
                 r["kind"].as_str().unwrap_or("?"),
                 r["role"]
+            ));
+            // The server's rate over the last seconds, not the bar's own
+            // estimate, which lags a speed change.
+            b.set_prefix(format!(
+                "{}/s, {} left",
+                human(r["rate"].as_f64().unwrap_or(0.0) as u64),
+                time_left(&r["seconds_left"])
             ));
         }
         if running.is_none() && !v["recovery_pending"].as_bool().unwrap_or(false) {
@@ -362,17 +383,12 @@ pub fn list(a: ListArgs) -> Result<()> {
         let total = roles(&|_| true);
         let up = roles(&|m| m["state"] == "active");
         let recovery = v["recovery"].as_object().map(|r| {
-            let rate = r["rate"].as_f64().unwrap_or(0.0);
-            let left = r["bytes_total"]
-                .as_u64()
-                .unwrap_or(0)
-                .saturating_sub(r["bytes_done"].as_u64().unwrap_or(0));
             json!({
                 "kind": r["kind"],
                 "role": r["role"],
                 "progress": r["progress"],
-                "rate": rate,
-                "seconds_left": (rate > 0.0).then(|| left as f64 / rate),
+                "rate": r["rate"],
+                "seconds_left": r["seconds_left"],
             })
         });
         rows.push(json!({
@@ -419,9 +435,7 @@ pub fn list(a: ListArgs) -> Result<()> {
                 x["kind"].as_str().unwrap_or("?"),
                 x["progress"].as_f64().unwrap_or(0.0) * 100.0,
                 human(x["rate"].as_f64().unwrap_or(0.0) as u64),
-                x["seconds_left"]
-                    .as_f64()
-                    .map_or("?".to_string(), |s| format!("{s:.0}s"))
+                time_left(&x["seconds_left"])
             ),
         };
         println!(
@@ -506,18 +520,7 @@ fn print_status(v: &Value, as_json: bool) -> Result<()> {
             human(r["bytes_total"].as_u64().unwrap_or(0)),
             r["seconds"].as_f64().unwrap_or(0.0),
             human(r["rate"].as_f64().unwrap_or(0.0) as u64),
-            {
-                let rate = r["rate"].as_f64().unwrap_or(0.0);
-                let left = r["bytes_total"]
-                    .as_u64()
-                    .unwrap_or(0)
-                    .saturating_sub(r["bytes_done"].as_u64().unwrap_or(0));
-                if rate > 0.0 {
-                    format!("{:.0}s", left as f64 / rate)
-                } else {
-                    "?".to_string()
-                }
-            }
+            time_left(&r["seconds_left"])
         );
     }
     if let Some(r) = v["last_recovery"].as_object() {

@@ -491,3 +491,58 @@ fn status_names_members_by_absolute_path() {
     rk_ok(t, &["stop"]);
     s.wait_within(Duration::from_secs(60));
 }
+
+#[test]
+fn a_recovery_reports_its_recent_rate_and_time_left() {
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 2);
+    create("1", &ms, "256M");
+    let mut s = Served::start(t, &ms, &["--rebuild-min", "0", "--rebuild-max", "64M"]);
+    let c = s.control.display().to_string();
+    let st = || {
+        json(&String::from_utf8_lossy(
+            &ok(&["status", "--json", "--control", &c]).stdout,
+        ))
+    };
+    ok(&["fail", "--control", &c, &ms[1]]);
+    ok(&["remove", "--control", &c, &ms[1]]);
+    ok(&[
+        "add",
+        "--control",
+        &c,
+        &t.join("new.img").display().to_string(),
+    ]);
+    // Fast at first, then slowed to 2 MiB/s: after a few seconds the rate
+    // reported is the new one, not the run's average.
+    wait_for("the rebuild to pass 96 MiB", 60, || {
+        st()["recovery"]["bytes_done"].as_u64().unwrap_or(0) >= 96 << 20
+    });
+    ok(&["speed", "--control", &c, "--rebuild-max", "2M"]);
+    std::thread::sleep(Duration::from_secs(7));
+    let v = st();
+    let r = &v["recovery"];
+    let mib = 1048576.0;
+    let rate = r["rate"].as_f64().unwrap();
+    let average = r["rate_average"].as_f64().unwrap();
+    assert!(rate > 0.5 * mib && rate < 3.0 * mib, "{r}");
+    assert!(average > 2.0 * rate, "{r}");
+    assert!(r["seconds"].as_f64().unwrap() > 7.0, "{r}");
+    let left = (r["bytes_total"].as_u64().unwrap() - r["bytes_done"].as_u64().unwrap()) as f64;
+    let eta = r["seconds_left"].as_f64().unwrap();
+    assert!((eta - left / rate).abs() < 0.1 * eta, "{r}");
+    // The human status says the same.
+    let human = String::from_utf8_lossy(&ok(&["status", "--control", &c]).stdout).to_string();
+    assert!(
+        human.contains("rebuild of role 1") && human.contains(" left)"),
+        "{human}"
+    );
+    // After: no recovery running, the last one recorded as done.
+    ok(&["speed", "--control", &c, "--rebuild-max", "0"]);
+    ok(&["wait", "--control", &c, "--timeout", "120"]);
+    let v = st();
+    assert!(v["recovery"].is_null(), "{v}");
+    assert_eq!(v["last_recovery"]["result"], "done", "{v}");
+    assert_eq!(v["last_recovery"]["role"], 1, "{v}");
+    assert_eq!(s.stop().code(), Some(0));
+}
