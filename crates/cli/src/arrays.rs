@@ -45,21 +45,21 @@ pub fn open_array_with(
     let ms = spec::open_all(&specs, opts.read_only)?;
     let mut asm = assemble(ms)?;
     for w in &asm.warnings {
-        eprintln!("raidkit: warning: {w}");
+        crate::say::warning(w);
     }
     if force {
         for f in asm.force() {
-            eprintln!("raidkit: warning: {f}");
+            crate::say::warning(&f);
         }
     }
     let name = asm.sb.name.clone();
     let degraded = asm.describe_missing();
     let array = Array::open_with(asm, &name, opts)?;
     for n in array.notes() {
-        eprintln!("raidkit: {n}");
+        crate::say::note(&n);
     }
     if !degraded.is_empty() {
-        eprintln!("raidkit: warning: array '{name}' is degraded: {degraded}");
+        crate::say::warning(&format!("array '{name}' is degraded: {degraded}"));
     }
     Ok(array)
 }

@@ -11,6 +11,17 @@ use std::path::PathBuf;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// How log lines (on stderr) are written: text for people, json for
+    /// log collectors (one JSON object per line: timestamp, level, fields
+    /// with the message, target). RAIDKIT_LOG sets the level (e.g. debug).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]

@@ -6,6 +6,7 @@ mod arrays;
 mod bench;
 mod cli;
 mod commands;
+mod say;
 mod serve;
 mod units;
 
@@ -39,15 +40,21 @@ fn main() {
     } else {
         "warn"
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RAIDKIT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RAIDKIT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let log = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
         // Colour only for a person at a terminal, never into a log file.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        cli::LogFormat::Text => log
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        cli::LogFormat::Json => {
+            log.json().init();
+            say::json_logs();
+        }
+    }
     if let Err(e) = commands::run(args) {
         // One clear message: the error and its causes, outermost first.
         let mut msg = e.to_string();
@@ -62,7 +69,7 @@ fn main() {
                 msg.push_str(&c);
             }
         }
-        eprintln!("raidkit: error: {msg}");
+        say::error(&msg);
         std::process::exit(1);
     }
 }

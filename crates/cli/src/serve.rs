@@ -200,7 +200,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             array.housekeeping();
         }
     }
-    eprintln!("raidkit: stopping: finishing requests in flight");
+    crate::say::note("stopping: finishing requests in flight");
     server.shutdown();
     control.stop();
     array.stop_background();
@@ -211,7 +211,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     array
         .close()
         .context("flushing members and marking the array clean")?;
-    eprintln!("raidkit: stopped; array '{}' is clean", sb.name);
+    crate::say::note(&format!("stopped; array '{}' is clean", sb.name));
     Ok(())
 }
 

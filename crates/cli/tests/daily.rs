@@ -188,6 +188,44 @@ fn logs_have_no_colour_and_say_every_membership_change() {
 }
 
 #[test]
+fn log_format_json_gives_one_json_object_per_line() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("1", &ms, "8M");
+    // Started degraded (a warning), a member failed (a warning), stopped
+    // (notes): every line of the log an event with a level and a message.
+    let mut s = Served::start(dir.path(), &ms[..2], &["--log-format", "json", "--run"]);
+    let ctl = s.control.display().to_string();
+    ok(&["fail", "--control", &ctl, &ms[1]]);
+    assert_eq!(s.stop().code(), Some(0));
+    let log = s.log();
+    let events: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let find = |level: &str, text: &str| {
+        events.iter().any(|e| {
+            e["level"] == level
+                && e["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(text))
+                && e["timestamp"].is_string()
+        })
+    };
+    assert!(find("WARN", "is degraded"), "{log}");
+    assert!(find("WARN", "member failed"), "{log}");
+    assert!(find("INFO", "is clean"), "{log}");
+    // A command's error, too.
+    let o = output_within(
+        Command::new(BIN).args(["--log-format", "json", "examine", "/nonexistent.img"]),
+        DEADLINE,
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let e: Value = serde_json::from_slice(&o.stderr).expect("a JSON error line");
+    assert_eq!(e["level"], "ERROR", "{e}");
+}
+
+#[test]
 fn a_report_cut_short_by_its_reader_ends_quietly() {
     let dir = tmp();
     let ms = members(dir.path(), 4);
