@@ -84,6 +84,41 @@ impl Policy {
     }
 }
 
+/// Bytes of the metadata area a bitmap of `region`-byte regions over data
+/// areas of `biggest` bytes takes (0 for no bitmap), refused if it does not
+/// fit before `metadata_end` (the smallest data offset).
+pub(crate) fn bitmap_bytes(region: u64, biggest: u64, metadata_end: u64) -> Result<u64> {
+    if region == 0 {
+        return Ok(0);
+    }
+    let b = bitmap::bytes_for(biggest.div_ceil(region));
+    let room = metadata_end.saturating_sub(bitmap::BITMAP_OFFSET);
+    if b > room {
+        return Err(Error::Invalid(format!(
+            "a bitmap with {region}-byte regions needs {b} bytes, but the metadata area holds {room}; give a larger --bitmap-region"
+        )));
+    }
+    Ok(b)
+}
+
+/// The journal's place: from the end of the bitmap (64 KiB aligned) to
+/// the data (`metadata_end`, the smallest data offset), refused where that
+/// holds too small a window for `n` members.
+pub(crate) fn journal_area(bitmap_bytes: u64, metadata_end: u64, n: usize) -> Result<JournalArea> {
+    let start = (bitmap::BITMAP_OFFSET + bitmap_bytes).div_ceil(64 << 10) * (64 << 10);
+    let size = metadata_end.saturating_sub(start);
+    if journal::window_for(size, n) < 4096 {
+        return Err(Error::Invalid(format!(
+            "the metadata area of these members ({metadata_end} bytes) is too small for a journal over {n} members; use larger members or the bitmap policy"
+        )));
+    }
+    Ok(JournalArea {
+        offset: start,
+        size,
+        applied_seq: 0,
+    })
+}
+
 /// What create did.
 #[derive(Debug, Clone)]
 pub struct CreateReport {
@@ -253,35 +288,11 @@ pub fn create(
     } else {
         0
     };
-    let bitmap_bytes = if bitmap_region > 0 {
-        let b = bitmap::bytes_for(biggest.div_ceil(bitmap_region));
-        let room = offsets[..n].iter().min().copied().unwrap_or(0) - bitmap::BITMAP_OFFSET;
-        if b > room {
-            return Err(Error::Invalid(format!(
-                "a bitmap with {bitmap_region}-byte regions needs {b} bytes, but the metadata area holds {room}; give a larger --bitmap-region"
-            )));
-        }
-        b
-    } else {
-        0
-    };
+    let metadata_end = offsets[..n].iter().min().copied().unwrap_or(0);
+    let bitmap_bytes = bitmap_bytes(bitmap_region, biggest, metadata_end)?;
 
-    // The journal: from the end of the bitmap (64 KiB aligned) to the data.
     let journal = if opts.level.is_parity() && opts.policy == Policy::Journal {
-        let start = (bitmap::BITMAP_OFFSET + bitmap_bytes).div_ceil(64 << 10) * (64 << 10);
-        let end = offsets[..n].iter().min().copied().unwrap_or(0);
-        let size = end.saturating_sub(start);
-        if journal::window_for(size, n) < 4096 {
-            return Err(Error::Invalid(format!(
-                "the metadata area of these members ({} bytes) is too small for a journal over {n} members; use larger members or --consistency-policy bitmap",
-                end
-            )));
-        }
-        JournalArea {
-            offset: start,
-            size,
-            applied_seq: 0,
-        }
+        journal_area(bitmap_bytes, metadata_end, n)?
     } else {
         JournalArea::default()
     };

@@ -27,6 +27,7 @@ mod engine;
 pub mod error;
 mod levels;
 pub mod metadata;
+pub mod policy;
 mod recovery;
 mod scratch;
 mod seams;

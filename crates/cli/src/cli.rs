@@ -69,6 +69,10 @@ pub enum Command {
     Wait(WaitArgs),
     /// Show or change a running array's rebuild speed limits.
     Speed(SpeedArgs),
+    /// Change a stopped array's consistency policy (none, bitmap or
+    /// journal): metadata only, no data is moved. Every member must be
+    /// given, and the array must have been stopped cleanly.
+    Policy(PolicyArgs),
     /// Benchmarks: `raidkit bench TARGET` measures any storage (a file, a
     /// block device, a directory, or array[...]); subcommands measure
     /// raidkit's own parts.
@@ -352,6 +356,25 @@ pub struct ExamineArgs {
     /// Print JSON (all sizes and offsets in bytes).
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
+    /// The new policy: none (a full resync after an unclean shutdown),
+    /// bitmap (a resync of the regions being written) or journal (parity
+    /// levels: every stripe update logged first; no write hole).
+    #[arg(value_name = "POLICY", value_parser = ["none", "bitmap", "journal"])]
+    pub policy: String,
+    /// The bitmap's region size for bitmap and journal (default: the
+    /// present one, or 64M). Sizes in bytes, suffixes K, M, G, T (powers
+    /// of 1024).
+    #[arg(long, value_parser = size)]
+    pub bitmap_region: Option<u64>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub members: Members,
 }
 
 #[derive(Debug, Args)]

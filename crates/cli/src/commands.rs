@@ -1,7 +1,9 @@
 //! The commands: each turns parsed flags into library calls and prints.
 
 use crate::arrays::{layout_json, open_array, open_array_with, parse_specs};
-use crate::cli::{Cli, Command, CreateArgs, DetailArgs, ExamineArgs, ReadArgs, WriteArgs};
+use crate::cli::{
+    Cli, Command, CreateArgs, DetailArgs, ExamineArgs, PolicyArgs, ReadArgs, WriteArgs,
+};
 use crate::units::human;
 use anyhow::{bail, Context, Result};
 use raidkit_array::assemble::{assemble, Absence, Assembly};
@@ -18,6 +20,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Create(a) => cmd_create(a),
         Command::Examine(a) => cmd_examine(a),
         Command::Detail(a) => cmd_detail(a),
+        Command::Policy(a) => cmd_policy(a),
         Command::Read(a) => cmd_read(a),
         Command::Write(a) => cmd_write(a),
         Command::Serve(a) => crate::serve::serve(a),
@@ -263,6 +266,11 @@ fn cmd_examine(a: ExamineArgs) -> Result<()> {
                     "region": sb.bitmap.region,
                     "events_cleared": sb.bitmap.events_cleared,
                 })),
+                "journal": (sb.journal.size > 0).then(|| json!({
+                    "offset": sb.journal.offset,
+                    "size": sb.journal.size,
+                    "applied_seq": sb.journal.applied_seq,
+                })),
                 "superblock_copies_valid": r.copies_valid,
                 "roles": roles,
             }))?
@@ -349,6 +357,45 @@ fn member_rows(asm: &Assembly) -> Vec<Value> {
             .map(|(m, _)| json!({"path": m.name(), "role": "spare", "state": "spare"})),
     );
     rows
+}
+
+fn cmd_policy(a: PolicyArgs) -> Result<()> {
+    let to = Policy::parse(&a.policy)?;
+    let members = spec::open_all(&parse_specs(&a.members.members)?, false)?;
+    let asm = assemble(members)?;
+    let c = raidkit_array::policy::set_policy(&asm, to, a.bitmap_region)?;
+    let name = &asm.sb.name;
+    if a.json {
+        println!(
+            "{}",
+            json!({"name": name, "from": c.from.name(), "to": c.to.name(),
+                   "changed": c.members > 0, "bitmap_region": c.bitmap_region,
+                   "journal_bytes": c.journal_bytes, "members": c.members})
+        );
+    } else if c.members == 0 {
+        println!(
+            "raidkit: array '{name}' already has the {} policy; nothing changed",
+            c.to.name()
+        );
+    } else {
+        println!(
+            "raidkit: array '{name}': consistency policy {} -> {}{}{} ({} members)",
+            c.from.name(),
+            c.to.name(),
+            if c.bitmap_region > 0 {
+                format!(", bitmap region {}", human(c.bitmap_region))
+            } else {
+                String::new()
+            },
+            if c.journal_bytes > 0 {
+                format!(", journal {} per member", human(c.journal_bytes))
+            } else {
+                String::new()
+            },
+            c.members
+        );
+    }
+    Ok(())
 }
 
 fn cmd_detail(a: DetailArgs) -> Result<()> {

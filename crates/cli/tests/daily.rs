@@ -584,3 +584,114 @@ fn a_recovery_reports_its_recent_rate_and_time_left() {
     assert_eq!(v["last_recovery"]["role"], 1, "{v}");
     assert_eq!(s.stop().code(), Some(0));
 }
+
+#[test]
+fn the_policy_of_a_stopped_array_changes_and_keeps_its_data() {
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 4);
+    create("5", &ms, "32M");
+    let policy = |m: &str| -> Value {
+        json(&String::from_utf8_lossy(
+            &ok(&["examine", "--json", m]).stdout,
+        ))["consistency_policy"]
+            .clone()
+    };
+    assert_eq!(policy(&ms[0]), "journal");
+    // Data written under the journal.
+    let mut s = Served::start(t, &ms, &[]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x5a 0 40M", &s.uri],
+    );
+    // Refused while the server holds the members, naming it.
+    let err = fails(&args(&["policy", "bitmap"], &ms), "");
+    assert!(err.contains(&format!("(PID {})", s.pid())), "{err}");
+    assert_eq!(s.stop().code(), Some(0));
+
+    // journal -> bitmap -> none -> journal: every member's superblock says
+    // so, and the data stays.
+    for (to, region) in [("bitmap", "8M"), ("none", "0"), ("journal", "16M")] {
+        let r = json(&String::from_utf8_lossy(
+            &ok(&args(
+                &["policy", to, "--json", "--bitmap-region", region],
+                &ms,
+            ))
+            .stdout,
+        ));
+        assert_eq!(
+            (r["to"].as_str(), r["members"].as_u64()),
+            (Some(to), Some(4)),
+            "{r}"
+        );
+        for m in &ms {
+            assert_eq!(policy(m), to, "{m}");
+        }
+        ok(&args(&["check"], &ms));
+    }
+    let e = json(&String::from_utf8_lossy(
+        &ok(&["examine", "--json", &ms[2]]).stdout,
+    ));
+    assert_eq!(e["bitmap"]["region"], 16 << 20, "{e}");
+    // The new journal starts empty: nothing of the first one's records is
+    // left to be replayed.
+    let (at, len) = (
+        e["journal"]["offset"].as_u64().unwrap() as usize,
+        e["journal"]["size"].as_u64().unwrap() as usize,
+    );
+    assert_eq!(e["journal"]["applied_seq"], 0, "{e}");
+    for m in &ms {
+        let b = std::fs::read(m).unwrap();
+        assert!(
+            b[at..at + len].iter().all(|&x| x == 0),
+            "{m}: journal not blank"
+        );
+    }
+    // The same again: nothing to do, said so.
+    let r = json(&String::from_utf8_lossy(
+        &ok(&args(&["policy", "journal", "--json"], &ms)).stdout,
+    ));
+    assert_eq!(r["changed"], false, "{r}");
+
+    // The new journal works: writes, a crash, replay at the next start.
+    let mut s = Served::start(t, &ms, &[]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0xa5 4M 8M", &s.uri],
+    );
+    s.kill9();
+    // An array not stopped cleanly: refused, nothing changed.
+    let before = std::fs::read(&ms[0]).unwrap();
+    fails(&args(&["policy", "none"], &ms), "");
+    assert!(
+        std::fs::read(&ms[0]).unwrap() == before,
+        "a refused change wrote"
+    );
+    let mut s = Served::start(t, &ms, &[]);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x5a 0 4M",
+            "-c",
+            "read -P 0xa5 4M 8M",
+            "-c",
+            "read -P 0x5a 12M 28M",
+            &s.uri,
+        ],
+    );
+    ok(&["wait", "--control", &s.control.display().to_string()]);
+    assert_eq!(s.stop().code(), Some(0));
+    ok(&args(&["check"], &ms));
+
+    // Refusals: a missing member; a journal on a mirror; no member touched.
+    fails(&args(&["policy", "bitmap"], &ms[..3]), "");
+    assert_eq!(policy(&ms[0]), "journal");
+    let m1 = members(&t.join("mirror"), 2);
+    std::fs::create_dir_all(t.join("mirror")).unwrap();
+    create("1", &m1, "8M");
+    fails(&args(&["policy", "journal"], &m1), "");
+    assert_eq!(policy(&m1[0]), "bitmap");
+}
