@@ -109,7 +109,8 @@ pub struct StorageBenchArgs {
     #[arg(long, default_value = DEFAULT_TESTS)]
     pub tests: String,
     /// Working set (default: the whole target; 1G for a new file or a directory).
-    #[arg(long, value_parser = size)]
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", long, value_parser = size)]
     pub size: Option<u64>,
     /// Runs of each test; the median is reported with min and max.
     #[arg(long, default_value_t = 3)]
@@ -133,10 +134,12 @@ pub struct StorageBenchArgs {
     #[arg(long, default_value_t = 3)]
     pub streams: usize,
     /// Bytes moved one at a time by char_write and char_read (bonnie++'s -f).
-    #[arg(long, value_parser = size, default_value = "20M")]
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", long, value_parser = size, default_value = "20M")]
     pub char_size: u64,
     /// Block size of bonnie++'s block, rewrite and seek tests.
-    #[arg(long, value_parser = size, default_value = "8K")]
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", long, value_parser = size, default_value = "8K")]
     pub chunk: u64,
     /// Files for file_create (bonnie++'s -n, here a plain count).
     #[arg(long, default_value_t = 16384)]
@@ -188,7 +191,8 @@ pub struct SweepArgs {
     /// Member counts, FROM..TO.
     #[arg(long, default_value = "2..8")]
     pub members: String,
-    /// The simulated disk: bw=RATE,seek=DUR (decimal rates, as disk makers quote them).
+    /// The simulated disk: bw=RATE,seek=DUR (RATE in bytes per second, K,
+    /// M, G, T powers of 1024, as every raidkit rate; DUR like 8ms).
     #[arg(long, default_value = "bw=150M,seek=8ms")]
     pub disk: String,
     /// Directory for the member files (their contents do not matter; the
@@ -196,10 +200,12 @@ pub struct SweepArgs {
     #[arg(long, default_value = "/dev/shm")]
     pub dir: PathBuf,
     /// Size of each member.
-    #[arg(long, default_value = "128M", value_parser = size)]
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", long, default_value = "128M", value_parser = size)]
     pub size: u64,
     /// Chunk size.
-    #[arg(long, default_value = "512K", value_parser = size)]
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", long, default_value = "512K", value_parser = size)]
     pub chunk: u64,
     /// Seconds per measurement.
     #[arg(long, default_value_t = 1.0)]
@@ -224,10 +230,12 @@ pub struct BenchEngineArgs {
     #[arg(long, default_value_t = 6)]
     pub members: usize,
     /// Size of each member file.
-    #[arg(long, default_value = "256M", value_parser = size)]
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", long, default_value = "256M", value_parser = size)]
     pub size: u64,
     /// Chunk size.
-    #[arg(long, default_value = "512K", value_parser = size)]
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", long, default_value = "512K", value_parser = size)]
     pub chunk: u64,
     /// Directory for the member files (a RAM disk measures the engine, not disks).
     #[arg(long, default_value = "/dev/shm")]
@@ -251,8 +259,9 @@ pub struct BenchParityArgs {
     /// Data chunks per stripe.
     #[arg(long, default_value_t = 8)]
     pub k: usize,
-    /// Chunk size in bytes (K/M suffixes allowed).
-    #[arg(long, default_value = "64K", value_parser = size)]
+    /// Chunk size in bytes.
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", long, default_value = "64K", value_parser = size)]
     pub chunk: u64,
     /// Seconds per kernel.
     #[arg(long, default_value_t = 1.0)]
@@ -267,9 +276,8 @@ fn size(s: &str) -> Result<u64, String> {
     parse_size(s)
 }
 
-/// A rate in bytes per second: "50M", "50M/s", "0".
 fn rate(s: &str) -> Result<u64, String> {
-    parse_size(s.trim().trim_end_matches("/s"))
+    crate::units::parse_rate(s)
 }
 
 /// How the members' files and block devices are read and written.
@@ -309,10 +317,12 @@ pub struct CreateArgs {
     #[arg(short = 'p', long)]
     pub layout: Option<String>,
     /// Chunk size, a power of two of at least 4K.
-    #[arg(short, long, default_value = "512K", value_parser = size)]
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", short, long, default_value = "512K", value_parser = size)]
     pub chunk: u64,
     /// Size of each member; member files that do not exist are created (sparse) this big.
-    #[arg(short = 'z', long, value_parser = size)]
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", short = 'z', long, value_parser = size)]
     pub size: Option<u64>,
     /// Array name (at most 64 bytes). Default: the first member's file
     /// name without its extension (`d0.img` gives `d0`, `/dev/sdb` gives
@@ -332,7 +342,8 @@ pub struct CreateArgs {
     pub spare: Vec<String>,
     /// Write-intent bitmap region size: a member that drops out and comes
     /// back resyncs only the regions written meanwhile. 0 disables it.
-    #[arg(long, default_value = "64M", value_parser = size)]
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", long, default_value = "64M", value_parser = size)]
     pub bitmap_region: u64,
     /// What keeps redundancy consistent across crashes: none (full resync
     /// after an unclean shutdown), bitmap (resync of the regions being
@@ -366,9 +377,10 @@ pub struct PolicyArgs {
     #[arg(value_name = "POLICY", value_parser = ["none", "bitmap", "journal"])]
     pub policy: String,
     /// The bitmap's region size for bitmap and journal (default: the
-    /// present one, or 64M). Sizes in bytes, suffixes K, M, G, T (powers
+    /// present one, or 64M).
     /// of 1024).
-    #[arg(long, value_parser = size)]
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", long, value_parser = size)]
     pub bitmap_region: Option<u64>,
     /// Print the result as JSON.
     #[arg(long)]
@@ -397,11 +409,13 @@ pub struct CheckArgs {
 
 #[derive(Debug, Args)]
 pub struct ReadArgs {
-    /// Array offset to start at (K/M/G/T suffixes allowed).
-    #[arg(short, long, value_parser = size)]
+    /// Array offset to start at.
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", short, long, value_parser = size)]
     pub offset: u64,
     /// Number of bytes to read.
-    #[arg(short = 'n', long, value_parser = size)]
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", short = 'n', long, value_parser = size)]
     pub length: u64,
     /// Write the data here instead of stdout.
     #[arg(long)]
@@ -412,8 +426,9 @@ pub struct ReadArgs {
 
 #[derive(Debug, Args)]
 pub struct WriteArgs {
-    /// Array offset to start at (K/M/G/T suffixes allowed).
-    #[arg(short, long, value_parser = size)]
+    /// Array offset to start at.
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", short, long, value_parser = size)]
     pub offset: u64,
     /// Read the data from this file instead of stdin.
     #[arg(long = "in")]
@@ -486,12 +501,14 @@ pub struct ServeArgs {
     /// is a small write whose reply could share its system call.
     #[arg(long)]
     pub no_batch_replies: bool,
-    /// Rebuild speed while clients are busy, bytes/s (K/M/G; 0: no limit),
+    /// Rebuild speed while clients are busy,
     /// as md's speed_limit_min. Changeable at run time (raidkit speed).
+    /// Rates: bytes per second, suffixes K, M, G, T (powers of 1024), /s accepted; 0: no limit.
     #[arg(long, value_name = "RATE", default_value = "16M", value_parser = rate)]
     pub rebuild_min: u64,
-    /// Rebuild speed when clients are idle, bytes/s (0: no limit), as md's
+    /// Rebuild speed when clients are idle, as md's
     /// speed_limit_max.
+    /// Rates: bytes per second, suffixes K, M, G, T (powers of 1024), /s accepted; 0: no limit.
     #[arg(long, value_name = "RATE", default_value = "0", value_parser = rate)]
     pub rebuild_max: u64,
     /// A member that has an operation outstanding this long (seconds)
@@ -620,10 +637,12 @@ pub struct WaitArgs {
 
 #[derive(Debug, Args)]
 pub struct SpeedArgs {
-    /// New busy-time rebuild speed, bytes/s (0: no limit).
+    /// New busy-time rebuild speed.
+    /// Rates: bytes per second, suffixes K, M, G, T (powers of 1024), /s accepted; 0: no limit.
     #[arg(long, value_name = "RATE", value_parser = rate)]
     pub rebuild_min: Option<u64>,
-    /// New idle-time rebuild speed, bytes/s (0: no limit).
+    /// New idle-time rebuild speed.
+    /// Rates: bytes per second, suffixes K, M, G, T (powers of 1024), /s accepted; 0: no limit.
     #[arg(long, value_name = "RATE", value_parser = rate)]
     pub rebuild_max: Option<u64>,
     /// Print JSON.

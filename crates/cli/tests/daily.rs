@@ -695,3 +695,88 @@ fn the_policy_of_a_stopped_array_changes_and_keeps_its_data() {
     fails(&args(&["policy", "journal"], &m1), "");
     assert_eq!(policy(&m1[0]), "bitmap");
 }
+
+#[test]
+fn help_says_sizes_rates_json_and_force_the_same_way_everywhere() {
+    let help = |c: &[&str]| -> String {
+        let mut a = c.to_vec();
+        a.push("--help");
+        String::from_utf8_lossy(&ok(&a).stdout).to_string()
+    };
+    let commands: Vec<Vec<&str>> = [
+        "create", "examine", "detail", "read", "write", "serve", "status", "list", "stop", "check",
+        "fail", "remove", "add", "replace", "wait", "speed", "policy", "bench",
+    ]
+    .iter()
+    .map(|c| vec![*c])
+    .chain([
+        vec!["bench", "sweep"],
+        vec!["bench", "engine"],
+        vec!["bench", "parity"],
+    ])
+    .collect();
+    let mut sizes = 0;
+    for c in &commands {
+        let h = help(c);
+        // Options are one per line ("  -z, --size <SIZE>  ...").
+        for line in h.lines().filter(|l| l.trim_start().starts_with('-')) {
+            if line.contains("<SIZE>") {
+                sizes += 1;
+                assert!(line.contains("(powers of 1024)"), "{c:?}: {line}");
+            }
+            if line.contains("<RATE>") {
+                assert!(
+                    line.contains("(powers of 1024), /s accepted; 0: no limit"),
+                    "{c:?}: {line}"
+                );
+            }
+            if line.contains("--force ") {
+                // Says what it overrides, not just "force".
+                let what = line.split("--force").nth(1).unwrap().trim();
+                assert!(what.split_whitespace().count() >= 5, "{c:?}: {line}");
+            }
+        }
+        // Every command that reports can report in JSON; read and write
+        // move data, serve serves, the bench subcommands print tables.
+        let reports = c.len() == 1 && !matches!(c[0], "read" | "write" | "serve");
+        if reports {
+            assert!(h.contains("--json"), "{c:?} has no --json:\n{h}");
+        }
+    }
+    assert!(sizes >= 10, "only {sizes} size options found");
+    // A decimal unit is refused as a bad value (clap's exit status 2), not
+    // taken as a power of 1024; the same value in K/M/G/T passes parsing
+    // (and fails later for want of a server or a member: status 1).
+    let read = |offset| {
+        [
+            "read",
+            "--offset",
+            offset,
+            "--length",
+            "1",
+            "/nonexistent.img",
+        ]
+    };
+    for (bad, good) in [
+        (
+            &[
+                "speed",
+                "--control",
+                "/nonexistent/c.sock",
+                "--rebuild-max",
+                "50MB/s",
+            ][..],
+            &[
+                "speed",
+                "--control",
+                "/nonexistent/c.sock",
+                "--rebuild-max",
+                "50M/s",
+            ][..],
+        ),
+        (&read("1GB")[..], &read("1G")[..]),
+    ] {
+        assert_eq!(raidkit_refused(bad).status.code(), Some(2), "{bad:?}");
+        assert_eq!(raidkit_refused(good).status.code(), Some(1), "{good:?}");
+    }
+}

@@ -878,6 +878,16 @@ fn malformed_traffic_gets_errors_and_other_clients_keep_going() {
     assert_eq!(r.reply(0).0, 28, "write past the end: ENOSPC");
     r.request(WRITE, 0, u64::MAX - 5, 11, &[1u8; 11]);
     assert_eq!(r.reply(0).0, 28, "write wrapping around: ENOSPC");
+    // The NBD spec: a write or write-zeroes beyond the end is ENOSPC, a
+    // trim (as a read) EINVAL; past the end and wrapping around alike.
+    const TRIM: u16 = 4;
+    const WRITE_ZEROES: u16 = 6;
+    for (kind, what, want) in [(TRIM, "trim", 22), (WRITE_ZEROES, "write-zeroes", 28)] {
+        r.request(kind, 0, size - 10, 11, &[]);
+        assert_eq!(r.reply(0).0, want, "{what} past the end");
+        r.request(kind, 0, u64::MAX - 5, 11, &[]);
+        assert_eq!(r.reply(0).0, want, "{what} wrapping around");
+    }
     r.request(99, 0, 0, 512, &[]);
     assert_eq!(r.reply(0).0, 22, "unknown command: EINVAL");
     r.request(READ, 0, 0, 48 << 20, &[]);

@@ -32,6 +32,7 @@ pub mod powercut;
 pub mod readahead;
 pub mod sim;
 mod sys;
+pub mod units;
 mod watch;
 
 pub use aligned::AlignedBuf;

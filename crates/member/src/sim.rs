@@ -5,7 +5,7 @@
 //!
 //! | key | meaning |
 //! |-----|---------|
-//! | `bw=RATE` | media transfer rate in bytes per second (K/M/G suffixes), default 150M |
+//! | `bw=RATE` | media transfer rate in bytes per second (K/M/G suffixes, powers of 1024), default 150M |
 //! | `seek=DUR` | time to move the head to a non-sequential offset, default 8ms |
 //!
 //! Each operation costs `len / bw`, plus `seek` unless it starts where the
@@ -30,7 +30,7 @@ pub struct SimConfig {
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
-            bandwidth: 150_000_000,
+            bandwidth: 150 << 20,
             seek: Duration::from_millis(8),
         }
     }
@@ -46,19 +46,7 @@ impl SimConfig {
                 .ok_or_else(|| format!("'{part}' is not key=value"))?;
             match k {
                 "bw" => {
-                    // Rates are decimal, as disk makers quote them (150M = 150 MB/s).
-                    let raw = v.trim().trim_end_matches("/s").trim_end_matches('B');
-                    let split = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
-                    let (num, suf) = raw.split_at(split);
-                    let n: u64 = num.parse().map_err(|_| format!("bw '{v}' is not a rate"))?;
-                    let mult = match suf.to_ascii_uppercase().as_str() {
-                        "" => 1,
-                        "K" => 1_000,
-                        "M" => 1_000_000,
-                        "G" => 1_000_000_000,
-                        _ => return Err(format!("bw '{v}': use K, M or G")),
-                    };
-                    c.bandwidth = n * mult;
+                    c.bandwidth = crate::units::parse_rate(v).map_err(|e| format!("bw {e}"))?;
                     if c.bandwidth == 0 {
                         return Err("bw must be above zero".into());
                     }
@@ -185,10 +173,11 @@ mod tests {
     #[test]
     fn parses_and_refuses() {
         let c = SimConfig::parse("bw=100M&seek=4ms").unwrap();
-        assert_eq!(c.bandwidth, 100_000_000);
+        assert_eq!(c.bandwidth, 100 << 20);
         assert_eq!(c.seek, Duration::from_millis(4));
         assert_eq!(SimConfig::parse("").unwrap(), SimConfig::default());
-        assert_eq!(SimConfig::parse("bw=2G").unwrap().bandwidth, 2_000_000_000);
+        assert_eq!(SimConfig::parse("bw=2G").unwrap().bandwidth, 2 << 30);
+        assert!(SimConfig::parse("bw=150MB").is_err());
         assert!(SimConfig::parse("bw=0").is_err());
         assert!(SimConfig::parse("bw=fast").is_err());
         assert!(SimConfig::parse("rpm=7200").is_err());

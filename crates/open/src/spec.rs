@@ -222,7 +222,7 @@ mod tests {
         assert!(Spec::parse("fault:a.img?boom=1").is_err());
         let d = Spec::parse("sim:a.img?bw=100M&seek=4ms").unwrap();
         assert!(matches!(&d, Spec::Sim(inner, c, _)
-            if **inner == Spec::File("a.img".into()) && c.bandwidth == 100_000_000));
+            if **inner == Spec::File("a.img".into()) && c.bandwidth == 100 << 20));
         assert_eq!(d.to_string(), "sim:a.img?bw=100M&seek=4ms");
         assert!(Spec::parse("sim:a.img?bw=0").is_err());
     }
