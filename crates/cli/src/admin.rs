@@ -267,7 +267,7 @@ fn status_of(path: &Path) -> Result<Value> {
 pub fn find_control(given: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = given {
         let text = p.to_string_lossy();
-        if p.exists() || text.contains('/') {
+        if p.exists() {
             return Ok(p.to_path_buf());
         }
         // A name or a UUID: ask every running server.

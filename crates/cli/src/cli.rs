@@ -446,6 +446,12 @@ pub struct WriteArgs {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// Serve in the background: return (exit 0) once the array is served,
+    /// after printing the endpoints, as mdadm --assemble returns once the
+    /// array runs; the server goes on in a session of its own (its log still
+    /// to this stderr: redirect it, e.g. 2>>lab.log). `raidkit stop` stops it.
+    #[arg(long)]
+    pub daemon: bool,
     /// TCP address to listen on (port 0 picks a free port, printed at start-up).
     /// Default 127.0.0.1:10809, unless only --socket is given.
     #[arg(long, value_name = "ADDR:PORT")]

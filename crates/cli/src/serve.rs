@@ -19,13 +19,70 @@ use std::time::{Duration, Instant};
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 
+/// `serve --daemon`: the same command run again as a server in a session
+/// of its own; its start-up report is passed on until it says it serves,
+/// then this process exits 0. A server that fails to start exits with its
+/// own error (on the shared stderr) and status.
+fn start_daemon() -> Result<()> {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("finding the raidkit executable")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(std::env::args_os().skip(1))
+        .env(DAEMON_CHILD, "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped());
+    // SAFETY: setsid() in the child between fork and exec is
+    // async-signal-safe; it detaches the server from this terminal, so that
+    // closing it (SIGHUP) or Ctrl-C there does not stop the array.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("starting the server")?;
+    let out = child.stdout.take().expect("piped stdout");
+    for line in std::io::BufReader::new(out).lines() {
+        let line = line.context("reading the server's start-up report")?;
+        println!("{line}");
+        if line.starts_with(DAEMON_READY) {
+            return Ok(());
+        }
+    }
+    // Its stdout closed before it said it serves: it has failed.
+    let st = child.wait().context("waiting for the server")?;
+    std::process::exit(st.code().unwrap_or(1).max(1));
+}
+
+/// An export name or socket path as a part of an NBD URI: percent-encoded
+/// (the NBD URI specification, RFC 3986), so that a name such as `a b/c`
+/// reaches the server as it is.
+fn uri_part(s: &str) -> String {
+    use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+    const KEEP: &percent_encoding::AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    utf8_percent_encode(s, KEEP).to_string()
+}
+
 fn default_control(uuid: &str) -> PathBuf {
     std::env::temp_dir().join(format!("raidkit-{uuid}.ctl"))
 }
 
+/// Set in the environment of the server a `serve --daemon` starts.
+const DAEMON_CHILD: &str = "RAIDKIT_SERVE_DAEMON_CHILD";
+/// The last line of a daemon's start-up report: its parent may go.
+const DAEMON_READY: &str = "raidkit: serving in the background";
+
 pub fn serve(a: ServeArgs) -> Result<()> {
     if !(a.member_timeout > 0.0 && a.member_timeout.is_finite()) {
         bail!("--member-timeout must be a positive number of seconds");
+    }
+    if a.daemon && std::env::var_os(DAEMON_CHILD).is_none() {
+        return start_daemon();
     }
     // Every member opened from here on, at start-up and by add or replace
     // later, gets this mode.
@@ -120,7 +177,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let mut endpoints = Vec::new();
     if let Some(l) = tcp {
         let addr = l.local_addr()?;
-        endpoints.push(format!("nbd://{addr}/{export_name}"));
+        endpoints.push(format!("nbd://{addr}/{}", uri_part(&export_name)));
         server.serve_tcp(l)?;
     }
     if let Some(l) = unix {
@@ -130,7 +187,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             .expect("socket given")
             .display()
             .to_string();
-        endpoints.push(format!("nbd+unix:///{export_name}?socket={p}"));
+        endpoints.push(format!(
+            "nbd+unix:///{}?socket={}",
+            uri_part(&export_name),
+            uri_part(&p).replace("%2F", "/")
+        ));
         server.serve_unix(l)?;
     }
     let control_path = a
@@ -178,6 +239,23 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         );
     }
     use std::io::Write;
+    if a.daemon {
+        println!(
+            "{DAEMON_READY} (PID {}); raidkit stop {} stops it",
+            std::process::id(),
+            sb.name
+        );
+        let _ = std::io::stdout().flush();
+        // The parent has read all it waits for and goes: nothing more is
+        // printed to stdout, which is pointed away from its pipe so that a
+        // later write cannot fail.
+        if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+            use std::os::fd::AsRawFd;
+            // SAFETY: dup2 onto descriptor 1, which this process owns; the
+            // source stays open for the call.
+            unsafe { libc::dup2(null.as_raw_fd(), 1) };
+        }
+    }
     let _ = std::io::stdout().flush();
 
     let recovery = {

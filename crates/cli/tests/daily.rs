@@ -780,3 +780,83 @@ fn help_says_sizes_rates_json_and_force_the_same_way_everywhere() {
         assert_eq!(raidkit_refused(good).status.code(), Some(1), "{good:?}");
     }
 }
+
+/// Kills a process this test started indirectly (a daemon) if the test
+/// ends before stopping it.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // Only while it is still a raidkit process: its PID cannot have been
+        // reused by another program.
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", self.0)).unwrap_or_default();
+        if comm.trim() == "raidkit" {
+            // SAFETY: kill(2) on a raidkit server this test started.
+            unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+#[test]
+fn serve_daemon_returns_once_serving_and_endpoints_are_uri_encoded() {
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 2);
+    let mut c = vec!["create", "--level", "1", "--size", "8M", "--name", "a b/c"];
+    c.extend(ms.iter().map(String::as_str));
+    rk_ok(t, &c);
+    let sock = t.join("s k.sock").display().to_string();
+    let mut c = vec![
+        "serve",
+        "--daemon",
+        "--listen",
+        "127.0.0.1:0",
+        "--socket",
+        &sock,
+    ];
+    c.extend(ms.iter().map(String::as_str));
+    // The server's log goes on to a file, as the help says to redirect it.
+    let log = std::fs::File::create(t.join("lab.log")).unwrap();
+    let o = Guarded::spawn(
+        Command::new(BIN)
+            .env("TMPDIR", t)
+            .args(&c)
+            .stdout(Stdio::piped())
+            .stderr(log),
+    )
+    .output_within(DEADLINE);
+    assert!(o.status.success(), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let pid: u32 = out
+        .lines()
+        .find_map(|l| l.split("(PID ").nth(1)?.split(')').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no PID in: {out}"));
+    let _guard = KillOnDrop(pid);
+    // It serves now: the endpoints it printed work as they are.
+    let uris: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("raidkit: listening on "))
+        .collect();
+    assert_eq!(uris.len(), 2, "{out}");
+    assert!(uris[0].ends_with("/a%20b%2Fc"), "{out}");
+    assert!(
+        uris[1].starts_with("nbd+unix:///a%20b%2Fc?socket=/"),
+        "{out}"
+    );
+    assert!(uris[1].ends_with("/s%20k.sock"), "{out}");
+    let size = json(&rk_ok(t, &["detail", "--json", &ms[0], &ms[1]]))["size"].clone();
+    for u in &uris {
+        let o = tool("nbdinfo", &["--size", u]);
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).trim(),
+            size.to_string(),
+            "{u}"
+        );
+    }
+    // A second one of the same members fails, and says why, at once.
+    let err = rk_fails(t, &c);
+    assert!(err.contains(&format!("(PID {pid})")), "{err}");
+    // Found and stopped by its name, slash and all.
+    rk_ok(t, &["stop", "a b/c"]);
+    assert_eq!(json(&rk_ok(t, &["list", "--json"])), serde_json::json!([]));
+}
