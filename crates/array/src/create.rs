@@ -27,6 +27,10 @@ pub struct CreateOptions {
     /// Skip the initial sync of existing members (their redundancy is
     /// trusted to be consistent already, e.g. they are known to be zero).
     pub assume_clean: bool,
+    /// Leave the initial sync of existing members to the server: create
+    /// records it as pending (from the start) and returns; `serve` runs it
+    /// in the background, as md does after mdadm --create.
+    pub background_sync: bool,
     /// Write-intent bitmap region size in bytes (0: no bitmap).
     pub bitmap_region: u64,
     /// What keeps redundancy consistent across crashes (see [`Policy`]).
@@ -126,6 +130,8 @@ pub struct CreateReport {
     pub capacity: u64,
     pub created_files: Vec<String>,
     pub synced: bool,
+    /// The initial sync is left to the server (`background_sync`).
+    pub sync_pending: bool,
 }
 
 /// Name length the superblock holds.
@@ -409,7 +415,7 @@ pub fn create(
         };
         write_superblock(m.as_ref(), &mut sb)?;
     }
-    if needs_sync {
+    if needs_sync && !opts.background_sync {
         let array = Array::open(assemble::assemble(members.clone())?, &opts.name, false)?;
         array.finish_resync(progress)?;
         array.close()?;
@@ -427,7 +433,8 @@ pub fn create(
         uuid,
         capacity: geom.capacity(),
         created_files: created,
-        synced: needs_sync,
+        synced: needs_sync && !opts.background_sync,
+        sync_pending: needs_sync && opts.background_sync,
     })
 }
 

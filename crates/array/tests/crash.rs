@@ -38,6 +38,7 @@ fn template(level: Level, n: usize, policy: Policy) -> Vec<Vec<u8>> {
         name: "crash".into(),
         force: false,
         assume_clean: false,
+        background_sync: false,
         bitmap_region: 64 << 10,
         policy,
         spares: Vec::new(),

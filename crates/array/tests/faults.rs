@@ -38,6 +38,7 @@ fn make(dir: &Path, level: Level, n: usize, spares: usize) -> Vec<String> {
         name: "f".into(),
         force: false,
         assume_clean: false,
+        background_sync: false,
         bitmap_region: REGION,
         policy: raidkit_array::create::Policy::Bitmap,
         spares: Vec::new(),

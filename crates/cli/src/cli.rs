@@ -336,6 +336,14 @@ pub struct CreateArgs {
     /// redundancy is already consistent (for example, they are all zero).
     #[arg(long)]
     pub assume_clean: bool,
+    /// Return at once and leave the initial sync of existing members to
+    /// the server, which runs it in the background while it serves (as md
+    /// does after mdadm --create; resumed across restarts). Until a stripe
+    /// is synced, writes to it compute parity from all its data and a
+    /// degraded read of it is refused, never answered wrong; `check`
+    /// waits for the sync.
+    #[arg(long, conflicts_with = "assume_clean")]
+    pub background_sync: bool,
     /// Hot spare (repeatable): a member kept ready that takes over, and is
     /// rebuilt, as soon as a member fails.
     #[arg(long, value_name = "PATH")]

@@ -88,6 +88,7 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
             .unwrap_or_else(|| default_name(&a.members.members[0])),
         force: a.force,
         assume_clean: a.assume_clean,
+        background_sync: a.background_sync,
         bitmap_region: a.bitmap_region,
         policy: match &a.consistency_policy {
             Some(p) => raidkit_array::create::Policy::parse(p)?,
@@ -121,6 +122,7 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
                 "members": a.members.members,
                 "created_files": report.created_files,
                 "initial_sync": report.synced,
+                "initial_sync_pending": report.sync_pending,
             })
         );
     } else {
@@ -132,6 +134,8 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
             human(report.capacity),
             if report.synced {
                 ", redundancy synced"
+            } else if report.sync_pending {
+                "; its initial sync runs in the background when it is served (raidkit serve; raidkit wait follows it)"
             } else {
                 ""
             }
@@ -154,6 +158,12 @@ fn cmd_check(a: crate::cli::CheckArgs) -> Result<()> {
         }
     }
     let array = open_array(&a.members.members, true)?;
+    if let Some(at) = array.superblock().resync {
+        bail!(
+            "array '{}' has not finished its initial sync (pending from unit {at}): redundancy there is not made consistent yet, so a check would count it; serve the array until `raidkit wait` returns, then check",
+            array.superblock().name
+        );
+    }
     let geom = array.geometry();
     let unit = if geom.level.is_parity() {
         "stripes"

@@ -860,3 +860,67 @@ fn serve_daemon_returns_once_serving_and_endpoints_are_uri_encoded() {
     rk_ok(t, &["stop", "a b/c"]);
     assert_eq!(json(&rk_ok(t, &["list", "--json"])), serde_json::json!([]));
 }
+
+#[test]
+fn create_can_leave_the_initial_sync_to_the_server() {
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 4);
+    // Existing members with data on them: their parity is not consistent.
+    for (i, m) in ms.iter().enumerate() {
+        let mut junk = vec![0u8; 64 << 20];
+        for (j, b) in junk.iter_mut().enumerate().skip(1 << 20) {
+            *b = (j * (i + 3) >> 7) as u8;
+        }
+        std::fs::write(m, &junk).unwrap();
+    }
+    let mut c = vec![
+        "create",
+        "--json",
+        "--force",
+        "--level",
+        "5",
+        "--chunk",
+        "64K",
+        "--background-sync",
+    ];
+    c.extend(ms.iter().map(String::as_str));
+    let r = json(&rk_ok(t, &c));
+    assert_eq!(
+        (
+            r["initial_sync"].as_bool(),
+            r["initial_sync_pending"].as_bool()
+        ),
+        (Some(false), Some(true)),
+        "{r}"
+    );
+    let d = json(&rk_ok(t, &args(&["detail", "--json"], &ms)));
+    assert_eq!(d["resync_offset"], 0, "{d}");
+    // check waits for the sync rather than counting unsynced stripes.
+    let err = rk_fails(t, &args(&["check"], &ms));
+    assert!(err.contains("has not finished its initial sync"), "{err}");
+    // Served: the sync runs in the background, then check is clean.
+    let mut s = Served::start(t, &ms, &[]);
+    ok(&[
+        "wait",
+        "--control",
+        &s.control.display().to_string(),
+        "--timeout",
+        "120",
+    ]);
+    let st: Value = serde_json::from_slice(
+        &ok(&[
+            "status",
+            "--json",
+            "--control",
+            &s.control.display().to_string(),
+        ])
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(st["last_recovery"]["result"], "done", "{st}");
+    assert_eq!(s.stop().code(), Some(0));
+    let d = json(&rk_ok(t, &args(&["detail", "--json"], &ms)));
+    assert!(d["resync_offset"].is_null(), "{d}");
+    rk_ok(t, &args(&["check"], &ms));
+}

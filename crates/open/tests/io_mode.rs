@@ -56,6 +56,7 @@ fn specs_open_in_the_process_io_mode() {
         name: "direct".into(),
         force: false,
         assume_clean: false,
+        background_sync: false,
         bitmap_region: 1 << 20,
         policy: Policy::Journal,
         spares: Vec::new(),

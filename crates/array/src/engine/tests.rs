@@ -101,6 +101,7 @@ fn file_array(
         name: "r".into(),
         force: false,
         assume_clean: false,
+        background_sync: false,
         bitmap_region: 64 << 10,
         policy,
         spares: Vec::new(),

@@ -39,6 +39,7 @@ fn build(a: &BenchEngineArgs, level: Level, tag: &str) -> Result<(Bench, Vec<Str
         name: format!("bench-{tag}"),
         force: false,
         assume_clean: false,
+        background_sync: false,
         bitmap_region: 64 << 20,
         policy: raidkit_array::create::Policy::parse(&a.policy)?,
         spares: Vec::new(),

@@ -119,6 +119,7 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
                     name: "sweep".into(),
                     force: true,
                     assume_clean: true,
+                    background_sync: false,
                     bitmap_region: 0,
                     policy: Policy::None,
                     spares: Vec::new(),
