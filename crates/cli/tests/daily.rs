@@ -870,7 +870,7 @@ fn create_can_leave_the_initial_sync_to_the_server() {
     for (i, m) in ms.iter().enumerate() {
         let mut junk = vec![0u8; 64 << 20];
         for (j, b) in junk.iter_mut().enumerate().skip(1 << 20) {
-            *b = (j * (i + 3) >> 7) as u8;
+            *b = ((j * (i + 3)) >> 7) as u8;
         }
         std::fs::write(m, &junk).unwrap();
     }
