@@ -568,7 +568,7 @@ pub fn in_use_message(e: &(dyn std::error::Error + 'static)) -> Option<String> {
 /// control socket found among its open sockets (/proc/PID/fd and
 /// /proc/net/unix), then asked. Never this process itself, whose control
 /// socket may be the one busy asking.
-fn server_array(pid: u32) -> Option<String> {
+pub fn server_array(pid: u32) -> Option<String> {
     if pid == std::process::id() {
         return None;
     }

@@ -150,9 +150,20 @@ fn cmd_check(a: crate::cli::CheckArgs) -> Result<()> {
     // would be counted as mismatches.
     for spec in parse_specs(&a.members.members)? {
         for f in spec.files() {
-            if raidkit_member::FileMember::in_use(f).unwrap_or(false) {
+            if let Ok(Some(holder)) = raidkit_member::FileMember::holder(f) {
+                let who = holder
+                    .pid
+                    .and_then(|pid| {
+                        crate::admin::server_array(pid)
+                            .map(|a| format!("the raidkit server of array '{a}' (PID {pid})"))
+                    })
+                    .unwrap_or_else(|| match (holder.pid, &holder.program) {
+                        (Some(pid), Some(prog)) => format!("{prog} (PID {pid})"),
+                        (Some(pid), None) => format!("process {pid}"),
+                        (None, _) => "another process".to_string(),
+                    });
                 bail!(
-                    "{f} is in use by another process (a running raidkit server?): a check of members being written counts writes in flight as mismatches; stop the server first"
+                    "{f} is in use by {who}: a check of members being written counts writes in flight as mismatches; stop the server first"
                 );
             }
         }

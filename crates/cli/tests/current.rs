@@ -376,6 +376,16 @@ fn check_refuses_members_a_server_holds_and_special_files_are_refused() {
     let mut s = Served::start(dir.path(), &ms, &[]);
     let o = raidkit_t(&args(&["check"], &ms), 30);
     assert_eq!(o.status.code(), Some(1));
+    // Named: the server, its array and its PID.
+    let err = String::from_utf8_lossy(&o.stderr);
+    let name = detail(&ms)["name"].as_str().unwrap().to_string();
+    assert!(
+        err.contains(&format!(
+            "is in use by the raidkit server of array '{name}' (PID {})",
+            s.pid()
+        )),
+        "{err}"
+    );
     assert!(s.stop().success());
     assert_eq!(mismatches(&ms), 0);
     // A FIFO, a character device, a directory: refused without blocking.

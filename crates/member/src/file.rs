@@ -91,13 +91,19 @@ impl FileMember {
     /// Whether another process holds the writer's lock on the file at
     /// `path` (a running raidkit server, say). Takes no lock itself.
     pub fn in_use(path: impl AsRef<Path>) -> io::Result<bool> {
+        Ok(FileMember::holder(path)?.is_some())
+    }
+
+    /// Who holds the writer's lock on the file at `path`, if anyone does
+    /// (the holder's PID where the kernel says it). Takes no lock itself.
+    pub fn holder(path: impl AsRef<Path>) -> io::Result<Option<crate::InUse>> {
         let f = File::open(path)?;
         match f.try_lock_shared() {
             Ok(()) => {
                 f.unlock()?;
-                Ok(false)
+                Ok(None)
             }
-            Err(std::fs::TryLockError::WouldBlock) => Ok(true),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(Some(crate::InUse::locking(&f))),
             Err(std::fs::TryLockError::Error(e)) => Err(e),
         }
     }

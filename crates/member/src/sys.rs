@@ -140,7 +140,7 @@ pub struct InUse {
 impl InUse {
     /// The holder of `file`'s flock, from /proc/locks, which lists every
     /// lock with its owner's PID and the locked file's device and inode.
-    fn locking(file: &File) -> InUse {
+    pub(crate) fn locking(file: &File) -> InUse {
         use std::os::unix::fs::MetadataExt;
         let pid = file.metadata().ok().and_then(|m| {
             let locks = std::fs::read_to_string("/proc/locks").ok()?;
