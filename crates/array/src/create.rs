@@ -344,10 +344,7 @@ pub fn create(
         });
     }
     let uuid = Uuid::new_v4();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let now = crate::core::unix_now();
     let member_uuids: Vec<Uuid> = members
         .iter()
         .map(|m| m.as_ref().map_or(Uuid::nil(), |_| Uuid::new_v4()))

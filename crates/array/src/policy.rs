@@ -104,9 +104,7 @@ pub fn set_policy(asm: &Assembly, to: Policy, region: Option<u64>) -> Result<Pol
         _ => JournalArea::default(),
     };
     let events = sb.events + 1;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = crate::core::unix_now();
     // The array is clean: its old areas hold nothing still needed (no dirty
     // region, every journal record applied). The new areas are blanked
     // first (nothing from an earlier policy is ever replayed), then the
