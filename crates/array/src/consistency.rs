@@ -176,7 +176,7 @@ impl Array {
                 [(at, bytes)] => m.write_at_durable(bytes, j.offset + at),
                 // Several runs on a member without a page cache of its own:
                 // a flush after them is one cache flush, as one FUA is.
-                runs if m.as_file().is_none() => {
+                runs if !m.buffered() => {
                     for (at, bytes) in runs {
                         m.write_at(bytes, j.offset + at)?;
                     }
@@ -255,7 +255,8 @@ impl Array {
     /// everything without one); and resume a resync the superblocks record
     /// as pending (an initial sync cut short, say).
     pub(crate) fn recover_unclean(&self, unclean: bool, force: bool) -> Result<()> {
-        if !self.core.geom.level.has_redundancy() {
+        let checksums = self.checksums();
+        if !self.core.geom.level.has_redundancy() && !checksums {
             return Ok(());
         }
         let pending = self.core.meta.locked().sb.resync;
@@ -264,7 +265,22 @@ impl Array {
             marked: None,
         };
         if unclean && self.journal.is_some() {
-            self.replay_journal()?;
+            // Records replayed and windows resynced may hold blocks torn
+            // from their checksums: taken as they are while replaying.
+            if checksums {
+                self.core.window.open(None);
+            }
+            let replayed = self.replay_journal();
+            self.core.window.close();
+            replayed?;
+        } else if unclean && !self.core.geom.level.has_redundancy() {
+            // Nothing to resync, but blocks being written at the crash
+            // may disagree with their checksums: every block is read and
+            // its checksum taken from it where it disagrees.
+            plan.from = Some(0);
+            self.recovery.note(vec![
+                "not shut down cleanly: re-reading every block while serving, to re-record the checksums of blocks being written at the crash".into(),
+            ]);
         } else if unclean {
             let v = self.core.view.load_full();
             if !v.degraded_roles().is_empty() {
@@ -316,6 +332,14 @@ impl Array {
                 meta.sb.resync = Some(at);
                 self.core.write_superblocks(&mut meta)?;
             }
+        }
+        if checksums && (plan.from.is_some() || plan.marked.is_some()) {
+            // Until the resync has passed, blocks there that disagree with
+            // their checksums are taken as they are (see `CrashWindow`).
+            self.core.window.open(match plan.from {
+                Some(_) => None,
+                None => plan.marked.clone(),
+            });
         }
         if plan.from.is_some() || plan.marked.is_some() {
             *self.recovery.pending_parity.locked() = Some(plan);
@@ -441,6 +465,9 @@ impl Array {
             self.recovery
                 .parity_unfinished
                 .store(false, Ordering::Release);
+            // Every block the crash could have torn has been read (and its
+            // checksum recorded) and is written back by the flush above.
+            self.core.window.close();
             Ok("done".into())
         })();
         if plan.from.is_some() && !matches!(result.as_deref(), Ok("done")) {

@@ -4,8 +4,8 @@
 use crate::engine::Array;
 use crate::error::{Error, Result};
 use crate::superblock::{
-    data_offset_for, probe, write_superblock, ArrayState, BitmapArea, JournalArea, Role, RoleEntry,
-    RoleState, Superblock,
+    member_layout, probe, write_superblock, ArrayState, BitmapArea, ChecksumArea, JournalArea,
+    Role, RoleEntry, RoleState, Superblock,
 };
 use crate::{assemble, bitmap, journal, SB_SIZE};
 use raidkit_layout::{Geometry, Layout, Level};
@@ -37,6 +37,9 @@ pub struct CreateOptions {
     pub policy: Policy,
     /// Hot spares.
     pub spares: Vec<CreateMember>,
+    /// Keep a checksum of every 4 KiB block of every member (see
+    /// `checksums`): reads verified, bad blocks rebuilt from redundancy.
+    pub checksums: bool,
 }
 
 /// How redundancy is kept consistent across crashes, as md's
@@ -244,7 +247,11 @@ pub fn create(
             }
         }
     }
-    let offsets: Vec<u64> = sizes.iter().map(|&s| data_offset_for(s)).collect();
+    let layouts: Vec<(u64, ChecksumArea)> = sizes
+        .iter()
+        .map(|&s| member_layout(s, opts.checksums))
+        .collect();
+    let offsets: Vec<u64> = layouts.iter().map(|l| l.0).collect();
     for ((p, &s), &o) in prepared.iter().zip(&sizes).zip(&offsets) {
         if s < o + opts.chunk {
             return Err(Error::Invalid(format!(
@@ -294,7 +301,12 @@ pub fn create(
     } else {
         0
     };
-    let metadata_end = offsets[..n].iter().min().copied().unwrap_or(0);
+    // The bitmap and journal end where the checksum area (or the data) begins.
+    let metadata_end = layouts[..n]
+        .iter()
+        .map(|(o, c)| if c.enabled() { c.offset } else { *o })
+        .min()
+        .unwrap_or(0);
     let bitmap_bytes = bitmap_bytes(bitmap_region, biggest, metadata_end)?;
 
     let journal = if opts.level.is_parity() && opts.policy == Policy::Journal {
@@ -374,6 +386,10 @@ pub fn create(
         let blank =
             vec![0u8; (offsets[i] - 2 * SB_SIZE as u64).min((1 << 20).max(bitmap_bytes)) as usize];
         m.write_at(&blank, 2 * SB_SIZE as u64)?;
+        // No block has a checksum yet: each gets one when first written,
+        // synced or scrubbed.
+        let area = layouts[i].1;
+        raidkit_member::write_zeroes(m.as_ref(), area.offset, area.size)?;
         let mut sb = Superblock {
             seq: 0,
             array_uuid: uuid,
@@ -408,6 +424,7 @@ pub fn create(
             // The initial sync's position: `serve` resumes it if this
             // process dies before it completes.
             resync: needs_sync.then_some(0),
+            checksums: area,
             roles: roles.clone(),
         };
         write_superblock(m.as_ref(), &mut sb)?;

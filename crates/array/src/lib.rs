@@ -32,9 +32,9 @@ mod recovery;
 mod scratch;
 mod seams;
 // The metadata formats keep their paths (raidkit_array::superblock...).
-pub use metadata::{bitmap, journal, superblock};
+pub use metadata::{bitmap, checksums, journal, superblock};
 
-pub use crate::core::{Added, MemberStatus, DEFAULT_MEMBER_TIMEOUT};
+pub use crate::core::{Added, ErrorCounts, MemberStatus, DEFAULT_MEMBER_TIMEOUT};
 pub use assemble::Health;
 pub use background::{LastRecovery, RecoveryStatus, DEFAULT_MIN_RATE};
 pub use engine::{Array, Mismatch, OpenOptions};

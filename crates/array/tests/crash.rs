@@ -42,6 +42,7 @@ fn template(level: Level, n: usize, policy: Policy) -> Vec<Vec<u8>> {
         bitmap_region: 64 << 10,
         policy,
         spares: Vec::new(),
+        checksums: false,
     };
     let specs: Vec<Spec> = paths.iter().map(|p| Spec::File(p.clone())).collect();
     raidkit_open::create(&specs, &[], &opts, |_, _| {}).unwrap();

@@ -80,6 +80,7 @@ fn make(level: Level, layout: Layout, paths: &[PathBuf]) {
         bitmap_region: 0,
         policy: raidkit_array::create::Policy::None,
         spares: Vec::new(),
+        checksums: false,
     };
     raidkit_open::create(&specs(paths), &[], &opts, |_, _| {}).unwrap();
 }
@@ -421,6 +422,7 @@ fn raid50_nests_arrays_as_members() {
             bitmap_region: 0,
             policy: raidkit_array::create::Policy::None,
             spares: Vec::new(),
+            checksums: false,
         };
         raidkit_open::create(&specs(ps), &[], &opts, |_, _| {}).unwrap();
     }
@@ -437,6 +439,7 @@ fn raid50_nests_arrays_as_members() {
         bitmap_region: 0,
         policy: raidkit_array::create::Policy::None,
         spares: Vec::new(),
+        checksums: false,
     };
     raidkit_open::create(&outer, &[], &opts, |_, _| {}).unwrap();
     let top = Spec::Array(outer.clone());
@@ -506,6 +509,7 @@ fn full_stripe_writes_with_large_chunks() {
             bitmap_region: 0,
             policy: raidkit_array::create::Policy::None,
             spares: Vec::new(),
+            checksums: false,
         };
         raidkit_open::create(&specs(&ps), &[], &opts, |_, _| {}).unwrap();
         let a = open(&without(&ps, &[])).unwrap();

@@ -42,6 +42,7 @@ fn make(dir: &Path, level: Level, n: usize, spares: usize) -> Vec<String> {
         bitmap_region: REGION,
         policy: raidkit_array::create::Policy::Bitmap,
         spares: Vec::new(),
+        checksums: false,
     };
     let spares: Vec<Spec> = (0..spares)
         .map(|i| Spec::File(path(dir, &format!("s{i}.img"))))

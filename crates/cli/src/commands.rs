@@ -95,6 +95,7 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
             None => raidkit_array::create::Policy::Journal,
         },
         spares: Vec::new(),
+        checksums: a.checksums,
     };
     let spares = a
         .spare
@@ -292,6 +293,12 @@ fn cmd_examine(a: ExamineArgs) -> Result<()> {
                     "size": sb.journal.size,
                     "applied_seq": sb.journal.applied_seq,
                 })),
+                "checksums": sb.checksums.enabled().then(|| json!({
+                    "algorithm": "crc32c",
+                    "block": raidkit_array::checksums::BLOCK,
+                    "offset": sb.checksums.offset,
+                    "size": sb.checksums.size,
+                })),
                 "superblock_copies_valid": r.copies_valid,
                 "roles": roles,
             }))?
@@ -345,6 +352,19 @@ fn print_sb_common(sb: &Superblock) {
     );
     println!("          Events : {}", sb.events);
     println!("     Consistency : {}", Policy::of(sb).name());
+    println!(
+        "       Checksums : {}",
+        if sb.checksums.enabled() {
+            format!(
+                "crc32c per {} block ({} at offset {})",
+                human(raidkit_array::checksums::BLOCK),
+                human(sb.checksums.size),
+                sb.checksums.offset
+            )
+        } else {
+            "off".to_string()
+        }
+    );
     println!(
         "     Array State : {}",
         serde_json::to_value(sb.state)

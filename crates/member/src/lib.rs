@@ -175,6 +175,13 @@ pub trait Member: Send + Sync + fmt::Debug {
     fn as_file(&self) -> Option<&File> {
         None
     }
+    /// Whether the member's writes are copies into the page cache that do
+    /// not wait for a device (a buffered file or block device), seen
+    /// through any wrapper that only checks what passes: work for such
+    /// members is not worth handing to other threads.
+    fn buffered(&self) -> bool {
+        self.as_file().is_some()
+    }
     /// Mapped windows of the file `as_file` gives, for replies sent
     /// straight from the page cache (see [`map`]).
     fn as_mapper(&self) -> Option<&Mapper> {

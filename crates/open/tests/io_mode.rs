@@ -60,6 +60,7 @@ fn specs_open_in_the_process_io_mode() {
         bitmap_region: 1 << 20,
         policy: Policy::Journal,
         spares: Vec::new(),
+        checksums: false,
     };
     raidkit_open::create(&members, &[], &opts, |_, _| {}).unwrap();
     let nested = format!("array[{}]", files.join(","));

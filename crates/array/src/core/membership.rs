@@ -7,7 +7,7 @@ use super::{Core, Disk, Meta, SyncState, View};
 use crate::assemble::Absence;
 use crate::error::{Error, Result};
 use crate::superblock::{
-    data_offset_for, probe, write_superblock, Role, RoleState, Superblock, SB_SIZE,
+    member_layout, probe, write_superblock, Role, RoleState, Superblock, SB_SIZE,
 };
 use raidkit_member::Locked;
 use raidkit_member::Member;
@@ -394,7 +394,7 @@ impl Core {
             }
         };
         let need = sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
-        let off = data_offset_for(m.len());
+        let off = member_layout(m.len(), sb.checksums.enabled()).0;
         if m.len() < off + need {
             return Err(Error::Invalid(format!(
                 "{} is too small: {} bytes, but {off} bytes of metadata plus {need} bytes of data are needed",
@@ -411,7 +411,7 @@ impl Core {
         sb.seq = 0;
         sb.member_uuid = Uuid::new_v4();
         sb.role = Role::Spare;
-        sb.data_offset = data_offset_for(m.len());
+        (sb.data_offset, sb.checksums) = member_layout(m.len(), meta.sb.checksums.enabled());
         sb.data_size = meta.sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
         sb.recovery_offset = None;
         sb
@@ -421,6 +421,7 @@ impl Core {
     fn init_member(&self, m: &dyn Member, sb: &mut Superblock) -> Result<()> {
         let blank = vec![0u8; (sb.data_offset - 2 * SB_SIZE as u64).min(1 << 20) as usize];
         m.write_at(&blank, 2 * SB_SIZE as u64)?;
+        raidkit_member::write_zeroes(m, sb.checksums.offset, sb.checksums.size)?;
         write_superblock(m, sb)
     }
 

@@ -8,6 +8,7 @@
 //! and background processes (`crate::background`, `crate::recovery`) work
 //! through it and never change a view or a superblock themselves.
 
+pub(crate) mod checked;
 mod membership;
 mod status;
 
@@ -20,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::scratch;
 use crate::superblock::{ArrayState, RoleState, Superblock};
 use arc_swap::ArcSwap;
+use checked::Checked;
 use raidkit_layout::Geometry;
 use raidkit_member::{Locked, Member, MemberError};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -37,9 +39,16 @@ pub const DEFAULT_MEMBER_TIMEOUT: Duration = Duration::from_secs(30);
 /// A member in service (in a role, a spare, or failed and not yet removed).
 #[derive(Debug)]
 pub(crate) struct Disk {
+    /// The member as the array uses it: checked (`checked`) when the
+    /// array keeps checksums.
     pub member: Arc<dyn Member>,
+    /// The same member with its checksum operations, if it has them.
+    pub checked: Option<Arc<Checked>>,
     pub data_offset: u64,
     pub uuid: Uuid,
+    /// I/O errors seen on it: reads and writes that failed.
+    pub read_errors: AtomicU64,
+    pub write_errors: AtomicU64,
     /// The member's own superblock as last written (role, seq, checkpoint).
     pub sb: Mutex<Superblock>,
     inflight: AtomicU32,
@@ -49,10 +58,20 @@ pub(crate) struct Disk {
 
 impl Disk {
     pub fn new(member: Arc<dyn Member>, sb: Superblock) -> Disk {
+        let checked = sb
+            .checksums
+            .enabled()
+            .then(|| Arc::new(Checked::new(member.clone(), sb.data_offset, sb.checksums)));
         Disk {
             data_offset: sb.data_offset,
             uuid: sb.member_uuid,
-            member,
+            member: match &checked {
+                Some(c) => c.clone(),
+                None => member,
+            },
+            checked,
+            read_errors: AtomicU64::new(0),
+            write_errors: AtomicU64::new(0),
             sb: Mutex::new(sb),
             inflight: AtomicU32::new(0),
             progress_at: AtomicU64::new(0),
@@ -62,6 +81,29 @@ impl Disk {
     pub fn name(&self) -> &str {
         self.member.name()
     }
+
+    /// Its error counters.
+    pub fn errors(&self) -> ErrorCounts {
+        ErrorCounts {
+            read: self.read_errors.load(Ordering::Relaxed),
+            write: self.write_errors.load(Ordering::Relaxed),
+            checksum: self
+                .checked
+                .as_ref()
+                .map_or(0, |c| c.mismatches.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// A member's errors, as zpool status counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ErrorCounts {
+    /// Reads that failed (I/O errors).
+    pub read: u64,
+    /// Writes that failed.
+    pub write: u64,
+    /// Blocks that disagreed with their checksum (each once until rewritten).
+    pub checksum: u64,
 }
 
 /// Rebuild progress of a disk: which part of its data area is in sync.
@@ -213,6 +255,57 @@ pub(crate) struct Core {
     pub alive: AtomicBool,
     /// The background worker's wake-up.
     pub wake: Wake,
+    /// Where a crash may have torn data from its checksums.
+    pub window: CrashWindow,
+    /// Whether the array keeps checksums (the superblocks say).
+    pub checksums: bool,
+}
+
+/// Where data and checksums may disagree because writes were in flight at
+/// an unclean shutdown: until the recovery that follows it (journal
+/// replay, resync of the marked regions or of everything) has passed,
+/// blocks read there that disagree with their checksum are taken as they
+/// are and their checksum recomputed (see `checked`), never rebuilt from
+/// redundancy that may be torn as well.
+#[derive(Debug, Default)]
+pub(crate) struct CrashWindow {
+    open: AtomicBool,
+    zone: Mutex<Zone>,
+}
+
+#[derive(Debug, Default)]
+struct Zone {
+    all: bool,
+    marked: Option<RegionSet>,
+}
+
+impl CrashWindow {
+    /// Open over everything (`marked` None) or the marked regions.
+    pub fn open(&self, marked: Option<RegionSet>) {
+        let mut z = self.zone.locked();
+        z.all = marked.is_none();
+        z.marked = marked;
+        self.open.store(true, Ordering::Release);
+    }
+
+    pub fn close(&self) {
+        let mut z = self.zone.locked();
+        z.all = false;
+        z.marked = None;
+        self.open.store(false, Ordering::Release);
+    }
+
+    /// Whether device range `[dev, dev + len)` lies in the window.
+    pub fn covers(&self, dev: u64, len: u64) -> bool {
+        if !self.open.load(Ordering::Acquire) {
+            return false;
+        }
+        let z = self.zone.locked();
+        z.all
+            || z.marked
+                .as_ref()
+                .is_some_and(|m| m.overlaps(dev, dev + len))
+    }
 }
 
 impl Core {
@@ -225,6 +318,7 @@ impl Core {
         read_only: bool,
         member_timeout: Duration,
     ) -> Core {
+        let checksums = sb.checksums.enabled();
         Core {
             name: name.to_string(),
             geom,
@@ -239,6 +333,8 @@ impl Core {
             timeout_ns: AtomicU64::new(member_timeout.as_nanos() as u64),
             alive: AtomicBool::new(true),
             wake: Wake::default(),
+            window: CrashWindow::default(),
+            checksums,
         }
     }
 
@@ -375,7 +471,70 @@ impl Core {
         dev: u64,
     ) -> Option<std::result::Result<(), MemberError>> {
         let d = Self::readable(v, role, dev, buf.len() as u64)?;
-        Some(self.timed(d, || d.member.read_at(buf, d.data_offset + dev)))
+        Some(self.disk_read(d, buf, dev))
+    }
+
+    /// Read from a member's data area at `dev`: checked against its
+    /// checksums (adopting them within a crash window), timed, and its
+    /// I/O errors counted.
+    pub(crate) fn disk_read(
+        &self,
+        d: &Disk,
+        buf: &mut [u8],
+        dev: u64,
+    ) -> std::result::Result<(), MemberError> {
+        let at = d.data_offset + dev;
+        let r = self.timed(d, || match &d.checked {
+            Some(c) if self.window.covers(dev, buf.len() as u64) => c.read_adopting(buf, at),
+            _ => d.member.read_at(buf, at),
+        });
+        if let Err(e) = &r {
+            if !checked::is_mismatch(e) {
+                d.read_errors.fetch_add(1, Ordering::Relaxed);
+            } else if d.checked.as_ref().is_some_and(|c| c.past_limit()) {
+                self.fail_if_survivable(
+                    d,
+                    &format!(
+                        "{} checksum errors within {} s",
+                        checked::MISMATCH_LIMIT,
+                        checked::MISMATCH_WINDOW.as_secs()
+                    ),
+                );
+            }
+        }
+        r
+    }
+
+    /// Fail a member that keeps going bad, unless the array could not
+    /// serve without it (its good blocks are then better than none).
+    fn fail_if_survivable(&self, d: &Disk, why: &str) {
+        let v = self.view.load();
+        let Some(role) = v
+            .roles
+            .iter()
+            .position(|r| r.disk.as_ref().is_some_and(|x| std::ptr::eq(x.as_ref(), d)))
+        else {
+            return;
+        };
+        let mut gone = v.degraded_roles();
+        gone.push(role);
+        if self.geom.survives(&gone) {
+            self.fail_disk_by_ptr(d, why);
+        }
+    }
+
+    /// Write to a member's data area at `dev`, timed, its errors counted.
+    pub(crate) fn disk_write(
+        &self,
+        d: &Disk,
+        buf: &[u8],
+        dev: u64,
+    ) -> std::result::Result<(), MemberError> {
+        let r = self.timed(d, || d.member.write_at(buf, d.data_offset + dev));
+        if r.is_err() {
+            d.write_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        r
     }
 
     /// Write to every member of `role` (its disk and any replacement). A
@@ -384,7 +543,7 @@ impl Core {
     pub(crate) fn member_write(&self, v: &View, role: usize, buf: &[u8], dev: u64) -> Result<()> {
         let rv = &v.roles[role];
         for d in rv.disk.iter().chain(rv.replacement.iter().map(|x| &x.0)) {
-            if let Err(e) = self.timed(d, || d.member.write_at(buf, d.data_offset + dev)) {
+            if let Err(e) = self.disk_write(d, buf, dev) {
                 self.fail_disk_by_ptr(d, &e.to_string());
             }
         }
@@ -441,6 +600,27 @@ impl Core {
         v.roles[role].disk.is_some() || v.roles[role].replacement.is_some()
     }
 
+    /// Whether `data`, rebuilt for `role` at `dev`, agrees with the
+    /// checksums that role's member recorded (members without any agree).
+    /// A checksum entry that is itself what went bad (the member holds
+    /// exactly `data`) is recorded afresh.
+    pub(crate) fn agrees(&self, v: &View, role: usize, data: &[u8], dev: u64) -> bool {
+        let Some(d) = v.roles[role].disk.as_ref() else {
+            return true;
+        };
+        let Some(c) = &d.checked else {
+            return true;
+        };
+        let at = d.data_offset + dev;
+        if let Ok(true) = c.agrees(data, at) {
+            return true;
+        }
+        let mut raw = scratch::take(data.len());
+        let same = c.read_raw(&mut raw, at).is_ok() && raw == data;
+        scratch::give(raw);
+        same && c.adopt(at, data.len() as u64).is_ok()
+    }
+
     /// Rewrite a block that failed to read with its contents rebuilt from
     /// redundancy, then read it back (as md does); fail the member if that
     /// does not work.
@@ -448,10 +628,14 @@ impl Core {
         let Some(d) = v.roles[role].disk.as_ref() else {
             return;
         };
+        if self.read_only {
+            // Served from redundancy; the block is left for a writable start.
+            return;
+        }
         let at = d.data_offset + dev;
         let mut back = scratch::take(good.len());
         let ok = self
-            .timed(d, || d.member.write_at(good, at))
+            .disk_write(d, good, dev)
             .and_then(|()| self.timed(d, || d.member.read_at(&mut back, at)));
         match ok {
             Ok(()) if back == good => {

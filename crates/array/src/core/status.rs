@@ -1,6 +1,6 @@
 //! What a status report says of each member.
 
-use super::Core;
+use super::{Core, ErrorCounts};
 use crate::assemble::Absence;
 
 /// One member's line in a status report.
@@ -14,6 +14,9 @@ pub struct MemberStatus {
     pub state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Read, write and checksum errors seen on it (members that are open).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<ErrorCounts>,
 }
 
 impl Core {
@@ -32,6 +35,7 @@ impl Core {
                         "active"
                     },
                     reason: None,
+                    errors: Some(d.errors()),
                 },
                 (None, absence) => {
                     // A failed member still open speaks for its role.
@@ -41,6 +45,7 @@ impl Core {
                             role: Some(role),
                             state: "faulty",
                             reason: Some(why.clone()),
+                            errors: Some(d.errors()),
                         }
                     } else if let Some(Absence::Stale { member, reason }) = absence {
                         MemberStatus {
@@ -48,6 +53,7 @@ impl Core {
                             role: Some(role),
                             state: "missing",
                             reason: Some(format!("stale: {reason}")),
+                            errors: None,
                         }
                     } else {
                         MemberStatus {
@@ -55,6 +61,7 @@ impl Core {
                             role: Some(role),
                             state: "missing",
                             reason: None,
+                            errors: None,
                         }
                     }
                 }
@@ -68,6 +75,7 @@ impl Core {
                         "replacing {}",
                         rv.disk.as_ref().map_or("-", |d| d.name())
                     )),
+                    errors: Some(d.errors()),
                 });
             }
         }
@@ -76,6 +84,7 @@ impl Core {
             role: None,
             state: "spare",
             reason: None,
+            errors: Some(d.errors()),
         }));
         for (d, role, why) in &v.failed {
             if role.is_some_and(|r| v.roles[r].disk.is_none()) {
@@ -86,6 +95,7 @@ impl Core {
                 role: None,
                 state: "faulty",
                 reason: Some(why.clone()),
+                errors: Some(d.errors()),
             });
         }
         out

@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::levels::parity::DataFrom;
 use crate::levels::{self, LevelOps};
+use crate::metadata::checksums::BLOCK;
 use crate::superblock::{ArrayState, RoleState, Superblock};
 use raidkit_layout::{Geometry, Level, Piece};
 use raidkit_member::Locked;
@@ -174,6 +175,9 @@ pub struct Array {
     /// resync has not reached them. Writes there compute parity from all
     /// the data, and nothing is reconstructed from their parity.
     pub(crate) unsynced_from: AtomicU64,
+    /// Writes of whole blocks share it; a write of part of a block (read,
+    /// merged and written whole) holds it alone. Used with checksums only.
+    pub(crate) edges: std::sync::RwLock<()>,
 }
 
 impl std::fmt::Debug for Array {
@@ -207,6 +211,11 @@ impl Array {
     /// The array's current superblock content.
     pub fn superblock(&self) -> Superblock {
         self.core.meta.locked().sb.clone()
+    }
+
+    /// Whether the array keeps a checksum of every block.
+    pub fn checksums(&self) -> bool {
+        self.core.checksums
     }
 
     /// Read errors cured by rewriting the block from redundancy.
@@ -405,6 +414,37 @@ impl Array {
     /// Write `buf` at logical `offset`.
     pub fn write(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.core.check(offset, buf.len() as u64)?;
+        if !self.core.checksums {
+            return self.write_blocks(buf, offset);
+        }
+        // With checksums every member write covers whole blocks, so that
+        // no block is read back and sealed with a fresh checksum below the
+        // levels, where a bad one could not be healed.
+        let end = offset + buf.len() as u64;
+        if offset.is_multiple_of(BLOCK) && end.is_multiple_of(BLOCK) {
+            let _shared = self.edges.read().unwrap_or_else(|e| e.into_inner());
+            return self.write_blocks(buf, offset);
+        }
+        // Part of a block: its edge blocks read through the array (healed
+        // from redundancy if bad), merged, written whole. Rare (clients are
+        // told the block size), so it holds every other write off meanwhile
+        // rather than lock blocks one by one.
+        let _alone = self.edges.write().unwrap_or_else(|e| e.into_inner());
+        let (a, b) = (offset / BLOCK * BLOCK, end.next_multiple_of(BLOCK));
+        let mut whole = vec![0u8; (b - a) as usize];
+        if a < offset {
+            self.read(&mut whole[..BLOCK as usize], a)?;
+        }
+        if end < b && (b - BLOCK >= a + BLOCK || a == offset) {
+            let at = (b - BLOCK - a) as usize;
+            self.read(&mut whole[at..], b - BLOCK)?;
+        }
+        whole[(offset - a) as usize..(end - a) as usize].copy_from_slice(buf);
+        self.write_blocks(&whole, a)
+    }
+
+    /// Write `buf` at `offset` (whole blocks, if the array keeps checksums).
+    fn write_blocks(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.core.begin_write()?;
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
@@ -432,6 +472,24 @@ impl Array {
     /// Returns the logical range discarded, if any.
     pub fn discard_range(&self, offset: u64, len: u64) -> Result<Option<(u64, u64)>> {
         self.core.check(offset, len)?;
+        // With checksums, whole blocks only (the rest is the caller's to
+        // write with zeroes).
+        let (offset, len) = if self.core.checksums {
+            let (a, b) = (
+                offset.next_multiple_of(BLOCK),
+                (offset + len) / BLOCK * BLOCK,
+            );
+            if a >= b {
+                return Ok(None);
+            }
+            (a, b - a)
+        } else {
+            (offset, len)
+        };
+        let _shared = self
+            .core
+            .checksums
+            .then(|| self.edges.read().unwrap_or_else(|e| e.into_inner()));
         self.core.begin_write()?;
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
@@ -462,7 +520,7 @@ impl Array {
             r.disk
                 .iter()
                 .chain(r.replacement.iter().map(|x| &x.0))
-                .all(|d| d.member.as_file().is_some())
+                .all(|d| d.member.buffered())
         })
     }
     /// written, mark it clean.

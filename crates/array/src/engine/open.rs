@@ -161,7 +161,9 @@ impl Array {
             )
         });
         let unclean = sb.state == ArrayState::Dirty;
-        let resync_from = sb.resync.filter(|_| geom.level.has_redundancy());
+        let resync_from = sb
+            .resync
+            .filter(|_| geom.level.has_redundancy() || sb.checksums.enabled());
         let level = levels::of(geom.level);
         let a = Array {
             core: Core::new(
@@ -179,6 +181,7 @@ impl Array {
             fg_ops: AtomicU64::new(0),
             writing: AtomicUsize::new(0),
             unsynced_from: AtomicU64::new(resync_from.unwrap_or(u64::MAX)),
+            edges: std::sync::RwLock::new(()),
         };
         a.recovery.note(notes);
         if !opts.read_only {

@@ -105,6 +105,7 @@ fn file_array(
         bitmap_region: 64 << 10,
         policy,
         spares: Vec::new(),
+        checksums: false,
     };
     let new: Vec<CreateMember> = members
         .iter()

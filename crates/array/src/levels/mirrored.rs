@@ -74,7 +74,7 @@ impl LevelOps for Mirrored {
         let mut buf = scratch::take(chunk as usize);
         let r = a
             .core
-            .timed(src, || src.member.read_at(&mut buf, src.data_offset + d0))
+            .disk_read(src, &mut buf, d0)
             .map_err(Error::from)
             .and_then(|()| {
                 p.copies[1..]
@@ -378,20 +378,14 @@ impl Array {
                     detail: format!("no in-sync copy to rebuild role {} from", job.role),
                 });
             };
-            if let Err(e) = self
-                .core
-                .timed(&sd, || sd.member.read_at(&mut buf, sd.data_offset + sdev))
-            {
+            if let Err(e) = self.core.disk_read(&sd, &mut buf, sdev) {
                 drop(_g);
                 self.core.fail_disk_by_ptr(&sd, &e.to_string());
                 self.core.ensure_alive(c * chunk)?;
                 return Ok(None);
             }
             let t = &job.target;
-            if let Err(e) = self
-                .core
-                .timed(t, || t.member.write_at(&buf, t.data_offset + dev))
-            {
+            if let Err(e) = self.core.disk_write(t, &buf, dev) {
                 drop(_g);
                 self.core.fail_disk_by_ptr(t, &e.to_string());
                 return Ok(Some(done));

@@ -289,10 +289,32 @@ impl Array {
         }
         let p = read(sm.p, &mut failed);
         let q = sm.q.and_then(|q| read(q, &mut failed));
-        let solved = solve(&sm, data, p.as_deref(), q.as_deref(), len as usize);
-        let rows = match solved {
+        let rows = match self.solve_checked(
+            v,
+            &sm,
+            &data,
+            p.as_deref(),
+            q.as_deref(),
+            &failed,
+            len,
+            dev,
+        ) {
             Ok(rows) => rows,
-            Err(gone) => {
+            Err(why) => {
+                data.into_iter().flatten().for_each(scratch::give);
+                p.into_iter().chain(q).for_each(scratch::give);
+                let gone = match why {
+                    Unsolved::Lost(gone) => gone,
+                    Unsolved::Disagrees(role) => {
+                        let lost = (0..k).find(|&d| sm.data[d] == role).unwrap_or(0);
+                        return Err(Error::Unavailable {
+                            offset: self.core.geom.stripe_data_offset(stripe, lost) + col,
+                            detail: format!(
+                                "stripe {stripe}: what redundancy rebuilds for role {role} disagrees with its checksum (more damage than the level can survive)"
+                            ),
+                        });
+                    }
+                };
                 for &r in &failed {
                     if let Some(d) = &v.roles[r].disk {
                         self.core
@@ -310,21 +332,68 @@ impl Array {
                 });
             }
         };
-        if !failed.is_empty() {
-            let (pp, qq) = parity_of(&sm, &rows, len as usize);
-            for &r in &failed {
+        data.into_iter().flatten().for_each(scratch::give);
+        if !failed.is_empty() || rows.parity_wrong {
+            let (pp, qq) = parity_of(&sm, &rows.rows, len as usize);
+            let mut fix: Small<usize> = failed.clone();
+            if rows.parity_wrong {
+                fix.extend(
+                    std::iter::once(sm.p)
+                        .chain(sm.q)
+                        .filter(|r| !failed.contains(r)),
+                );
+            }
+            for &r in &fix {
                 let good: &[u8] = if r == sm.p {
                     &pp
                 } else if Some(r) == sm.q {
                     &qq
                 } else {
-                    &rows[sm.data.iter().position(|&x| x == r).expect("data role")]
+                    &rows.rows[sm.data.iter().position(|&x| x == r).expect("data role")]
                 };
                 self.core.repair(v, r, good, dev);
             }
         }
         p.into_iter().chain(q).for_each(scratch::give);
-        Ok(rows)
+        Ok(rows.rows)
+    }
+
+    /// `solve`, with every row rebuilt for a member that failed to read
+    /// checked against that member's own checksums: a rebuild from parity
+    /// that is itself stale (a write torn by a crash) must never be served
+    /// or written back. On RAID-6 a rebuild through P that disagrees is
+    /// tried through Q (P is then the one wrong). `data` is left as read.
+    #[allow(clippy::too_many_arguments)]
+    fn solve_checked(
+        &self,
+        v: &View,
+        sm: &StripeMap,
+        data: &[Option<Vec<u8>>],
+        p: Option<&[u8]>,
+        q: Option<&[u8]>,
+        failed: &[usize],
+        len: u64,
+        dev: u64,
+    ) -> std::result::Result<Solved, Unsolved> {
+        // Through P (or whatever the stripe has), then, on RAID-6 with
+        // both, through Q alone (P taken as the wrong one).
+        let mut tries = vec![(p, q, false)];
+        if p.is_some() && q.is_some() {
+            tries.push((None, q, true));
+        }
+        let mut disagrees = None;
+        for (p, q, parity_wrong) in tries {
+            let rows = solve(sm, data.to_vec(), p, q, len as usize).map_err(Unsolved::Lost)?;
+            let bad =
+                sm.data.iter().enumerate().find(|&(dd, &r)| {
+                    failed.contains(&r) && !self.core.agrees(v, r, &rows[dd], dev)
+                });
+            match bad {
+                None => return Ok(Solved { rows, parity_wrong }),
+                Some((_, &r)) => disagrees = Some(r),
+            }
+        }
+        Err(Unsolved::Disagrees(disagrees.expect("tried at least once")))
     }
 
     /// Compute stripe `stripe`'s P (and Q) straight from the data chunks in
@@ -477,6 +546,22 @@ impl Array {
         BUFS.with(|b| *b.borrow_mut() = bufs);
         done
     }
+}
+
+/// Data rows rebuilt and checked (`Array::solve_checked`).
+struct Solved {
+    rows: Vec<Vec<u8>>,
+    /// Rebuilt through Q because P gave a row that disagrees with its
+    /// checksum: P (and Q, recomputed alike) must be rewritten.
+    parity_wrong: bool,
+}
+
+/// Why a stripe's data could not be had.
+enum Unsolved {
+    /// These roles are missing or failing, more than the level covers.
+    Lost(Vec<usize>),
+    /// What redundancy gives for this role disagrees with its checksum.
+    Disagrees(usize),
 }
 
 /// Rebuild the data rows of a stripe (in dd order) from what could be

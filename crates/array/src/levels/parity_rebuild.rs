@@ -125,7 +125,7 @@ impl Array {
                         let mut buf = vec![0u8; ((b - a) * chunk) as usize];
                         let r = self
                             .core
-                            .timed(d, || d.member.read_at(&mut buf, d.data_offset + a * chunk))
+                            .disk_read(d, &mut buf, a * chunk)
                             .map(|()| buf)
                             .map_err(|e| e.to_string());
                         let failed = r.is_err();
@@ -145,9 +145,7 @@ impl Array {
             let (ack_tx, ack_rx) = std::sync::mpsc::channel();
             let spawned = std::thread::Builder::new().spawn_scoped(sc, move || {
                 for (i, a, out) in wrx {
-                    let r = self
-                        .core
-                        .timed(t, || t.member.write_at(&out, t.data_offset + a * chunk));
+                    let r = self.core.disk_write(t, &out, a * chunk);
                     let failed = r.is_err();
                     if ack_tx.send((i, r)).is_err() || failed {
                         return;

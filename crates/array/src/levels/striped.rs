@@ -55,16 +55,32 @@ impl LevelOps for Striped {
         Ok(super::span(pieces))
     }
 
-    fn units(&self, _a: &Array) -> u64 {
-        0
+    /// Nothing to resync, except where checksums are kept: a pass after
+    /// an unclean shutdown reads every chunk, to re-record the checksums
+    /// of blocks the crash tore from theirs.
+    fn units(&self, a: &Array) -> u64 {
+        if a.checksums() {
+            a.core.capacity() / a.core.geom.chunk
+        } else {
+            0
+        }
     }
 
     fn unit_in(&self, _a: &Array, _u: u64, _marked: &dyn Fn(u64, u64) -> bool) -> bool {
         false
     }
 
-    fn resync_unit(&self, _a: &Array, _v: &View, _u: u64) -> Result<()> {
-        Ok(())
+    fn resync_unit(&self, a: &Array, v: &View, u: u64) -> Result<()> {
+        let chunk = a.core.geom.chunk;
+        let mut buf = crate::scratch::take(chunk as usize);
+        let r = a
+            .core
+            .geom
+            .pieces(u * chunk, chunk)
+            .iter()
+            .try_for_each(|p| a.read_copies(v, p, &mut buf[..p.len as usize]));
+        crate::scratch::give(buf);
+        r
     }
 
     fn check_unit(

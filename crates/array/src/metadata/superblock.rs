@@ -40,6 +40,8 @@
 //! 264 resync_offset u64: with flag 1 set, the redundancy of units (stripes
 //!     of parity levels, chunks of mirrors) from here on was never made
 //!     consistent (an initial sync, or a full resync, still to finish)
+//! 272 checksums (version 2): offset u64, size u64 (0: none), block u32
+//!     (4096), algorithm u32 (1: crc32c), format u32 (see `checksums`)
 //! 1024 role table: raid_disks entries of 32 bytes:
 //!      member uuid [16], state u32, reserved u32, data_size u64
 //! ```
@@ -51,7 +53,11 @@ use serde::Serialize;
 use uuid::Uuid;
 
 pub const MAGIC: [u8; 8] = *b"RAIDKIT\0";
-pub const VERSION: u32 = 1;
+/// The format version written: 1 for members without checksums (so that
+/// older raidkit still opens them), 2 with (older raidkit refuses them
+/// rather than write data without updating its checksums).
+pub const VERSION: u32 = 2;
+const VERSION_NO_CHECKSUMS: u32 = 1;
 pub const SB_SIZE: usize = 8192;
 /// Where the two superblock copies live.
 pub const SB_OFFSETS: [u64; 2] = [0, SB_SIZE as u64];
@@ -153,7 +159,34 @@ pub struct Superblock {
     /// A resync still to finish: units (stripes of parity levels, chunks
     /// of mirrors) from this one on have redundancy never made consistent.
     pub resync: Option<u64>,
+    pub checksums: ChecksumArea,
     pub roles: Vec<RoleEntry>,
+}
+
+/// Where the checksum area lies on a member (see `checksums`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChecksumArea {
+    /// Byte offset on the member.
+    pub offset: u64,
+    /// Bytes; 0: the array keeps no checksums.
+    pub size: u64,
+}
+
+impl ChecksumArea {
+    pub fn enabled(&self) -> bool {
+        self.size > 0
+    }
+}
+
+/// Where a member of `len` bytes keeps its data, and its checksum area
+/// (just before the data) when the array keeps checksums.
+pub fn member_layout(len: u64, checksums: bool) -> (u64, ChecksumArea) {
+    let meta = data_offset_for(len);
+    if !checksums {
+        return (meta, ChecksumArea::default());
+    }
+    let size = crate::metadata::checksums::area_size(len);
+    (meta + size, ChecksumArea { offset: meta, size })
 }
 
 /// Where the write-intent bitmap lies on each member, and what it covers.
@@ -222,7 +255,15 @@ impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; SB_SIZE];
         b[0..8].copy_from_slice(&MAGIC);
-        put_u32(&mut b, 8, VERSION);
+        put_u32(
+            &mut b,
+            8,
+            if self.checksums.enabled() {
+                VERSION
+            } else {
+                VERSION_NO_CHECKSUMS
+            },
+        );
         put_u32(&mut b, 12, SB_SIZE as u32);
         put_u64(&mut b, 24, self.seq);
         b[32..48].copy_from_slice(self.array_uuid.as_bytes());
@@ -260,6 +301,14 @@ impl Superblock {
             put_u32(&mut b, 20, FLAG_RESYNC);
             put_u64(&mut b, 264, at);
         }
+        if self.checksums.enabled() {
+            use crate::metadata::checksums;
+            put_u64(&mut b, 272, self.checksums.offset);
+            put_u64(&mut b, 280, self.checksums.size);
+            put_u32(&mut b, 288, checksums::BLOCK as u32);
+            put_u32(&mut b, 292, checksums::CRC32C);
+            put_u32(&mut b, 296, checksums::FORMAT);
+        }
         for (i, r) in self.roles.iter().enumerate() {
             let at = ROLE_TABLE + i * ROLE_ENTRY;
             b[at..at + 16].copy_from_slice(r.member_uuid.as_bytes());
@@ -284,7 +333,7 @@ impl Superblock {
         if get_u32(b, 16) != block_crc(&b[..SB_SIZE]) {
             return Err(corrupt("checksum mismatch".into()));
         }
-        if version != VERSION {
+        if version != VERSION && version != VERSION_NO_CHECKSUMS {
             return Err(Error::UnsupportedVersion {
                 member: member.to_string(),
                 version,
@@ -321,6 +370,26 @@ impl Superblock {
             });
         }
         let rec = get_u64(b, 208);
+        let checksums = if version >= 2 && get_u64(b, 280) > 0 {
+            use crate::metadata::checksums;
+            let (block, algo, format) = (get_u32(b, 288), get_u32(b, 292), get_u32(b, 296));
+            if block as u64 != checksums::BLOCK
+                || algo != checksums::CRC32C
+                || format != checksums::FORMAT
+            {
+                return Err(Error::UnsupportedVersion {
+                    member: member.to_string(),
+                    version: format,
+                    supported: checksums::FORMAT,
+                });
+            }
+            ChecksumArea {
+                offset: get_u64(b, 272),
+                size: get_u64(b, 280),
+            }
+        } else {
+            ChecksumArea::default()
+        };
         Ok(Some(Superblock {
             seq: get_u64(b, 24),
             array_uuid: get_uuid(b, 32),
@@ -353,6 +422,7 @@ impl Superblock {
                 applied_seq: get_u64(b, 256),
             },
             resync: (get_u32(b, 20) & FLAG_RESYNC != 0).then(|| get_u64(b, 264)),
+            checksums,
             roles,
         }))
     }
@@ -480,6 +550,10 @@ mod tests {
             },
             journal: JournalArea::default(),
             resync: Some(77),
+            checksums: ChecksumArea {
+                offset: 1 << 20,
+                size: 1 << 20,
+            },
             roles: (0..4)
                 .map(|i| RoleEntry {
                     member_uuid: Uuid::from_u128(i),

@@ -43,6 +43,7 @@ fn build(a: &BenchEngineArgs, level: Level, tag: &str) -> Result<(Bench, Vec<Str
         bitmap_region: 64 << 20,
         policy: raidkit_array::create::Policy::parse(&a.policy)?,
         spares: Vec::new(),
+        checksums: false,
     };
     raidkit_open::create(&specs, &[], &opts, |_, _| {})
         .with_context(|| format!("creating the {level} array"))?;

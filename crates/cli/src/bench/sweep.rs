@@ -123,6 +123,7 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
                     bitmap_region: 0,
                     policy: Policy::None,
                     spares: Vec::new(),
+                    checksums: false,
                 };
                 let files: Vec<Spec> = paths.iter().map(|p| Spec::File(p.clone())).collect();
                 raidkit_open::create(&files, &[], &opts, |_, _| {})

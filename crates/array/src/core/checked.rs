@@ -1,0 +1,452 @@
+//! A member whose data area is checked against its checksum area
+//! (`metadata::checksums`): every block read is verified, every block
+//! written gets its checksum recorded. Everything outside the data area
+//! (superblocks, bitmap, journal) passes through untouched.
+//!
+//! A block that disagrees with its checksum is a read error of that block
+//! (`ErrorKind::InvalidData`), which the levels treat as any read error:
+//! rebuilt from redundancy, the result checked against the block's own
+//! checksum (`agrees`), rewritten and read back. Within a crash window
+//! (regions being written when the array stopped uncleanly) the array reads
+//! with `read_adopting` instead: data and checksum may have been torn
+//! apart by the crash, so the data is taken and its checksum recomputed.
+//!
+//! Checksums live in memory once loaded (4 bytes per 4 KiB of data: 1 GiB
+//! of RAM per TiB of members) and go back to the member at every flush,
+//! before the member's own flush.
+
+use crate::metadata::checksums::{self, BLOCK, PER_PAGE};
+use crate::scratch;
+use crate::superblock::ChecksumArea;
+use raidkit_member::{Locked, Member, MemberError, Op};
+use std::collections::HashSet;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const PAGE_BYTES: usize = (PER_PAGE * checksums::ENTRY) as usize;
+
+/// Writes of parts of blocks read-modify-write them under these.
+const RMW_LOCKS: usize = 64;
+
+#[derive(Debug, Default)]
+struct Page {
+    /// None until read from the member.
+    sums: Option<Box<[u32]>>,
+    dirty: bool,
+    /// Checksums of writes in flight (entry index, new sum): a read that
+    /// races a write of its block may see either content.
+    pending: Vec<(u16, u32)>,
+}
+
+/// What verifying a range found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    /// Member offsets of blocks that disagree with their checksum.
+    pub bad: Vec<u64>,
+}
+
+/// A member with checked data.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    inner: Arc<dyn Member>,
+    data_offset: u64,
+    area: ChecksumArea,
+    pages: Box<[Mutex<Page>]>,
+    rmw: Box<[Mutex<()>]>,
+    /// Blocks found bad and not rewritten since: each is counted once.
+    known_bad: Mutex<HashSet<u64>>,
+    /// Blocks that disagreed with their checksum (each counted once until rewritten).
+    pub mismatches: AtomicU64,
+    /// Blocks whose checksum was recomputed from their data in a crash window.
+    pub adopted: AtomicU64,
+    /// When recent mismatches were found (for the failure threshold).
+    recent: Mutex<std::collections::VecDeque<Instant>>,
+}
+
+/// A member with this many checksum errors within `MISMATCH_WINDOW` is
+/// failed (ZED's default for a checksum-degraded vdev).
+pub(crate) const MISMATCH_LIMIT: usize = 10;
+pub(crate) const MISMATCH_WINDOW: Duration = Duration::from_secs(600);
+
+fn invalid(name: &str, op: Op, offset: u64, len: u64, what: String) -> MemberError {
+    MemberError::new(
+        name,
+        op,
+        offset,
+        len,
+        io::Error::new(io::ErrorKind::InvalidData, what),
+    )
+}
+
+/// Whether a member error is a checksum mismatch (not an I/O error).
+pub(crate) fn is_mismatch(e: &MemberError) -> bool {
+    e.source.kind() == io::ErrorKind::InvalidData
+}
+
+impl Checked {
+    pub fn new(inner: Arc<dyn Member>, data_offset: u64, area: ChecksumArea) -> Checked {
+        let n = area.size.div_ceil(PAGE_BYTES as u64) as usize;
+        Checked {
+            inner,
+            data_offset,
+            area,
+            pages: (0..n).map(|_| Mutex::new(Page::default())).collect(),
+            rmw: (0..RMW_LOCKS).map(|_| Mutex::new(())).collect(),
+            known_bad: Mutex::new(HashSet::new()),
+            mismatches: AtomicU64::new(0),
+            adopted: AtomicU64::new(0),
+            recent: Mutex::new(Default::default()),
+        }
+    }
+
+    fn entries(&self) -> u64 {
+        self.area.size / checksums::ENTRY
+    }
+
+    /// The part of `[off, off + len)` in the checked data area.
+    fn data_part(&self, off: u64, len: u64) -> Option<(u64, u64)> {
+        let lo = off.max(self.data_offset);
+        let hi = (off + len).min(self.data_offset + self.entries() * BLOCK);
+        (lo < hi).then_some((lo, hi))
+    }
+
+    /// Run `f` on the loaded page of entry `i` (block index in the data area).
+    fn with_page<T>(
+        &self,
+        i: u64,
+        f: impl FnOnce(&mut Page, usize) -> T,
+    ) -> Result<T, MemberError> {
+        let (pg, at) = ((i / PER_PAGE) as usize, (i % PER_PAGE) as usize);
+        let mut page = self.pages[pg].locked();
+        if page.sums.is_none() {
+            let mut raw = vec![0u8; PAGE_BYTES];
+            self.inner
+                .read_at(&mut raw, self.area.offset + pg as u64 * PAGE_BYTES as u64)?;
+            page.sums = Some(
+                raw.chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                    .collect(),
+            );
+        }
+        Ok(f(&mut page, at))
+    }
+
+    /// Check `data`, read from member offset `at` (block aligned), against
+    /// the recorded checksums (and those of writes in flight).
+    fn verify(&self, data: &[u8], at: u64) -> Result<Verdict, MemberError> {
+        let mut v = Verdict::default();
+        for (k, blk) in data.chunks(BLOCK as usize).enumerate() {
+            let off = at + k as u64 * BLOCK;
+            let i = (off - self.data_offset) / BLOCK;
+            let ok = self.with_page(i, |p, e| {
+                let s = p.sums.as_ref().expect("loaded")[e];
+                if checksums::matches(s, blk) {
+                    return true;
+                }
+                let fresh = checksums::sum(blk);
+                p.pending
+                    .iter()
+                    .any(|&(x, ps)| x as usize == e && ps == fresh)
+            })?;
+            if !ok {
+                v.bad.push(off);
+            }
+        }
+        Ok(v)
+    }
+
+    /// Record `sum` for entry `i`.
+    fn record(&self, i: u64, sum: u32) -> Result<(), MemberError> {
+        self.with_page(i, |p, e| {
+            p.sums.as_mut().expect("loaded")[e] = sum;
+            p.dirty = true;
+        })
+    }
+
+    /// Whether `data`, meant for member offset `at`, agrees with the
+    /// checksums recorded for it (blocks with none agree; so do parts of
+    /// blocks, which cannot be checked alone): a reconstruction is
+    /// trusted only if it does.
+    pub fn agrees(&self, data: &[u8], at: u64) -> Result<bool, MemberError> {
+        let Some((lo, hi)) = self.data_part(at, data.len() as u64) else {
+            return Ok(true);
+        };
+        let (a, b) = (lo.next_multiple_of(BLOCK), hi / BLOCK * BLOCK);
+        if a >= b {
+            return Ok(true);
+        }
+        let part = &data[(a - at) as usize..(b - at) as usize];
+        Ok(self.verify(part, a)?.bad.is_empty())
+    }
+
+    /// Read without checking (what the disk holds, right or wrong).
+    pub fn read_raw(&self, buf: &mut [u8], off: u64) -> Result<(), MemberError> {
+        self.inner.read_at(buf, off)
+    }
+
+    /// Read `buf` at `off`, the data part checked block by block: `adopt`
+    /// takes blocks that disagree as they are and records their checksum
+    /// instead of failing.
+    fn read_checked(&self, buf: &mut [u8], off: u64, adopt: bool) -> Result<(), MemberError> {
+        let Some((lo, hi)) = self.data_part(off, buf.len() as u64) else {
+            return self.inner.read_at(buf, off);
+        };
+        let (a, b) = (lo / BLOCK * BLOCK, hi.next_multiple_of(BLOCK));
+        let aligned = a == off && b == off + buf.len() as u64;
+        if aligned {
+            self.inner.read_at(buf, off)?;
+            return self.check_read(buf, a, adopt);
+        }
+        // Parts outside the data area, then the blocks the request touches.
+        if off < lo {
+            self.inner.read_at(&mut buf[..(lo - off) as usize], off)?;
+        }
+        let end = off + buf.len() as u64;
+        if hi < end {
+            let from = (hi - off) as usize;
+            self.inner.read_at(&mut buf[from..], hi)?;
+        }
+        let mut whole = scratch::take((b - a) as usize);
+        let r = self.inner.read_at(&mut whole, a).and_then(|()| {
+            self.check_read(&mut whole, a, adopt)?;
+            buf[(lo - off) as usize..(hi - off) as usize]
+                .copy_from_slice(&whole[(lo - a) as usize..(hi - a) as usize]);
+            Ok(())
+        });
+        scratch::give(whole);
+        r
+    }
+
+    /// Verify blocks just read at `a`; on a mismatch read them once more
+    /// (a write may have raced the read) before it counts.
+    fn check_read(&self, data: &mut [u8], a: u64, adopt: bool) -> Result<(), MemberError> {
+        let first = self.verify(data, a)?;
+        if first.bad.is_empty() {
+            return Ok(());
+        }
+        let mut bad = Vec::new();
+        for off in first.bad {
+            let at = (off - a) as usize;
+            let blk = &mut data[at..at + BLOCK as usize];
+            self.inner.read_at(blk, off)?;
+            if !self.verify(blk, off)?.bad.is_empty() {
+                bad.push(off);
+            }
+        }
+        if bad.is_empty() {
+            return Ok(());
+        }
+        if adopt {
+            for &off in &bad {
+                let at = (off - a) as usize;
+                let s = checksums::sum(&data[at..at + BLOCK as usize]);
+                self.record((off - self.data_offset) / BLOCK, s)?;
+                self.adopted.fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(());
+        }
+        {
+            let mut known = self.known_bad.locked();
+            let mut recent = self.recent.locked();
+            for &off in &bad {
+                if known.insert(off) {
+                    self.mismatches.fetch_add(1, Ordering::Relaxed);
+                    recent.push_back(Instant::now());
+                }
+            }
+            while recent.len() > MISMATCH_LIMIT {
+                recent.pop_front();
+            }
+        }
+        Err(invalid(
+            self.inner.name(),
+            Op::Read,
+            bad[0],
+            BLOCK,
+            format!(
+                "checksum mismatch: {} block(s) of {BLOCK} bytes disagree with their checksum, the first at member offset {}",
+                bad.len(),
+                bad[0]
+            ),
+        ))
+    }
+
+    /// Whether the member has had `MISMATCH_LIMIT` checksum errors within
+    /// `MISMATCH_WINDOW`.
+    pub fn past_limit(&self) -> bool {
+        let recent = self.recent.locked();
+        recent.len() >= MISMATCH_LIMIT
+            && recent
+                .front()
+                .is_some_and(|t| t.elapsed() <= MISMATCH_WINDOW)
+    }
+
+    /// Read, taking blocks that disagree with their checksum as they are
+    /// (a crash window: see the module).
+    pub fn read_adopting(&self, buf: &mut [u8], off: u64) -> Result<(), MemberError> {
+        self.read_checked(buf, off, true)
+    }
+
+    /// Take the blocks of `[off, off + len)` as the member holds them and
+    /// record their checksums (a checksum entry found wrong where the data
+    /// is right). Returns how many changed.
+    pub fn adopt(&self, off: u64, len: u64) -> Result<u64, MemberError> {
+        let before = self.adopted.load(Ordering::Relaxed);
+        let mut buf = scratch::take(len as usize);
+        let r = self.read_adopting(&mut buf, off);
+        scratch::give(buf);
+        r?;
+        Ok(self.adopted.load(Ordering::Relaxed) - before)
+    }
+
+    /// Write whole blocks at `a` (block aligned): checksums recorded as
+    /// pending first, so a racing read of either content passes, then
+    /// for good once written.
+    fn write_blocks(&self, data: &[u8], a: u64) -> Result<(), MemberError> {
+        let first = (a - self.data_offset) / BLOCK;
+        let sums: Vec<u32> = data.chunks(BLOCK as usize).map(checksums::sum).collect();
+        for (k, &s) in sums.iter().enumerate() {
+            self.with_page(first + k as u64, |p, e| p.pending.push((e as u16, s)))?;
+        }
+        let done = self.inner.write_at(data, a);
+        for (k, &s) in sums.iter().enumerate() {
+            self.with_page(first + k as u64, |p, e| {
+                if let Some(x) = p
+                    .pending
+                    .iter()
+                    .position(|&(i, ps)| i as usize == e && ps == s)
+                {
+                    p.pending.swap_remove(x);
+                }
+                if done.is_ok() {
+                    p.sums.as_mut().expect("loaded")[e] = s;
+                    p.dirty = true;
+                }
+            })?;
+        }
+        if done.is_ok() && !self.known_bad.locked().is_empty() {
+            let mut known = self.known_bad.locked();
+            for k in 0..sums.len() as u64 {
+                known.remove(&(a + k * BLOCK));
+            }
+        }
+        done
+    }
+
+    /// Write the checksum pages changed since the last flush.
+    fn write_back(&self) -> Result<(), MemberError> {
+        for (pg, slot) in self.pages.iter().enumerate() {
+            let bytes = {
+                let mut p = slot.locked();
+                if !p.dirty {
+                    continue;
+                }
+                p.dirty = false;
+                let sums = p.sums.as_ref().expect("a dirty page is loaded");
+                sums.iter()
+                    .flat_map(|s| s.to_le_bytes())
+                    .collect::<Vec<u8>>()
+            };
+            let at = self.area.offset + pg as u64 * PAGE_BYTES as u64;
+            if let Err(e) = self.inner.write_at(&bytes, at) {
+                slot.locked().dirty = true;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Member for Checked {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), MemberError> {
+        self.read_checked(buf, offset, false)
+    }
+
+    fn write_at(&self, buf: &[u8], off: u64) -> Result<(), MemberError> {
+        let Some((lo, hi)) = self.data_part(off, buf.len() as u64) else {
+            return self.inner.write_at(buf, off);
+        };
+        if off < lo {
+            self.inner.write_at(&buf[..(lo - off) as usize], off)?;
+        }
+        let end = off + buf.len() as u64;
+        if hi < end {
+            self.inner.write_at(&buf[(hi - off) as usize..], hi)?;
+        }
+        let (a, b) = (lo / BLOCK * BLOCK, hi.next_multiple_of(BLOCK));
+        let part = &buf[(lo - off) as usize..(hi - off) as usize];
+        if a == lo && b == hi {
+            return self.write_blocks(part, a);
+        }
+        // Part of a block: read it (checked: a bad block must not be sealed
+        // with a fresh checksum), merge, write it whole. The array heals
+        // the blocks at a write's edges before writing; what fails here
+        // is rot that came in between, and fails the write.
+        let _g = self.rmw[((a / BLOCK) as usize) % RMW_LOCKS].locked();
+        let mut whole = scratch::take((b - a) as usize);
+        let r = self.read_checked(&mut whole, a, false).and_then(|()| {
+            whole[(lo - a) as usize..(hi - a) as usize].copy_from_slice(part);
+            self.write_blocks(&whole, a)
+        });
+        scratch::give(whole);
+        r
+    }
+
+    fn write_at_durable(&self, buf: &[u8], offset: u64) -> Result<(), MemberError> {
+        if self.data_part(offset, buf.len() as u64).is_none() {
+            return self.inner.write_at_durable(buf, offset);
+        }
+        self.write_at(buf, offset)?;
+        self.flush()
+    }
+
+    fn flush(&self) -> Result<(), MemberError> {
+        self.write_back()?;
+        self.inner.flush()
+    }
+
+    fn close(&self) -> Result<(), MemberError> {
+        self.write_back()?;
+        self.inner.close()
+    }
+
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+
+    fn buffered(&self) -> bool {
+        self.inner.buffered()
+    }
+
+    fn discard(&self, off: u64, len: u64) -> Result<(), MemberError> {
+        let Some((lo, hi)) = self.data_part(off, len) else {
+            return self.inner.discard(off, len);
+        };
+        // Whole blocks read back zeroes after; parts of blocks are written
+        // with zeroes (and their checksums updated) instead.
+        let (a, b) = (lo.next_multiple_of(BLOCK), hi / BLOCK * BLOCK);
+        if a >= b {
+            return raidkit_member::write_zeroes(self, off, len);
+        }
+        raidkit_member::write_zeroes(self, off, a - off)?;
+        raidkit_member::write_zeroes(self, b, off + len - b)?;
+        self.inner.discard(a, b - a)?;
+        let z = checksums::zero_sum();
+        for i in (a - self.data_offset) / BLOCK..(b - self.data_offset) / BLOCK {
+            self.record(i, z)?;
+        }
+        let mut known = self.known_bad.locked();
+        known.retain(|&o| o < a || o >= b);
+        Ok(())
+    }
+}
