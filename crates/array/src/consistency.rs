@@ -288,6 +288,13 @@ impl Array {
                     self.recovery.note(vec![
                         "not shut down cleanly and degraded: started by force; stripes being written at the crash may rebuild wrong".into(),
                     ]);
+                    if checksums {
+                        // No resync can run: blocks being written at the
+                        // crash keep being taken as they are while it runs.
+                        self.core
+                            .window
+                            .open(self.core.bitmap.as_ref().map(|b| b.snapshot()));
+                    }
                     return Ok(());
                 }
                 return Err(Error::NotEnoughMembers {

@@ -11,6 +11,9 @@
 //!       itself (crash and member loss together: the write hole).
 //! With the bitmap policy and a member missing at restart, the same checks
 //! must find the write hole: that is what the journal is for.
+//! Each runs without checksums and with them (the default for new arrays):
+//! with them, a block torn from its checksum by the cut must never count
+//! as a checksum error nor be "repaired" from redundancy (it is adopted).
 
 use raidkit_array::assemble::assemble;
 use raidkit_array::create::{CreateOptions, Policy};
@@ -23,6 +26,26 @@ use std::sync::Arc;
 const CHUNK: u64 = 16 << 10;
 const MEMBER: u64 = (1 << 20) + 24 * CHUNK;
 const SECTOR: usize = 512;
+
+thread_local! {
+    /// Whether the arrays this test's thread creates keep checksums.
+    static CHECKSUMS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Run `f` with arrays created with checksums.
+fn with_checksums(f: impl FnOnce()) {
+    CHECKSUMS.with(|c| c.set(true));
+    f();
+}
+
+/// Checksum errors counted on an array's members.
+fn checksum_errors(a: &Array) -> u64 {
+    a.members_status()
+        .iter()
+        .filter_map(|m| m.errors)
+        .map(|e| e.checksum)
+        .sum()
+}
 
 /// Blank member images of a freshly created array.
 fn template(level: Level, n: usize, policy: Policy) -> Vec<Vec<u8>> {
@@ -42,7 +65,7 @@ fn template(level: Level, n: usize, policy: Policy) -> Vec<Vec<u8>> {
         bitmap_region: 64 << 10,
         policy,
         spares: Vec::new(),
-        checksums: false,
+        checksums: CHECKSUMS.with(|c| c.get()),
     };
     let specs: Vec<Spec> = paths.iter().map(|p| Spec::File(p.clone())).collect();
     raidkit_open::create(&specs, &[], &opts, |_, _| {}).unwrap();
@@ -234,6 +257,7 @@ fn journal_survives_cuts(level: Level, n: usize, cuts: u64, seed: u64) {
             0,
             "{level} cut {c}: (a)/(b) after restart"
         );
+        assert_eq!(checksum_errors(&a), 0, "{level} cut {c}: torn, not rotten");
         assert_eq!(
             a.count_mismatches().unwrap(),
             0,
@@ -272,6 +296,16 @@ fn raid6_journal_survives_power_cuts() {
     journal_survives_cuts(Level::Raid6, 5, 550, 2);
 }
 
+#[test]
+fn raid5_journal_with_checksums_survives_power_cuts() {
+    with_checksums(|| journal_survives_cuts(Level::Raid5, 4, 600, 3));
+}
+
+#[test]
+fn raid6_journal_with_checksums_survives_power_cuts() {
+    with_checksums(|| journal_survives_cuts(Level::Raid6, 5, 300, 4));
+}
+
 /// The journal's `applied_seq` in a member image's superblock: above 0
 /// once the log has been full and checkpointed.
 fn applied_seq(img: &[u8]) -> u64 {
@@ -285,6 +319,15 @@ fn applied_seq(img: &[u8]) -> u64 {
 
 #[test]
 fn a_full_journal_is_checkpointed_and_power_cuts_after_it_lose_nothing() {
+    full_journal_cuts();
+}
+
+#[test]
+fn a_full_journal_with_checksums_is_checkpointed_and_loses_nothing() {
+    with_checksums(full_journal_cuts);
+}
+
+fn full_journal_cuts() {
     // Long workloads (up to 400 operations, mostly partial-stripe writes
     // whose records carry their data): the log (960 KiB here) fills and
     // starts over many times, so it holds records of earlier rounds that
@@ -301,6 +344,7 @@ fn a_full_journal_is_checkpointed_and_power_cuts_after_it_lose_nothing() {
         let all: Vec<Option<Vec<u8>>> = imgs.iter().cloned().map(Some).collect();
         let (a, _) = open(&all, false).unwrap();
         assert_eq!(m.violations(&read_all(&a)), 0, "cut {c}: after restart");
+        assert_eq!(checksum_errors(&a), 0, "cut {c}: torn, not rotten");
         assert_eq!(a.count_mismatches().unwrap(), 0, "cut {c}: parity");
         drop(a);
         let gone = [(c % 4) as usize];
@@ -319,6 +363,15 @@ fn a_full_journal_is_checkpointed_and_power_cuts_after_it_lose_nothing() {
 
 #[test]
 fn raid5_journal_survives_power_cuts_during_a_rebuild() {
+    cuts_during_a_rebuild(150);
+}
+
+#[test]
+fn raid5_journal_with_checksums_survives_power_cuts_during_a_rebuild() {
+    with_checksums(|| cuts_during_a_rebuild(80));
+}
+
+fn cuts_during_a_rebuild(cuts: u64) {
     // Member 3 misses writes (the array runs without it), so it comes back
     // stale and is rebuilt while the workload runs and the power is cut.
     let mut tpl = template(Level::Raid5, 4, Policy::Journal);
@@ -332,7 +385,7 @@ fn raid5_journal_survives_power_cuts_during_a_rebuild() {
         }
     }
     let mut mid_rebuild = 0;
-    for c in 0..150u64 {
+    for c in 0..cuts {
         let mut rng = CutRng::new(5_000 + c);
         let (m, imgs) = workload_with(&tpl, &mut rng, true);
         let all: Vec<Option<Vec<u8>>> = imgs.iter().cloned().map(Some).collect();
@@ -345,6 +398,7 @@ fn raid5_journal_survives_power_cuts_during_a_rebuild() {
             0,
             "cut {c}: before the rebuild resumes"
         );
+        assert_eq!(checksum_errors(&a), 0, "cut {c}: torn, not rotten");
         a.recover_all().unwrap();
         let got = read_all(&a);
         assert_eq!(m.violations(&got), 0, "cut {c}: after the rebuild");
@@ -360,16 +414,25 @@ fn raid5_journal_survives_power_cuts_during_a_rebuild() {
         );
     }
     assert!(
-        mid_rebuild > 10,
+        mid_rebuild > cuts / 15,
         "only {mid_rebuild} cuts landed mid-rebuild"
     );
 }
 
 #[test]
 fn bitmap_policy_resyncs_after_a_cut_but_has_the_write_hole() {
+    bitmap_cuts(300);
+}
+
+#[test]
+fn bitmap_policy_with_checksums_resyncs_after_a_cut() {
+    with_checksums(|| bitmap_cuts(200));
+}
+
+fn bitmap_cuts(cuts: u64) {
     let tpl = template(Level::Raid5, 4, Policy::Bitmap);
     let mut holes = 0;
-    for c in 0..300u64 {
+    for c in 0..cuts {
         let mut rng = CutRng::new(77_000 + c);
         let (m, imgs) = workload(&tpl, &mut rng);
         // Every member back: reads are right at once, and the bitmap's
@@ -377,6 +440,7 @@ fn bitmap_policy_resyncs_after_a_cut_but_has_the_write_hole() {
         let all: Vec<Option<Vec<u8>>> = imgs.iter().cloned().map(Some).collect();
         let (a, _) = open(&all, false).unwrap();
         assert_eq!(m.violations(&read_all(&a)), 0, "cut {c}");
+        assert_eq!(checksum_errors(&a), 0, "cut {c}: torn, not rotten");
         a.recover_all().unwrap();
         if m.wrote {
             assert_eq!(a.last_recovery().unwrap().kind, "parity-resync");
@@ -402,7 +466,7 @@ fn bitmap_policy_resyncs_after_a_cut_but_has_the_write_hole() {
     }
     assert!(
         holes > 0,
-        "no write hole seen in 300 cuts: the model cannot see it"
+        "no write hole seen in {cuts} cuts: the model cannot see it"
     );
 }
 
@@ -498,6 +562,16 @@ fn unsynced_template(level: Level, n: usize) -> Vec<Vec<u8>> {
 
 #[test]
 fn power_cuts_during_the_initial_sync_leave_it_to_be_finished() {
+    cuts_during_the_initial_sync(1);
+}
+
+#[test]
+fn power_cuts_during_the_initial_sync_with_checksums() {
+    with_checksums(|| cuts_during_the_initial_sync(2));
+}
+
+/// `divide`: run a share of the cuts.
+fn cuts_during_the_initial_sync(divide: u64) {
     // The initial sync runs (slowly) while writes come in and the power is
     // cut. After the restart the sync must still be pending where it had
     // not reached (the restart's recovery finishes it), flushed writes
@@ -510,6 +584,7 @@ fn power_cuts_during_the_initial_sync_leave_it_to_be_finished() {
         (Level::Raid6, 5, 40),
         (Level::Raid1, 2, 40),
     ] {
+        let cuts = cuts / divide;
         let tpl = unsynced_template(level, n);
         let lose = level.parity_count().max(1);
         let gone_sets = subsets(n, lose);

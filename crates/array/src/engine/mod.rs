@@ -429,18 +429,37 @@ impl Array {
         // from redundancy if bad), merged, written whole. Rare (clients are
         // told the block size), so it holds every other write off meanwhile
         // rather than lock blocks one by one.
+        //
+        // The merged edge blocks are written on their own, the whole blocks
+        // between as one write: a write that came to cover whole stripes
+        // only by merging must not be logged as intent only (after a crash
+        // with a member lost, an intent's window is left as the crash left
+        // it, which is right only for bytes the client itself wrote).
         let _alone = self.edges.write().unwrap_or_else(|e| e.into_inner());
         let (a, b) = (offset / BLOCK * BLOCK, end.next_multiple_of(BLOCK));
-        let mut whole = vec![0u8; (b - a) as usize];
-        if a < offset {
-            self.read(&mut whole[..BLOCK as usize], a)?;
+        let mut edge = vec![0u8; BLOCK as usize];
+        let mut put_edge = |at: u64| -> Result<()> {
+            self.read(&mut edge, at)?;
+            let (lo, hi) = (offset.max(at), end.min(at + BLOCK));
+            edge[(lo - at) as usize..(hi - at) as usize]
+                .copy_from_slice(&buf[(lo - offset) as usize..(hi - offset) as usize]);
+            self.write_blocks(&edge, at)
+        };
+        let head = (a < offset).then_some(a);
+        let tail = (end < b && head != Some(b - BLOCK)).then_some(b - BLOCK);
+        let mid_lo = head.map_or(a, |h| h + BLOCK);
+        let mid_hi = tail.unwrap_or(b).max(mid_lo);
+        if let Some(h) = head {
+            put_edge(h)?;
         }
-        if end < b && (b - BLOCK >= a + BLOCK || a == offset) {
-            let at = (b - BLOCK - a) as usize;
-            self.read(&mut whole[at..], b - BLOCK)?;
+        if mid_lo < mid_hi {
+            let from = (mid_lo - offset) as usize;
+            self.write_blocks(&buf[from..from + (mid_hi - mid_lo) as usize], mid_lo)?;
         }
-        whole[(offset - a) as usize..(end - a) as usize].copy_from_slice(buf);
-        self.write_blocks(&whole, a)
+        if let Some(t) = tail {
+            put_edge(t)?;
+        }
+        Ok(())
     }
 
     /// Write `buf` at `offset` (whole blocks, if the array keeps checksums).

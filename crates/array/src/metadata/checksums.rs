@@ -7,8 +7,10 @@
 //! Just before the data, at the end of the metadata area:
 //! `[data_offset - size, data_offset)`. Its offset and size are in the
 //! superblock (format version 2; version 1 members have none). A member of
-//! `len` bytes keeps `len / 1024` bytes of checksums, rounded up to a MiB,
-//! on top of the usual metadata (`data_offset_for`): 0.1 % of the disk.
+//! `len` bytes needs `len / 1024` bytes of checksums (0.1 %), in 64 KiB
+//! steps: up to a quarter of the usual metadata area (`data_offset_for`,
+//! members up to 32 GiB) it is taken from the end of that area (the
+//! journal gets the rest); beyond, the data starts that much later.
 //!
 //! # Format (version 1)
 //!
@@ -52,11 +54,13 @@ pub const FORMAT: u32 = 1;
 pub const CRC32C: u32 = 1;
 /// Entries per 4 KiB page of the area (the unit it is read and written in).
 pub const PER_PAGE: u64 = 1024;
-const MIB: u64 = 1 << 20;
 
-/// Bytes of checksum area a member of `len` bytes reserves.
+/// Bytes of checksum area a member of `len` bytes needs: an entry for
+/// every block, in 64 KiB steps.
 pub fn area_size(len: u64) -> u64 {
-    len.div_ceil(BLOCK * PER_PAGE).max(1).div_ceil(256) * MIB
+    (len.div_ceil(BLOCK) * ENTRY)
+        .max(1)
+        .next_multiple_of(64 << 10)
 }
 
 /// The checksum of one block as recorded (never 0: 0 is "none yet").
@@ -81,10 +85,11 @@ pub fn matches(recorded: u32, block: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    const MIB: u64 = 1 << 20;
 
     #[test]
-    fn area_is_a_thousandth_rounded_to_a_mib() {
-        assert_eq!(area_size(16 << 20), MIB);
+    fn area_is_a_thousandth_in_64k_steps() {
+        assert_eq!(area_size(16 << 20), 64 << 10);
         assert_eq!(area_size(1 << 30), MIB);
         assert_eq!(area_size(1 << 40), 1 << 30);
         // Holds an entry for every block of the member.

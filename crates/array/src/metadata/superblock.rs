@@ -186,7 +186,20 @@ pub fn member_layout(len: u64, checksums: bool) -> (u64, ChecksumArea) {
         return (meta, ChecksumArea::default());
     }
     let size = crate::metadata::checksums::area_size(len);
-    (meta + size, ChecksumArea { offset: meta, size })
+    // Small enough: carved from the end of the metadata area (the journal
+    // there gets the rest); else the data starts later.
+    let data = if size <= meta / 4 {
+        meta
+    } else {
+        (meta + size).next_multiple_of(MIB)
+    };
+    (
+        data,
+        ChecksumArea {
+            offset: data - size,
+            size,
+        },
+    )
 }
 
 /// Where the write-intent bitmap lies on each member, and what it covers.
