@@ -1,5 +1,5 @@
 //! Background processes (rebuild, resync, replacement, parity resync,
-//! check; scrub and reshape next) on one framework, in the spirit of md's
+//! check, scrub; reshape next) on one framework, in the spirit of md's
 //! sync thread and SPDK's raid_bdev_process: a [`Process`] walks windows of
 //! units in order (`windows`), paced by a throttle ([`Pacer`], md's
 //! speed_limit_min/max), checkpoints its position every few seconds
@@ -96,7 +96,7 @@ pub(crate) struct Recovery {
     min_rate: AtomicU64,
     /// Bytes/s when idle; 0: no limit.
     max_rate: AtomicU64,
-    done: AtomicU64,
+    pub(crate) done: AtomicU64,
     /// (when, bytes done) of this run, one every `SAMPLE_EVERY`, the last
     /// `RECENT` of them: the recent rate.
     samples: Mutex<std::collections::VecDeque<(Instant, u64)>>,
@@ -104,6 +104,11 @@ pub(crate) struct Recovery {
     pub(crate) pending_parity: Mutex<Option<ParityResync>>,
     /// A parity resync has not finished: the array must stay marked dirty.
     pub(crate) parity_unfinished: std::sync::atomic::AtomicBool,
+    /// A scrub asked for and not started yet.
+    pub(crate) pending_scrub: Mutex<Option<crate::scrub::ScrubRequest>>,
+    /// Tells a running scrub to stop.
+    pub(crate) scrub_stop: std::sync::atomic::AtomicBool,
+    pub(crate) last_scrub: Mutex<Option<crate::scrub::LastScrub>>,
 }
 
 impl Default for Recovery {
@@ -116,6 +121,9 @@ impl Default for Recovery {
             samples: Mutex::default(),
             pending_parity: Mutex::new(None),
             parity_unfinished: std::sync::atomic::AtomicBool::new(false),
+            pending_scrub: Mutex::new(None),
+            scrub_stop: std::sync::atomic::AtomicBool::new(false),
+            last_scrub: Mutex::new(None),
         }
     }
 }

@@ -425,6 +425,7 @@ pub fn create(
             // process dies before it completes.
             resync: needs_sync.then_some(0),
             checksums: area,
+            scrub: None,
             roles: roles.clone(),
         };
         write_superblock(m.as_ref(), &mut sb)?;

@@ -30,6 +30,7 @@ pub mod metadata;
 pub mod policy;
 mod recovery;
 mod scratch;
+pub mod scrub;
 mod seams;
 // The metadata formats keep their paths (raidkit_array::superblock...).
 pub use metadata::{bitmap, checksums, journal, superblock};
@@ -39,4 +40,5 @@ pub use assemble::Health;
 pub use background::{LastRecovery, RecoveryStatus, DEFAULT_MIN_RATE};
 pub use engine::{Array, Mismatch, OpenOptions};
 pub use error::{Error, Result};
+pub use scrub::{Finding, LastScrub};
 pub use superblock::SB_SIZE;

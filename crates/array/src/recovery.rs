@@ -109,6 +109,9 @@ impl Array {
                 }
             }
         }
+        if !self.core.wake.stopped() && self.next_job().is_none() {
+            self.run_pending_scrub()?;
+        }
         Ok(())
     }
 

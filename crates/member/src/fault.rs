@@ -13,6 +13,7 @@
 //! | `fail-writes-after=N` | the first N writes succeed, every later one fails (EIO) |
 //! | `delay=DUR` | every read and write first sleeps DUR (`5ms`, `1s`, `200us`) |
 //! | `vanish-after=N` | after N operations every operation fails (ENODEV), as a pulled cable |
+//! | `corrupt-at=OFF[,OFF...]` | silent corruption: a read that covers any of these member offsets returns that byte with bits flipped (and no error), until a write covers the offset (the disk then holds what was written) |
 //!
 //! Offsets take K/M/G/T suffixes.
 
@@ -30,6 +31,7 @@ pub struct FaultConfig {
     pub fail_writes_after: Option<u64>,
     pub delay: Option<Duration>,
     pub vanish_after: Option<u64>,
+    pub corrupt_at: Vec<u64>,
 }
 
 fn parse_u64_size(s: &str) -> std::result::Result<u64, String> {
@@ -86,9 +88,14 @@ impl FaultConfig {
                 "fail-writes-after" => c.fail_writes_after = Some(parse_u64_size(v)?),
                 "delay" => c.delay = Some(parse_duration(v)?),
                 "vanish-after" => c.vanish_after = Some(parse_u64_size(v)?),
+                "corrupt-at" => {
+                    for o in v.split(',') {
+                        c.corrupt_at.push(parse_u64_size(o)?);
+                    }
+                }
                 other => {
                     return Err(format!(
-                        "unknown fault '{other}' (read-error-at, bad-sector-at, fail-writes-after, delay, vanish-after)"
+                        "unknown fault '{other}' (read-error-at, bad-sector-at, fail-writes-after, delay, vanish-after, corrupt-at)"
                     ))
                 }
             }
@@ -107,6 +114,8 @@ pub struct FaultMember {
     writes: AtomicU64,
     /// Bad sectors not yet rewritten.
     pending: std::sync::Mutex<Vec<u64>>,
+    /// Silently corrupt bytes not yet rewritten.
+    corrupt: std::sync::Mutex<Vec<u64>>,
 }
 
 impl FaultMember {
@@ -115,6 +124,7 @@ impl FaultMember {
         FaultMember {
             inner,
             pending: std::sync::Mutex::new(config.bad_sector_at.clone()),
+            corrupt: std::sync::Mutex::new(config.corrupt_at.clone()),
             config,
             name,
             ops: AtomicU64::new(0),
@@ -160,10 +170,9 @@ impl FaultMember {
             return Err(self.err(Op::Write, offset, len, 5));
         }
         write()?;
-        self.pending
-            .lock()
-            .expect("bad sectors")
-            .retain(|&o| !(o >= offset && o < offset + len));
+        let outside = |&o: &u64| !(o >= offset && o < offset + len);
+        self.pending.lock().expect("bad sectors").retain(outside);
+        self.corrupt.lock().expect("corrupt bytes").retain(outside);
         Ok(())
     }
 }
@@ -194,7 +203,13 @@ impl Member for FaultMember {
         {
             return Err(self.err(Op::Read, offset, len, 5)); // EIO
         }
-        self.inner.read_at(buf, offset)
+        self.inner.read_at(buf, offset)?;
+        for &o in self.corrupt.lock().expect("corrupt bytes").iter() {
+            if o >= offset && o < offset + len {
+                buf[(o - offset) as usize] ^= 0x5a;
+            }
+        }
+        Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
@@ -292,5 +307,21 @@ mod tests {
         f.read_at(&mut b, 0).unwrap();
         f.write_at(&b, 4096).unwrap();
         f.read_at(&mut b, 4096).unwrap();
+    }
+
+    #[test]
+    fn corruption_is_silent_until_rewritten() {
+        let inner: Arc<dyn Member> = Arc::new(MemMember::new("m", 1 << 20));
+        inner.write_at(&[7u8; 8192], 4096).unwrap();
+        let f = FaultMember::new(inner, FaultConfig::parse("corrupt-at=5000,6K").unwrap());
+        let mut b = [0u8; 4096];
+        f.read_at(&mut b, 4096).unwrap();
+        let flipped: Vec<usize> = (0..4096).filter(|&i| b[i] != 7).collect();
+        assert_eq!(flipped, vec![5000 - 4096, 6144 - 4096]);
+        f.read_at(&mut b, 0).unwrap();
+        assert!(b.iter().all(|&x| x == 0), "elsewhere untouched");
+        f.write_at(&[9u8; 4096], 4096).unwrap();
+        f.read_at(&mut b, 4096).unwrap();
+        assert!(b.iter().all(|&x| x == 9), "rewritten: read as written");
     }
 }

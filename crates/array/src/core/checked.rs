@@ -181,6 +181,23 @@ impl Checked {
         Ok(self.verify(part, a)?.bad.is_empty())
     }
 
+    /// The member offsets of blocks of `data` (read from `at`, block
+    /// aligned) that disagree with their checksums, counted as errors.
+    pub fn bad_blocks(&self, data: &[u8], at: u64) -> Result<Vec<u64>, MemberError> {
+        let Some((lo, hi)) = self.data_part(at, data.len() as u64) else {
+            return Ok(Vec::new());
+        };
+        let part = &data[(lo - at) as usize..(hi - at) as usize];
+        let bad = self.verify(part, lo)?.bad;
+        let mut known = self.known_bad.locked();
+        for &off in &bad {
+            if known.insert(off) {
+                self.mismatches.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(bad)
+    }
+
     /// Read without checking (what the disk holds, right or wrong).
     pub fn read_raw(&self, buf: &mut [u8], off: u64) -> Result<(), MemberError> {
         self.inner.read_at(buf, off)

@@ -295,6 +295,10 @@ impl CrashWindow {
         self.open.store(false, Ordering::Release);
     }
 
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
     /// Whether device range `[dev, dev + len)` lies in the window.
     pub fn covers(&self, dev: u64, len: u64) -> bool {
         if !self.open.load(Ordering::Acquire) {

@@ -184,6 +184,13 @@ impl Array {
             edges: std::sync::RwLock::new(()),
         };
         a.recovery.note(notes);
+        if let Some((from, check_only)) = a.core.meta.locked().sb.scrub {
+            if !opts.read_only {
+                *a.recovery.pending_scrub.locked() =
+                    Some(crate::scrub::ScrubRequest { from, check_only });
+                a.core.wake.kick();
+            }
+        }
         if !opts.read_only {
             // Recovery first: a start it refuses (the write hole, no
             // readable journal) must leave every member as it was.

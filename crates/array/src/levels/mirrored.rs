@@ -202,6 +202,7 @@ impl Array {
 
     pub(crate) fn read_copies(&self, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()> {
         let mut bad: Small<usize> = Small::new();
+        let mut mismatched: Small<usize> = Small::new();
         let mut last_err = None;
         let mut done = false;
         for (role, dev) in self.copy_order(p) {
@@ -212,6 +213,9 @@ impl Array {
                 }
                 Some(Err(e)) => {
                     bad.push(role);
+                    if crate::core::checked::is_mismatch(&e) {
+                        mismatched.push(role);
+                    }
                     last_err = Some(e)
                 }
                 None => {}
@@ -238,7 +242,8 @@ impl Array {
         if done {
             return Ok(());
         }
-        for &role in &bad {
+        // A bad block is not a bad member (see the failure threshold).
+        for &role in bad.iter().filter(|r| !mismatched.contains(r)) {
             if let Some(d) = &v.roles[role].disk {
                 self.core
                     .fail_disk_by_ptr(d, "read error with no copy to cure it from");

@@ -228,13 +228,19 @@ impl Array {
         let dev = stripe * self.core.geom.chunk + col;
         let mut failed: Small<usize> = Small::new();
         let mut data: Vec<Option<Vec<u8>>> = vec![None; k];
+        // Roles whose read failed on a checksum mismatch: a bad block, not
+        // a bad member (the failure threshold deals with members that rot).
+        let mismatched: std::sync::Mutex<Small<usize>> = Default::default();
         let read = |role: usize, failed: &mut Small<usize>| -> Option<Vec<u8>> {
             let mut b = scratch::take(len as usize);
             match self.core.member_read(v, role, &mut b, dev) {
                 Some(Ok(())) => Some(b),
-                Some(Err(_)) => {
+                Some(Err(e)) => {
                     scratch::give(b);
                     failed.push(role);
+                    if crate::core::checked::is_mismatch(&e) {
+                        mismatched.locked().push(role);
+                    }
                     None
                 }
                 None => {
@@ -315,7 +321,8 @@ impl Array {
                         });
                     }
                 };
-                for &r in &failed {
+                let mismatched = mismatched.locked();
+                for &r in failed.iter().filter(|r| !mismatched.contains(r)) {
                     if let Some(d) = &v.roles[r].disk {
                         self.core
                             .fail_disk_by_ptr(d, "read error that redundancy could not cover");

@@ -42,6 +42,8 @@
 //!     consistent (an initial sync, or a full resync, still to finish)
 //! 272 checksums (version 2): offset u64, size u64 (0: none), block u32
 //!     (4096), algorithm u32 (1: crc32c), format u32 (see `checksums`)
+//! 304 scrub_offset u64: with flag 2 set, a scrub to resume from this unit
+//!     (flag 4: it only checks)
 //! 1024 role table: raid_disks entries of 32 bytes:
 //!      member uuid [16], state u32, reserved u32, data_size u64
 //! ```
@@ -160,6 +162,8 @@ pub struct Superblock {
     /// of mirrors) from this one on have redundancy never made consistent.
     pub resync: Option<u64>,
     pub checksums: ChecksumArea,
+    /// A scrub to resume: from this unit, and whether it only checks.
+    pub scrub: Option<(u64, bool)>,
     pub roles: Vec<RoleEntry>,
 }
 
@@ -229,6 +233,9 @@ pub struct JournalArea {
 
 /// Flag bit: `resync` holds a pending resync's position.
 const FLAG_RESYNC: u32 = 1;
+/// Flag bits: a scrub to resume, and whether it only checks.
+const FLAG_SCRUB: u32 = 2;
+const FLAG_SCRUB_CHECK_ONLY: u32 = 4;
 
 pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
@@ -310,10 +317,19 @@ impl Superblock {
         put_u64(&mut b, 240, self.journal.offset);
         put_u64(&mut b, 248, self.journal.size);
         put_u64(&mut b, 256, self.journal.applied_seq);
+        let mut flags = 0;
         if let Some(at) = self.resync {
-            put_u32(&mut b, 20, FLAG_RESYNC);
+            flags |= FLAG_RESYNC;
             put_u64(&mut b, 264, at);
         }
+        if let Some((at, check_only)) = self.scrub {
+            flags |= FLAG_SCRUB;
+            if check_only {
+                flags |= FLAG_SCRUB_CHECK_ONLY;
+            }
+            put_u64(&mut b, 304, at);
+        }
+        put_u32(&mut b, 20, flags);
         if self.checksums.enabled() {
             use crate::metadata::checksums;
             put_u64(&mut b, 272, self.checksums.offset);
@@ -436,6 +452,8 @@ impl Superblock {
             },
             resync: (get_u32(b, 20) & FLAG_RESYNC != 0).then(|| get_u64(b, 264)),
             checksums,
+            scrub: (get_u32(b, 20) & FLAG_SCRUB != 0)
+                .then(|| (get_u64(b, 304), get_u32(b, 20) & FLAG_SCRUB_CHECK_ONLY != 0)),
             roles,
         }))
     }
@@ -567,6 +585,7 @@ mod tests {
                 offset: 1 << 20,
                 size: 1 << 20,
             },
+            scrub: Some((12, true)),
             roles: (0..4)
                 .map(|i| RoleEntry {
                     member_uuid: Uuid::from_u128(i),

@@ -1,0 +1,524 @@
+//! Scrub: every block of every member read, checked against its checksum
+//! and against redundancy (P and Q recomputed from the data, mirror copies
+//! compared), and what disagrees named (member, role, member offset, array
+//! range) and, unless asked only to check, repaired: a block that
+//! disagrees with its checksum is rebuilt from redundancy (the result
+//! checked against that checksum, as any read does) and rewritten; parity
+//! that disagrees with checked data is recomputed; mirror copies that
+//! differ with both checked are made equal to the first (md's repair).
+//!
+//! It runs in the background on the framework of rebuilds (throttle,
+//! progress, `recovery.kind` = `scrub`), unit by unit under the unit's
+//! lock while clients read and write, and records its position in the
+//! superblocks every few seconds, so that a restart resumes it.
+
+use crate::core::View;
+use crate::engine::Array;
+use crate::error::{Error, Result};
+use crate::levels::parity::parity_of;
+use crate::metadata::checksums::BLOCK;
+use crate::scratch;
+use raidkit_member::Locked;
+use serde::Serialize;
+use std::sync::atomic::Ordering;
+
+/// One thing a scrub found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// The member's name (path).
+    pub member: String,
+    pub role: usize,
+    /// Byte offset on the member (where `dd` would read it).
+    pub member_offset: u64,
+    /// The array bytes concerned: the data itself, or for P and Q the
+    /// column of the stripe's data they protect (its first chunk's part).
+    pub array_offset: u64,
+    pub length: u64,
+    /// checksum (a block disagrees with its checksum), parity (P or Q
+    /// disagrees with data that checks out), copies (mirror copies that
+    /// both check out differ), read-error (the member could not be read).
+    pub kind: &'static str,
+    /// repaired, reported (a check-only scrub), or unrepaired (more
+    /// damage than redundancy covers: reads of it fail).
+    pub action: &'static str,
+}
+
+/// The last scrub that ended.
+#[derive(Debug, Clone, Serialize)]
+pub struct LastScrub {
+    /// done, or why it stopped.
+    pub result: String,
+    pub check_only: bool,
+    pub seconds: f64,
+    /// Bytes of each member's data area read in this run.
+    pub bytes: u64,
+    pub repaired: u64,
+    pub unrepaired: u64,
+    pub mismatches: Vec<Finding>,
+}
+
+/// A scrub to run: from unit `from`, repairing unless `check_only`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ScrubRequest {
+    pub from: u64,
+    pub check_only: bool,
+}
+
+/// Findings kept in `last_scrub` at most (the counts go on).
+const KEEP: usize = 1000;
+
+impl Array {
+    /// Ask for a scrub (run by the background worker). Refused while the
+    /// array is read-only, degraded, recovering or already scrubbing.
+    pub fn start_scrub(&self, check_only: bool) -> Result<()> {
+        if self.core.read_only && !check_only {
+            return Err(Error::Invalid(
+                "the array is open read-only: only --check-only can run".into(),
+            ));
+        }
+        if self.level.units(self) == 0 {
+            return Err(Error::Invalid(format!(
+                "{} without checksums has nothing a scrub could check",
+                self.core.geom.level
+            )));
+        }
+        if !self.core.view.load().degraded_roles().is_empty() {
+            return Err(Error::Invalid(
+                "the array is degraded: a scrub needs every member (rebuild first)".into(),
+            ));
+        }
+        if self.needs_recovery() || self.core.window.is_open() {
+            return Err(Error::Invalid(
+                "a rebuild or resync is pending or running: scrub once it is done".into(),
+            ));
+        }
+        let mut p = self.recovery.pending_scrub.locked();
+        if p.is_some() || self.scrub_running() {
+            return Err(Error::Invalid("a scrub is already running".into()));
+        }
+        *p = Some(ScrubRequest {
+            from: 0,
+            check_only,
+        });
+        self.recovery.scrub_stop.store(false, Ordering::Release);
+        drop(p);
+        self.core.wake.kick();
+        Ok(())
+    }
+
+    /// Stop a scrub that runs or waits to. Returns whether there was one.
+    pub fn stop_scrub(&self) -> Result<bool> {
+        let waiting = self.recovery.pending_scrub.locked().take().is_some();
+        let running = self.scrub_running();
+        if running {
+            self.recovery.scrub_stop.store(true, Ordering::Release);
+        }
+        if waiting || running {
+            let mut meta = self.core.meta.locked();
+            if meta.sb.scrub.is_some() {
+                meta.sb.scrub = None;
+                self.core.write_superblocks(&mut meta)?;
+            }
+        }
+        Ok(waiting || running)
+    }
+
+    fn scrub_running(&self) -> bool {
+        self.recovery_status().is_some_and(|r| r.kind == "scrub")
+    }
+
+    pub fn last_scrub(&self) -> Option<LastScrub> {
+        self.recovery.last_scrub.locked().clone()
+    }
+
+    /// Run the scrub asked for, if any (the background worker calls it).
+    pub(crate) fn run_pending_scrub(&self) -> Result<()> {
+        let Some(req) = self.recovery.pending_scrub.locked().take() else {
+            return Ok(());
+        };
+        self.run_scrub(req)
+    }
+
+    fn run_scrub(&self, req: ScrubRequest) -> Result<()> {
+        let chunk = self.core.geom.chunk;
+        let units = self.level.units(self);
+        let from = req.from.min(units);
+        let mut process = crate::background::Process::start(
+            self,
+            crate::background::Plan {
+                kind: "scrub",
+                role: None,
+                member: String::new(),
+                bytes_before: from * chunk,
+                bytes_total: (units - from) * chunk,
+                resumed_from: from * chunk,
+            },
+        );
+        let began = std::time::Instant::now();
+        let mut found = Vec::new();
+        let (mut repaired, mut unrepaired) = (0u64, 0u64);
+        let result = (|| -> Result<String> {
+            if !req.check_only {
+                self.core.begin_write()?;
+            }
+            for u in from..units {
+                if process.stopped() {
+                    return Ok("the array was stopped (resumed at the next start)".into());
+                }
+                if self.recovery.scrub_stop.load(Ordering::Acquire) {
+                    return Ok("stopped".into());
+                }
+                let v = self.core.view.load_full();
+                if !v.degraded_roles().is_empty() {
+                    return Ok("a member was lost".into());
+                }
+                let mut each = |f: Finding| {
+                    match f.action {
+                        "repaired" => repaired += 1,
+                        "unrepaired" => unrepaired += 1,
+                        _ => {}
+                    }
+                    tracing::warn!(
+                        member = f.member.as_str(),
+                        role = f.role,
+                        member_offset = f.member_offset,
+                        array_offset = f.array_offset,
+                        length = f.length,
+                        kind = f.kind,
+                        action = f.action,
+                        "scrub: {} mismatch",
+                        f.kind
+                    );
+                    if found.len() < KEEP {
+                        found.push(f);
+                    }
+                };
+                self.scrub_unit(&v, u, !req.check_only, &mut each)?;
+                if process.checkpoint_due() {
+                    self.scrub_checkpoint(Some((u + 1, req.check_only)))?;
+                }
+                process.advance(chunk);
+            }
+            Ok("done".into())
+        })();
+        let finished = matches!(result.as_deref(), Ok("done") | Ok("stopped"));
+        let _ = self.scrub_checkpoint(if finished {
+            None
+        } else {
+            let at = self.recovery.done.load(Ordering::Relaxed) / chunk.max(1) + from;
+            Some((at, req.check_only))
+        });
+        let text = match &result {
+            Ok(t) => t.clone(),
+            Err(e) => e.to_string(),
+        };
+        process.end(text.clone());
+        *self.recovery.last_scrub.locked() = Some(LastScrub {
+            result: text,
+            check_only: req.check_only,
+            seconds: began.elapsed().as_secs_f64(),
+            bytes: self.recovery.done.load(Ordering::Relaxed),
+            repaired,
+            unrepaired,
+            mismatches: found,
+        });
+        result.map(|_| ())
+    }
+
+    /// Record how far a scrub got (None: no scrub to resume).
+    fn scrub_checkpoint(&self, at: Option<(u64, bool)>) -> Result<()> {
+        if self.core.read_only {
+            return Ok(());
+        }
+        self.core.flush()?;
+        let mut meta = self.core.meta.locked();
+        meta.sb.scrub = at;
+        self.core.write_superblocks(&mut meta)
+    }
+
+    /// Read a member's range as it is, with the member offsets of blocks
+    /// that disagree with their checksums.
+    fn scan(
+        &self,
+        v: &View,
+        role: usize,
+        dev: u64,
+        len: u64,
+    ) -> std::result::Result<(Vec<u8>, Vec<u64>), String> {
+        let d = v.roles[role].disk.as_ref().ok_or("no member")?;
+        let mut buf = scratch::take(len as usize);
+        let at = d.data_offset + dev;
+        let read = match &d.checked {
+            Some(c) => c.read_raw(&mut buf, at),
+            None => d.member.read_at(&mut buf, at),
+        };
+        if let Err(e) = read {
+            scratch::give(buf);
+            return Err(e.to_string());
+        }
+        let bad = match &d.checked {
+            Some(c) => c.bad_blocks(&buf, at).map_err(|e| e.to_string())?,
+            None => Vec::new(),
+        };
+        Ok((buf, bad))
+    }
+
+    /// Scrub one unit (a stripe, or a chunk of the address space).
+    fn scrub_unit(
+        &self,
+        v: &View,
+        u: u64,
+        repair: bool,
+        each: &mut dyn FnMut(Finding),
+    ) -> Result<()> {
+        let g = &self.core.geom;
+        let chunk = g.chunk;
+        let name = |role: usize| {
+            v.roles[role]
+                .disk
+                .as_ref()
+                .map_or_else(String::new, |d| d.name().to_string())
+        };
+        let member_at = |role: usize, dev: u64| {
+            v.roles[role]
+                .disk
+                .as_ref()
+                .map_or(dev, |d| d.data_offset + dev)
+        };
+        if g.level.is_parity() {
+            let _g = self.core.lock(u);
+            let v = &self.core.view_under_lock();
+            let sm = g.stripe_map(u);
+            let dev = u * chunk;
+            let array_of = |role: usize, off: u64| {
+                let col = off - dev;
+                match sm.data.iter().position(|&r| r == role) {
+                    Some(dd) => g.stripe_data_offset(u, dd) + col,
+                    None => g.stripe_data_offset(u, 0) + col,
+                }
+            };
+            let mut rows = Vec::new();
+            let mut bad: Vec<(usize, Vec<u64>, &'static str)> = Vec::new();
+            for role in 0..g.members() {
+                match self.scan(v, role, dev, chunk) {
+                    Ok((buf, b)) => {
+                        if !b.is_empty() {
+                            bad.push((role, b, "checksum"));
+                        }
+                        rows.push(buf);
+                    }
+                    Err(_) => {
+                        bad.push((role, vec![member_at(role, dev)], "read-error"));
+                        rows.push(Vec::new());
+                    }
+                }
+            }
+            if bad.is_empty() {
+                // Everything checks out: redundancy must agree with it.
+                let data: Vec<Vec<u8>> = sm.data.iter().map(|&r| rows[r].clone()).collect();
+                let (p, q) = parity_of(&sm, &data, chunk as usize);
+                let mut wrong: Vec<(usize, Vec<u8>)> = Vec::new();
+                if p != rows[sm.p] {
+                    wrong.push((sm.p, p));
+                }
+                if let Some(qr) = sm.q.filter(|&qr| q != rows[qr]) {
+                    wrong.push((qr, q));
+                }
+                for (role, good) in wrong {
+                    let (lo, hi) = differing(&good, &rows[role]);
+                    if repair {
+                        self.core.member_write(v, role, &good, dev)?;
+                    }
+                    each(Finding {
+                        member: name(role),
+                        role,
+                        member_offset: member_at(role, dev + lo),
+                        array_offset: array_of(role, dev + lo),
+                        length: hi - lo,
+                        kind: "parity",
+                        action: if repair { "repaired" } else { "reported" },
+                    });
+                }
+            } else if repair {
+                // Rebuilt from redundancy through the read path (checked
+                // against each bad block's own checksum, rewritten, read
+                // back); then P and Q recomputed from the data.
+                let need = vec![true; sm.data.len()];
+                if let Ok(r) = self.read_rows(v, u, 0, chunk, &need) {
+                    r.into_iter().for_each(scratch::give);
+                    let _ = self.recompute_parity(
+                        v,
+                        u,
+                        0,
+                        chunk,
+                        crate::levels::parity::DataFrom::OrRedundancy,
+                    );
+                }
+            }
+            for (role, blocks, kind) in bad {
+                let still = if repair {
+                    let v = self.core.view.load();
+                    match self.scan(&v, role, dev, chunk) {
+                        Ok((b, s)) => {
+                            scratch::give(b);
+                            s
+                        }
+                        Err(_) => blocks.clone(),
+                    }
+                } else {
+                    Vec::new()
+                };
+                for (lo, n) in runs(&blocks) {
+                    let fixed = repair && !still.iter().any(|&o| o >= lo && o < lo + n * BLOCK);
+                    let base = member_at(role, 0);
+                    each(Finding {
+                        member: name(role),
+                        role,
+                        member_offset: lo,
+                        array_offset: array_of(role, lo - base),
+                        length: if kind == "read-error" {
+                            chunk
+                        } else {
+                            n * BLOCK
+                        },
+                        kind,
+                        action: match (repair, fixed) {
+                            (false, _) => "reported",
+                            (true, true) => "repaired",
+                            (true, false) => "unrepaired",
+                        },
+                    });
+                }
+            }
+            rows.into_iter().for_each(scratch::give);
+            return Ok(());
+        }
+        // Mirrors and striped levels: each piece's copies.
+        for p in g.pieces(u * chunk, chunk).iter() {
+            let lock = (g.level != raidkit_layout::Level::Raid0
+                && g.level != raidkit_layout::Level::Linear)
+                .then(|| self.core.lock(p.logical / chunk));
+            let mut scans = Vec::new();
+            for &(role, dev) in &p.copies {
+                scans.push((role, dev, self.scan(v, role, dev, p.len)));
+            }
+            let bad_any = scans
+                .iter()
+                .any(|(_, _, s)| !matches!(s, Ok((_, b)) if b.is_empty()));
+            let mut differ = false;
+            if !bad_any && scans.len() > 1 {
+                let first = &scans[0].2.as_ref().expect("checked").0;
+                for (role, dev, s) in &scans[1..] {
+                    let buf = &s.as_ref().expect("checked").0;
+                    if buf != first {
+                        differ = true;
+                        let (lo, hi) = differing(first, buf);
+                        if repair {
+                            self.core.member_write(v, *role, first, *dev)?;
+                        }
+                        each(Finding {
+                            member: name(*role),
+                            role: *role,
+                            member_offset: member_at(*role, dev + lo),
+                            array_offset: p.logical + lo,
+                            length: hi - lo,
+                            kind: "copies",
+                            action: if repair { "repaired" } else { "reported" },
+                        });
+                    }
+                }
+            }
+            if !bad_any {
+                drop(lock);
+                let _ = differ;
+                scans
+                    .into_iter()
+                    .for_each(|(_, _, s)| s.into_iter().for_each(|(b, _)| scratch::give(b)));
+                continue;
+            }
+            // A bad copy rewritten from a copy that checks out (still under
+            // the lock, so no write slips in between).
+            let clean = scans
+                .iter()
+                .find_map(|(_, _, s)| s.as_ref().ok().filter(|(_, b)| b.is_empty()))
+                .map(|(buf, _)| buf.clone());
+            if repair {
+                if let Some(good) = &clean {
+                    for (role, dev, s) in &scans {
+                        if !matches!(s, Ok((_, b)) if b.is_empty()) {
+                            self.core.repair(v, *role, good, *dev);
+                        }
+                    }
+                }
+            }
+            drop(lock);
+            for (role, dev, s) in scans {
+                let (blocks, kind) = match s {
+                    Ok((b, blocks)) => {
+                        scratch::give(b);
+                        (blocks, "checksum")
+                    }
+                    Err(_) => (vec![member_at(role, dev)], "read-error"),
+                };
+                if blocks.is_empty() {
+                    continue;
+                }
+                let still = if repair && clean.is_some() {
+                    match self.scan(v, role, dev, p.len) {
+                        Ok((b, s)) => {
+                            scratch::give(b);
+                            s
+                        }
+                        Err(_) => blocks.clone(),
+                    }
+                } else {
+                    blocks.clone()
+                };
+                for (lo, n) in runs(&blocks) {
+                    let fixed = !still.iter().any(|&o| o >= lo && o < lo + n * BLOCK);
+                    let base = member_at(role, dev);
+                    each(Finding {
+                        member: name(role),
+                        role,
+                        member_offset: lo,
+                        array_offset: p.logical + (lo - base),
+                        length: if kind == "read-error" {
+                            p.len
+                        } else {
+                            n * BLOCK
+                        },
+                        kind,
+                        action: match (repair, fixed) {
+                            (false, _) => "reported",
+                            (true, true) => "repaired",
+                            (true, false) => "unrepaired",
+                        },
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The first and last differing byte of two buffers, widened to blocks.
+fn differing(a: &[u8], b: &[u8]) -> (u64, u64) {
+    let lo = a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(0) as u64;
+    let hi = a.len() - a.iter().zip(b).rev().position(|(x, y)| x != y).unwrap_or(0);
+    (
+        lo / BLOCK * BLOCK,
+        (hi as u64).next_multiple_of(BLOCK).min(a.len() as u64),
+    )
+}
+
+/// Runs of consecutive blocks (start offset, count) in a sorted list.
+fn runs(blocks: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &b in blocks {
+        match out.last_mut() {
+            Some((lo, n)) if *lo + *n * BLOCK == b => *n += 1,
+            _ => out.push((b, 1)),
+        }
+    }
+    out
+}

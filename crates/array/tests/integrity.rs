@@ -1,0 +1,252 @@
+//! Silent corruption at every level: bits flipped straight into member
+//! files (data and parity, random members and offsets) and through the
+//! corrupting fault member. Every byte read back must be right, the
+//! members' checksum counters must count the bad blocks, a scrub must find
+//! and repair every remaining one (a second finds none), and damage beyond
+//! redundancy must fail the read (naming the range), never return wrong
+//! data.
+
+use raidkit_array::assemble::assemble;
+use raidkit_array::create::{CreateOptions, Policy};
+use raidkit_array::{Array, OpenOptions};
+use raidkit_layout::Level;
+use raidkit_open::spec::{self, Spec};
+use rand::{Rng, SeedableRng};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+const CHUNK: u64 = 16 << 10;
+const MEMBER: u64 = 3 << 20;
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap())
+}
+
+fn make(dir: &Path, level: Level, n: usize) -> Vec<String> {
+    let members: Vec<String> = (0..n)
+        .map(|i| dir.join(format!("m{i}.img")).display().to_string())
+        .collect();
+    let opts = CreateOptions {
+        level,
+        layout: level.default_layout(),
+        chunk: CHUNK,
+        size: Some(MEMBER),
+        name: "i".into(),
+        force: false,
+        assume_clean: false,
+        background_sync: false,
+        bitmap_region: if level.has_redundancy() { 64 << 10 } else { 0 },
+        policy: if level.is_parity() {
+            Policy::Journal
+        } else if level.has_redundancy() {
+            Policy::Bitmap
+        } else {
+            Policy::None
+        },
+        spares: Vec::new(),
+        checksums: true,
+    };
+    let specs: Vec<Spec> = members.iter().map(|m| Spec::File(m.clone())).collect();
+    raidkit_open::create(&specs, &[], &opts, |_, _| {}).unwrap();
+    members
+}
+
+fn open(specs: &[String]) -> Array {
+    let parsed: Vec<Spec> = specs.iter().map(|s| Spec::parse(s).unwrap()).collect();
+    let asm = assemble(spec::open_all(&parsed, false).unwrap()).unwrap();
+    Array::open_with(asm, "i", OpenOptions::default()).unwrap()
+}
+
+fn data_offset(path: &str) -> u64 {
+    let m = raidkit_member::FileMember::open(path, true).unwrap();
+    raidkit_array::superblock::read_superblock(&m)
+        .unwrap()
+        .sb
+        .data_offset
+}
+
+/// Flip one byte of a member file's data area.
+fn flip(path: &str, dev: u64) {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let at = data_offset(path) + dev;
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at).unwrap();
+    b[0] ^= 0x10;
+    f.write_all_at(&b, at).unwrap();
+}
+
+fn checksum_errors(a: &Array) -> u64 {
+    a.members_status()
+        .iter()
+        .filter_map(|m| m.errors)
+        .map(|e| e.checksum)
+        .sum()
+}
+
+/// A scrub run to its end here (the server's worker runs it in the background).
+fn scrub(a: &Array, check_only: bool) -> raidkit_array::LastScrub {
+    a.start_scrub(check_only).unwrap();
+    a.recover_all().unwrap();
+    a.last_scrub().expect("a scrub ran")
+}
+
+fn levels() -> Vec<(Level, usize)> {
+    vec![
+        (Level::Raid1, 2),
+        (Level::Raid10, 4),
+        (Level::Raid4, 4),
+        (Level::Raid5, 4),
+        (Level::Raid6, 5),
+    ]
+}
+
+#[test]
+fn flipped_bits_are_healed_at_every_redundant_level_and_scrubbed_away() {
+    for (level, n) in levels() {
+        let dir = tmp();
+        let members = make(dir.path(), level, n);
+        let a = open(&members);
+        let cap = a.capacity();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(level as u64 * 7 + n as u64);
+        let data: Vec<u8> = (0..cap).map(|_| rng.gen()).collect();
+        a.write(&data, 0).unwrap();
+        a.close().unwrap();
+        drop(a);
+        // One flipped byte in each of many blocks: at most one bad block
+        // per block row (as much as every level survives), at random
+        // offsets, in data and in parity alike, three on every member
+        // (below the 10 that fail a member).
+        let data_size = MEMBER - data_offset(&members[0]);
+        let blocks = data_size / 4096;
+        let mut flipped = std::collections::BTreeSet::new();
+        while flipped.len() < 3 * n {
+            let row = rng.gen_range(0..blocks);
+            if flipped.iter().any(|&(r, _)| r == row) {
+                continue;
+            }
+            let m = flipped.len() % n;
+            flip(&members[m], row * 4096 + rng.gen_range(0..4096));
+            flipped.insert((row, m));
+        }
+        // Half of them read by a client: right data, counted.
+        let a = open(&members);
+        let half = cap / 2;
+        let mut got = vec![0u8; half as usize];
+        a.read(&mut got, 0).unwrap();
+        assert!(got == data[..half as usize], "{level}: wrong data read");
+        let counted = checksum_errors(&a);
+        assert!(counted > 0, "{level}: no checksum error counted");
+        // The scrub finds the rest (and none it already healed) and
+        // repairs them; a second finds nothing.
+        let first = scrub(&a, false);
+        assert_eq!(first.result, "done", "{level}");
+        assert_eq!(first.unrepaired, 0, "{level}: {:?}", first.mismatches);
+        assert!(
+            first.repaired > 0,
+            "{level}: the scrub repaired nothing of {} flips ({counted} healed by reads)",
+            flipped.len()
+        );
+        assert!(
+            counted + first.repaired >= flipped.len() as u64 / 2,
+            "{level}: {} flipped, {counted} healed, {} scrubbed",
+            flipped.len(),
+            first.repaired
+        );
+        for f in &first.mismatches {
+            assert!(members.contains(&f.member), "{level}: {f:?}");
+            assert_eq!(f.action, "repaired", "{level}: {f:?}");
+        }
+        let second = scrub(&a, false);
+        assert!(
+            second.mismatches.is_empty(),
+            "{level}: second scrub found {:?}",
+            second.mismatches
+        );
+        let mut all = vec![0u8; cap as usize];
+        a.read(&mut all, 0).unwrap();
+        assert!(all == data, "{level}: wrong data after the scrub");
+        assert_eq!(a.count_mismatches().unwrap(), 0, "{level}: redundancy");
+        a.close().unwrap();
+    }
+}
+
+#[test]
+fn damage_beyond_redundancy_fails_the_read_and_never_returns_wrong_data() {
+    for (level, n) in levels().into_iter().chain([(Level::Raid0, 3)]) {
+        let dir = tmp();
+        let members = make(dir.path(), level, n);
+        let a = open(&members);
+        let data: Vec<u8> = (0..a.capacity()).map(|i| (i % 251) as u8).collect();
+        a.write(&data, 0).unwrap();
+        a.close().unwrap();
+        drop(a);
+        // The same block row on more members than the level can lose
+        // (every member of it for mirrors: all copies).
+        let lose = match level {
+            Level::Raid0 => 1,
+            Level::Raid10 => 2,
+            Level::Raid1 => 2,
+            l => l.parity_count() + 1,
+        };
+        let row = 5 * 4096 + 100;
+        for m in &members[..lose] {
+            flip(m, row);
+        }
+        let a = open(&members);
+        let mut whole = vec![0u8; a.capacity() as usize];
+        let mut failed = 0;
+        for (i, want) in data.chunks(4096).enumerate() {
+            let buf = &mut whole[i * 4096..(i + 1) * 4096];
+            match a.read(buf, i as u64 * 4096) {
+                Ok(()) => assert!(buf == want, "{level}: block {i} read wrong data"),
+                Err(e) => {
+                    failed += 1;
+                    assert!(
+                        matches!(
+                            e,
+                            raidkit_array::Error::Unavailable { .. }
+                                | raidkit_array::Error::Member(_)
+                        ),
+                        "{level}: {e}"
+                    );
+                }
+            }
+        }
+        assert!(failed > 0, "{level}: nothing failed with {lose} copies bad");
+        let s = scrub(&a, false);
+        assert!(s.unrepaired > 0, "{level}: scrub says all repaired: {s:?}");
+    }
+}
+
+#[test]
+fn the_corrupting_fault_member_is_caught_and_check_only_scrubs_repair_nothing() {
+    let dir = tmp();
+    let members = make(dir.path(), Level::Raid5, 4);
+    let a = open(&members);
+    let data: Vec<u8> = (0..a.capacity()).map(|i| (i * 13 % 256) as u8).collect();
+    a.write(&data, 0).unwrap();
+    a.close().unwrap();
+    drop(a);
+    let off = data_offset(&members[2]) + 9 * 4096 + 7;
+    let mut specs = members.clone();
+    specs[2] = format!("fault:{}?corrupt-at={off}", members[2]);
+    let a = open(&specs);
+    let report = scrub(&a, true);
+    assert_eq!(report.repaired, 0);
+    assert_eq!(report.mismatches.len(), 1, "{:?}", report.mismatches);
+    let f = &report.mismatches[0];
+    assert_eq!(
+        (f.role, f.member_offset, f.kind, f.action),
+        (2, off - 7, "checksum", "reported")
+    );
+    // Still there for a client read, which heals it.
+    let mut got = vec![0u8; data.len()];
+    a.read(&mut got, 0).unwrap();
+    assert!(got == data);
+    assert!(checksum_errors(&a) >= 1);
+    assert!(scrub(&a, false).mismatches.is_empty(), "the read healed it");
+}
