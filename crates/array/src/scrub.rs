@@ -46,6 +46,8 @@ pub struct Finding {
 /// The last scrub that ended.
 #[derive(Debug, Clone, Serialize)]
 pub struct LastScrub {
+    /// Which scrub of this server's run it was (1, 2, ...).
+    pub run: u64,
     /// done, or why it stopped.
     pub result: String,
     pub check_only: bool,
@@ -213,7 +215,10 @@ impl Array {
             Err(e) => e.to_string(),
         };
         process.end(text.clone());
-        *self.recovery.last_scrub.locked() = Some(LastScrub {
+        let mut last = self.recovery.last_scrub.locked();
+        let run = last.as_ref().map_or(0, |l| l.run) + 1;
+        *last = Some(LastScrub {
+            run,
             result: text,
             check_only: req.check_only,
             seconds: began.elapsed().as_secs_f64(),

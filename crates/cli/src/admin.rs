@@ -2,7 +2,8 @@
 //! status, list, stop, fail, remove, add, replace, wait and speed.
 
 use crate::cli::{
-    AddArgs, FailArgs, ListArgs, MemberArgs, ReplaceArgs, SpeedArgs, StatusArgs, StopArgs, WaitArgs,
+    AddArgs, FailArgs, ListArgs, MemberArgs, ReplaceArgs, ScrubArgs, SpeedArgs, StatusArgs,
+    StopArgs, WaitArgs,
 };
 use crate::units::human;
 use anyhow::{anyhow, bail, Context, Result};
@@ -126,6 +127,91 @@ pub fn replace(a: ReplaceArgs) -> Result<()> {
             "raidkit: rebuilding role {} onto {} while {} serves (raidkit wait to follow it)",
             v["role"], a.with, a.member
         );
+    }
+    Ok(())
+}
+
+pub fn scrub(a: ScrubArgs) -> Result<()> {
+    let path = find_control(a.control.control.as_deref())?;
+    let before = request(Some(&path), json!({"cmd": "status"}))?["last_scrub"]["run"]
+        .as_u64()
+        .unwrap_or(0);
+    let v = request(
+        Some(&path),
+        json!({"cmd": "scrub", "check_only": a.check_only, "stop": a.stop}),
+    )?;
+    if a.stop {
+        if a.json {
+            println!("{}", json!({"stopped": v["stopped"]}));
+        } else if v["stopped"].as_bool() == Some(true) {
+            println!("raidkit: scrub stopped");
+        } else {
+            println!("raidkit: no scrub was running");
+        }
+        return Ok(());
+    }
+    if !a.wait {
+        if a.json {
+            println!("{}", json!({"started": true, "check_only": a.check_only}));
+        } else {
+            println!("raidkit: scrub started (raidkit status shows its progress; raidkit scrub --wait follows it)");
+        }
+        return Ok(());
+    }
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = indicatif::ProgressBar::new(1);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "scrub [{bar:40}] {percent:>3}% {bytes}/{total_bytes}",
+            )
+            .expect("progress template")
+            .progress_chars("=> "),
+        );
+        b
+    });
+    let last = loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let st = request(Some(&path), json!({"cmd": "status"}))?;
+        if let (Some(b), Some(s)) = (&bar, st["scrub"].as_object()) {
+            let total = s["bytes_total"].as_u64().unwrap_or(0);
+            b.set_length(total.max(1));
+            b.set_position(s["bytes_done"].as_u64().unwrap_or(0));
+        }
+        if st["scrub"].is_null() && st["last_scrub"]["run"].as_u64().unwrap_or(0) > before {
+            break st["last_scrub"].clone();
+        }
+    };
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let unrepaired = last["unrepaired"].as_u64().unwrap_or(0);
+    let found = last["mismatches"].as_array().map_or(0, Vec::len);
+    if a.json {
+        println!("{last}");
+    } else {
+        for m in last["mismatches"].as_array().into_iter().flatten() {
+            println!(
+                "{} (role {}): {} at member offset {}, array bytes {}+{}: {}",
+                m["member"].as_str().unwrap_or("?"),
+                m["role"],
+                m["kind"].as_str().unwrap_or("?"),
+                m["member_offset"],
+                m["array_offset"],
+                m["length"],
+                m["action"].as_str().unwrap_or("?")
+            );
+        }
+        println!(
+            "raidkit: scrub {}: {} in {:.1}s, {} repaired, {} unrepaired",
+            last["result"].as_str().unwrap_or("?"),
+            human(last["bytes"].as_u64().unwrap_or(0)),
+            last["seconds"].as_f64().unwrap_or(0.0),
+            last["repaired"],
+            unrepaired
+        );
+    }
+    if unrepaired > 0 || (a.check_only && found > 0) {
+        std::process::exit(1);
     }
     Ok(())
 }

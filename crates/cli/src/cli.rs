@@ -69,6 +69,12 @@ pub enum Command {
     Wait(WaitArgs),
     /// Show or change a running array's rebuild speed limits.
     Speed(SpeedArgs),
+    /// Scrub a running array: read every block of every member, check it
+    /// against its checksum and against redundancy, and repair what
+    /// disagrees (unless --check-only), naming each member, offset and
+    /// array range. Runs in the background at the rebuild speed limits;
+    /// resumed after a restart
+    Scrub(ScrubArgs),
     /// Change a stopped array's consistency policy (none, bitmap or
     /// journal): metadata only, no data is moved. Every member must be
     /// given, and the array must have been stopped cleanly.
@@ -674,6 +680,26 @@ pub struct SpeedArgs {
     /// Rates: bytes per second, suffixes K, M, G, T (powers of 1024), /s accepted; 0: no limit.
     #[arg(long, value_name = "RATE", value_parser = rate)]
     pub rebuild_max: Option<u64>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub control: Control,
+}
+
+#[derive(Debug, Args)]
+pub struct ScrubArgs {
+    /// Report what disagrees without repairing anything.
+    #[arg(long)]
+    pub check_only: bool,
+    /// Stop a scrub that runs.
+    #[arg(long, conflicts_with = "check_only")]
+    pub stop: bool,
+    /// Wait until the scrub ends (a progress bar on a terminal), print
+    /// what it found, and exit 1 if anything was left unrepaired (or,
+    /// with --check-only, found at all).
+    #[arg(long, conflicts_with = "stop")]
+    pub wait: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

@@ -34,6 +34,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Replace(a) => crate::admin::replace(a),
         Command::Wait(a) => crate::admin::wait(a),
         Command::Speed(a) => crate::admin::speed(a),
+        Command::Scrub(a) => crate::admin::scrub(a),
         Command::Bench(b) => match b.command {
             Some(crate::cli::BenchCommand::Parity(a)) => crate::bench::parity(a),
             Some(crate::cli::BenchCommand::Engine(a)) => crate::bench::engine::engine(a),

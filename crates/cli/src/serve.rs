@@ -372,8 +372,20 @@ fn control_handler(array: Arc<Array>, stats: Arc<Stats>, served: Served) -> Arc<
                 m.insert("rebuild_max".into(), json!(max));
                 Ok(m)
             }
+            "scrub" => {
+                if flag("stop") {
+                    return array
+                        .stop_scrub()
+                        .map(|s| one("stopped", json!(s)))
+                        .map_err(|e| e.to_string());
+                }
+                array
+                    .start_scrub(flag("check_only"))
+                    .map(|()| one("started", json!(true)))
+                    .map_err(|e| e.to_string())
+            }
             other => Err(format!(
-                "unknown command '{other}' (this server knows: status, stop, fail, remove, add, replace, speed)"
+                "unknown command '{other}' (this server knows: status, stop, fail, remove, add, replace, speed, scrub)"
             )),
         }
     })
@@ -396,6 +408,14 @@ fn status_fields(array: &Array, stats: &Stats, served: &Served) -> Map<String, V
         },
         "members": array.members_status(),
         "recovery": array.recovery_status(),
+        "scrub": array.recovery_status().filter(|r| r.kind == "scrub").map(|r| json!({
+            "progress": r.progress,
+            "bytes_done": r.bytes_done,
+            "bytes_total": r.bytes_total,
+            "rate": r.rate,
+        })),
+        "last_scrub": array.last_scrub(),
+        "checksums": sb.checksums.enabled(),
         "recovery_pending": array.needs_recovery(),
         "last_recovery": array.last_recovery(),
         "rebuild_speed": {"min": array.rebuild_speed().0, "max": array.rebuild_speed().1},
