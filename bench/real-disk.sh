@@ -17,7 +17,14 @@
 # real, written data: the devices are filled once before the first round,
 # so no read is of a hole the file system answers without the disk).
 #
-# usage: [RAIDKIT=path/to/raidkit] [CHUNK=64K] [DIR=/var/tmp] [JOBS="..."] [CONFIGS="..."]
+# A config is rLEVEL-POLICY, with -plain at the end for an array made
+# with --checksums off (the others have checksums, create's default):
+# CONFIGS="r5-journal r5-journal-plain" measures what checksums cost.
+# LOOP=0 uses the files themselves as members (no loop devices, I/O as
+# `--io auto` picks it: on DIR=/dev/shm, the RAM disk, the CPU cost alone;
+# no raw config there, fio's direct I/O needs a real file system).
+#
+# usage: [RAIDKIT=path/to/raidkit] [CHUNK=64K] [DIR=/var/tmp] [LOOP=1] [JOBS="..."] [CONFIGS="..."]
 #        bench/real-disk.sh [ROUNDS] [SECONDS] [SIZE]
 #   ROUNDS   rounds (default 3), SECONDS per job (default 10),
 #   SIZE     per device (default 1G; the files are DIR/raidkit-real-disk.*)
@@ -30,7 +37,10 @@ SECS=${2:-10}
 SIZE=${3:-1G}
 CHUNK=${CHUNK:-64K}
 BASE=${DIR:-/var/tmp}
-[ "$(id -u)" -eq 0 ] || { echo "real-disk.sh: loop devices need root" >&2; exit 1; }
+LOOP=${LOOP:-1}
+IO=direct
+[ "$LOOP" = 1 ] || IO=auto
+[ "$LOOP" = 0 ] || [ "$(id -u)" -eq 0 ] || { echo "real-disk.sh: loop devices need root" >&2; exit 1; }
 ./scripts/deps.sh
 if [ -z "${RAIDKIT:-}" ]; then
   cargo build --release --quiet
@@ -43,7 +53,9 @@ SERVER=""
 cleanup() {
   # The server first (it holds the devices), then the devices, then files.
   [ -n "$SERVER" ] && { kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; }
-  for d in "${LOOPS[@]}"; do timeout 30 losetup -d "$d" || true; done
+  if [ "$LOOP" = 1 ]; then
+    for d in "${LOOPS[@]}"; do timeout 30 losetup -d "$d" || true; done
+  fi
   rm -rf "$W"
 }
 trap cleanup EXIT
@@ -54,6 +66,10 @@ avail=$(( $(df --output=avail -B1 "$W" | tail -1) ))
 
 for i in 0 1 2 3; do
   truncate -s "$SIZE" "$W/d$i.img"
+  if [ "$LOOP" = 0 ]; then
+    LOOPS+=("$W/d$i.img")
+    continue
+  fi
   LOOPS+=("$(timeout 30 losetup --direct-io=on -f --show "$W/d$i.img")")
   dio=/sys/block/$(basename "${LOOPS[$i]}")/loop/dio
   [ "$(cat "$dio")" = 1 ] || { echo "real-disk.sh: ${LOOPS[$i]}: direct I/O not on" >&2; exit 1; }
@@ -62,7 +78,9 @@ echo "devices: ${LOOPS[*]} over $W ($SIZE each), raidkit $R, chunk $CHUNK, $ROUN
 # Fill the devices once: real blocks behind every byte read later.
 fill=()
 for i in 0 1 2 3; do fill+=("--name=d$i" "--filename=${LOOPS[$i]}"); done
-fio --ioengine=libaio --direct=1 --rw=write --bs=1M --iodepth=8 "${fill[@]}" >/dev/null
+direct=1
+[ "$LOOP" = 1 ] || direct=0
+fio --ioengine=libaio --direct=$direct --rw=write --bs=1M --iodepth=8 --size="$SIZE" "${fill[@]}" >/dev/null
 
 job_args() { # job -> fio arguments
   case $1 in
@@ -110,13 +128,13 @@ nbd() { # uri job -> value
   figure "$W/out.json" "$2"
 }
 
-serve() { # level policy -> starts $SERVER, its address in $URI
-  local level=$1 policy=$2 pol=()
+serve() { # level policy checksums(on|off) -> starts $SERVER, its address in $URI
+  local level=$1 policy=$2 csum=$3 pol=()
   [ "$policy" = default ] || pol=(--consistency-policy "$policy")
-  "$R" create --io direct --force --assume-clean --level "$level" --chunk "$CHUNK" \
-      --name "r$level" "${pol[@]}" "${LOOPS[@]}" >/dev/null
+  "$R" create --io "$IO" --force --assume-clean --level "$level" --chunk "$CHUNK" \
+      --checksums "$csum" --name "r$level" "${pol[@]}" "${LOOPS[@]}" >/dev/null
   : > "$W/serve.out"
-  "$R" serve --io direct --listen 127.0.0.1:0 --control "$W/ctl" "${LOOPS[@]}" \
+  "$R" serve --io "$IO" --listen 127.0.0.1:0 --control "$W/ctl" "${LOOPS[@]}" \
       >"$W/serve.out" 2>"$W/serve.err" &
   SERVER=$!
   local uri=""
@@ -128,6 +146,12 @@ serve() { # level policy -> starts $SERVER, its address in $URI
   done
   [ -n "$uri" ] || { echo "server did not start" >&2; cat "$W/serve.err" >&2; exit 1; }
   URI=$uri
+  if [ "$csum" = on ]; then
+    # --assume-clean left every block without a checksum (each would get
+    # one as first read, sparing the reads measured their verification):
+    # a scrub gives every block its checksum (and the parity the data).
+    "$R" scrub --wait --control "$W/ctl" >/dev/null
+  fi
 }
 
 unserve() {
@@ -151,8 +175,9 @@ for r in $(seq "$ROUNDS"); do
       done
       continue
     fi
-    level=${c%%-*}; level=${level#r}; policy=${c#*-}
-    serve "$level" "$policy"
+    level=${c%%-*}; level=${level#r}; policy=${c#*-}; csum=on
+    if [[ $policy == *-plain ]]; then policy=${policy%-plain}; csum=off; fi
+    serve "$level" "$policy" "$csum"
     jobs=()
     for j in "${JOBS[@]}"; do [[ $j == *_qd8 ]] || jobs+=("$j"); done
     [ "$level" = 0 ] && jobs+=(seqread_1m_qd1)
@@ -174,6 +199,7 @@ for line in open(sys.argv[1]):
 med = {k: statistics.median(v) for k, v in d.items()}
 jobs = ["seqwrite_1m", "seqread_1m", "randread_4k", "randwrite_4k", "seqread_1m_qd1", "seqwrite_1m_x2", "randread_4k_qd8"]
 cfgs = ["raw", "r0-default", "r5-none", "r5-bitmap", "r5-journal", "r6-none", "r6-bitmap", "r6-journal"]
+cfgs += sorted({c for (_, c) in d} - set(cfgs))
 def cell(job, cfg):
     v = d.get((job, cfg))
     return f"{med[(job, cfg)]:.0f} ({min(v):.0f}-{max(v):.0f})" if v else "-"
@@ -195,6 +221,9 @@ for lv in ("r5", "r6"):
         tag = " (the default)" if p == "journal" else ""
         print(f"  {lv} {p}{tag} / none, 1 MiB seq write:  {ratio(('seqwrite_1m', f'{lv}-{p}'), ('seqwrite_1m', f'{lv}-none'))}  [>= 0.9]")
         print(f"  {lv} {p}{tag} / none, 4 KiB rand write: {ratio(('randwrite_4k', f'{lv}-{p}'), ('randwrite_4k', f'{lv}-none'))}  [>= 0.7]")
+for (job, c) in sorted(med):
+    if c.endswith("-plain") and (job, c[:-6]) in med:
+        print(f"  {c[:-6]} with checksums / without, {job}: {ratio((job, c[:-6]), (job, c))}  [reads >= 0.95, writes >= 0.9]")
 for p in ("none", "bitmap", "journal"):
     if ("seqwrite_1m_x2", f"r5-{p}") in med:
         print(f"  r5 {p}: two sequential writers' aggregate / one writer: {ratio(('seqwrite_1m_x2', f'r5-{p}'), ('seqwrite_1m', f'r5-{p}'))}  [>= 0.95]")

@@ -28,6 +28,22 @@ impl Array {
         p: &[u8],
         q: Option<&[u8]>,
     ) -> Result<Option<Slot<'_>>> {
+        let mut parity = vec![(sm.p, p)];
+        if let (Some(qr), Some(q)) = (sm.q, q) {
+            parity.push((qr, q));
+        }
+        self.journal_parts(stripe, pieces, dev, &parity)
+    }
+
+    /// Log the data `pieces` of a stripe update and the `parity` blocks
+    /// (role, bytes at `dev`) written with them, if any.
+    pub(crate) fn journal_parts(
+        &self,
+        stripe: u64,
+        pieces: &[(&Piece, &[u8])],
+        dev: u64,
+        parity: &[(usize, &[u8])],
+    ) -> Result<Option<Slot<'_>>> {
         let Some(j) = &self.journal else {
             return Ok(None);
         };
@@ -35,10 +51,7 @@ impl Array {
             .iter()
             .map(|(pc, d)| (pc.copies[0].0, pc.copies[0].1, *d))
             .collect();
-        parts.push((sm.p, dev, p));
-        if let (Some(qr), Some(q)) = (sm.q, q) {
-            parts.push((qr, dev, q));
-        }
+        parts.extend(parity.iter().map(|&(r, b)| (r, dev, b)));
         let size = journal::record_size(parts.iter().map(|x| x.2.len()));
         self.journal_put(j, stripe, dev, size, |uuid, seq| {
             journal::encode(uuid, seq, stripe, &parts)

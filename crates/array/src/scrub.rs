@@ -269,7 +269,7 @@ impl Array {
     }
 
     /// Scrub one unit (a stripe, or a chunk of the address space).
-    fn scrub_unit(
+    pub(crate) fn scrub_unit(
         &self,
         v: &View,
         u: u64,

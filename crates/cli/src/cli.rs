@@ -370,7 +370,7 @@ pub struct CreateArgs {
     /// changed on a disk is rebuilt from redundancy and the member named;
     /// beyond redundancy the read fails rather than return wrong data.
     /// Takes 0.1% of each member.
-    #[arg(long, value_name = "on|off", default_value = "off", value_parser = on_off)]
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     pub checksums: bool,
     /// Print the result as JSON.
     #[arg(long)]

@@ -186,11 +186,19 @@ fn cmd_check(a: crate::cli::CheckArgs) -> Result<()> {
     // The first ones are named (a junk array disagrees everywhere).
     const NAMED: usize = 100;
     let mut found = Vec::new();
-    let bad = array.scan_mismatches(&mut |m| {
-        if found.len() < NAMED {
-            found.push(m);
-        }
-    })?;
+    let mut blocks = Vec::new();
+    let bad = array.scan_findings(
+        &mut |m| {
+            if found.len() < NAMED {
+                found.push(m);
+            }
+        },
+        &mut |f| {
+            if blocks.len() < NAMED {
+                blocks.push(f);
+            }
+        },
+    )?;
     let total = if geom.level.is_parity() || geom.level == raidkit_layout::Level::Raid1 {
         geom.stripes()
     } else {
@@ -200,8 +208,32 @@ fn cmd_check(a: crate::cli::CheckArgs) -> Result<()> {
         println!(
             "{}",
             json!({"level": geom.level.to_string(), "checked": total, "unit": unit,
-                   "mismatches": bad, "found": found})
+                   "mismatches": bad, "found": found, "checksums": array.checksums(),
+                   "findings": blocks})
         );
+    } else if array.checksums() {
+        // Each block found wrong, by member: the one to replace if it
+        // keeps rotting.
+        for f in &blocks {
+            println!(
+                "{} (role {}), member offset {}, {} bytes (array offset {}): {}",
+                f.member,
+                f.role,
+                f.member_offset,
+                f.length,
+                f.array_offset,
+                match f.kind {
+                    "checksum" => "disagrees with its checksum",
+                    "read-error" => "could not be read",
+                    "parity" => "parity disagrees with data that checks out",
+                    _ => "copies that check out differ",
+                }
+            );
+        }
+        if blocks.len() >= NAMED {
+            println!("(and perhaps more)");
+        }
+        println!("{total} {unit} checked, {bad} with blocks that disagree");
     } else {
         let what = if geom.level.is_parity() {
             "parity disagrees with the data on role"

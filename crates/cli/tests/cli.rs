@@ -603,9 +603,15 @@ fn create_syncs_members_that_hold_data_and_check_finds_planted_mismatches() {
     // `check` counts the stripes (chunks for mirrors) that disagree, names
     // each (unit, where on the members, which roles: the parity that
     // disagrees, or the copies that differ), and exits 1.
+    // With checksums, each flipped block is named by the member that holds
+    // it (and the block, in `findings`), whether data or parity.
     let mut rng = rand::rngs::StdRng::seed_from_u64(21);
     const CHUNK: u64 = 64 << 10;
-    for (level, n, layout) in [("5", 4, None), ("6", 5, None), ("10", 4, Some("n2"))] {
+    let shapes = [("5", 4, None), ("6", 5, None), ("10", 4, Some("n2"))];
+    for (cs, (level, n, layout)) in ["off", "on"]
+        .into_iter()
+        .flat_map(|cs| shapes.map(|s| (cs, s)))
+    {
         let dir = tmp();
         let ms = members(dir.path(), n);
         // Members full of random bytes (not blank): create needs --force,
@@ -618,7 +624,17 @@ fn create_syncs_members_that_hold_data_and_check_finds_planted_mismatches() {
             }
         };
         junk();
-        let mut head = vec!["create", "--level", level, "--size", "8M", "--chunk", "64K"];
+        let mut head = vec![
+            "create",
+            "--level",
+            level,
+            "--size",
+            "8M",
+            "--chunk",
+            "64K",
+            "--checksums",
+            cs,
+        ];
         if let Some(l) = layout {
             head.extend(["--layout", l]);
         }
@@ -653,6 +669,62 @@ fn create_syncs_members_that_hold_data_and_check_finds_planted_mismatches() {
         flip(&ms[0], 9 * CHUNK + CHUNK - 1);
         let (code, bad, _, found) = check_named(&ms);
         let want = if level == "10" { 4 } else { 3 };
+        if cs == "on" {
+            assert_eq!((code, bad), (Some(1), want), "RAID-{level} with checksums");
+            let expect: Vec<Named> = match level {
+                "10" => vec![
+                    (6, 3 * CHUNK, vec![1]),
+                    (14, 7 * CHUNK, vec![1]),
+                    (15, 7 * CHUNK, vec![2]),
+                    (18, 9 * CHUNK, vec![0]),
+                ],
+                _ => vec![
+                    (3, 3 * CHUNK, vec![1]),
+                    (7, 7 * CHUNK, vec![1, 2]),
+                    (9, 9 * CHUNK, vec![0]),
+                ],
+            };
+            assert_eq!(found, expect, "RAID-{level}: the members named");
+            let o = common::raidkit(&args(&["check", "--json"], &ms));
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+            let data_offset = |m: &str| {
+                let e: Value =
+                    serde_json::from_slice(&ok(&["examine", "--json", m]).stdout).unwrap();
+                e["data_offset"].as_u64().unwrap()
+            };
+            let blocks: Vec<(String, u64, u64, String)> = v["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| {
+                    (
+                        f["member"].as_str().unwrap().to_string(),
+                        f["member_offset"].as_u64().unwrap(),
+                        f["length"].as_u64().unwrap(),
+                        f["kind"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect();
+            let at = |m: usize, off: u64| {
+                (
+                    ms[m].clone(),
+                    data_offset(&ms[m]) + off / 4096 * 4096,
+                    4096,
+                    "checksum".to_string(),
+                )
+            };
+            let mut want_blocks = vec![
+                at(1, 3 * CHUNK + 100),
+                at(1, 7 * CHUNK + 5),
+                at(2, 7 * CHUNK + 6000),
+                at(0, 9 * CHUNK + CHUNK - 1),
+            ];
+            let mut blocks = blocks;
+            blocks.sort();
+            want_blocks.sort();
+            assert_eq!(blocks, want_blocks, "RAID-{level}: the blocks named");
+            continue;
+        }
         assert_eq!(
             code,
             Some(1),

@@ -588,8 +588,12 @@ fn an_unreadable_journal_refuses_to_start() {
     let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
     assert_eq!(e["state"], "dirty");
     // Read errors in the journal area (past the superblocks and bitmap,
-    // before the data) of every member: refused, nothing written.
-    let bad = |m: &String| format!("fault:{m}?read-error-at={}", data_offset - 4096);
+    // before the checksums and the data) of every member: refused,
+    // nothing written.
+    let journal_end =
+        e["journal"]["offset"].as_u64().unwrap() + e["journal"]["size"].as_u64().unwrap();
+    assert!(journal_end <= data_offset);
+    let bad = |m: &String| format!("fault:{m}?read-error-at={}", journal_end - 4096);
     let all_bad: Vec<String> = ms.iter().map(bad).collect();
     let before: Vec<Vec<u8>> = ms.iter().map(|m| std::fs::read(m).unwrap()).collect();
     let ctl = dir.path().join("refused.ctl").display().to_string();

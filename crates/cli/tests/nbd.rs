@@ -92,16 +92,23 @@ fn nbdinfo_shows_size_and_honest_flags() {
 
 #[test]
 fn qemu_io_patterns_at_unaligned_offsets() {
-    let dir = tmp();
-    let ms = members(dir.path(), 5);
-    create("6", &ms, "24M");
-    // Also with zero-copy reads (the reads of 64 KiB and more).
-    for extra in [&[][..], &["--zero-copy", "always"][..]] {
-        qemu_io_patterns(dir.path(), &ms, extra);
+    // With checksums (the default) and without (where the fast paths serve).
+    for plain in [false, true] {
+        let dir = tmp();
+        let ms = members(dir.path(), 5);
+        if plain {
+            create_plain("6", &ms, "24M");
+        } else {
+            create("6", &ms, "24M");
+        }
+        // Also with zero-copy reads (the reads of 64 KiB and more).
+        for extra in [&[][..], &["--zero-copy", "always"][..]] {
+            qemu_io_patterns(dir.path(), &ms, extra, plain);
+        }
     }
 }
 
-fn qemu_io_patterns(dir: &Path, ms: &[String], extra: &[&str]) {
+fn qemu_io_patterns(dir: &Path, ms: &[String], extra: &[&str], plain: bool) {
     let mut s = Served::start(dir, ms, extra);
     let cmds = [
         "write -P 0xab 1000 70000",
@@ -123,8 +130,11 @@ fn qemu_io_patterns(dir: &Path, ms: &[String], extra: &[&str]) {
     assert!(!out.contains("failed"), "{out}");
     assert_eq!(out.matches("read ").count(), 7, "{out}");
     // The reads of 64 KiB and more (three) are spliced, or else sent from
-    // mappings of the (cached) member files.
-    if !extra.is_empty() {
+    // mappings of the (cached) member files; with checksums every block is
+    // verified on its way: neither.
+    if !plain {
+        assert_eq!((zero_copy_reads(&s), io_count(&s, "mapped_reads")), (0, 0));
+    } else if !extra.is_empty() {
         assert!(zero_copy_reads(&s) >= 3, "{extra:?}");
     } else {
         assert_eq!(zero_copy_reads(&s), 0);
@@ -160,7 +170,7 @@ fn io_count(s: &Served, what: &str) -> u64 {
 fn nbdcopy_64mib_round_trip_on_raid5() {
     let dir = tmp();
     let ms = members(dir.path(), 4);
-    create("5", &ms, "32M");
+    create_plain("5", &ms, "32M");
     let mut s = Served::start(dir.path(), &ms, &[]);
     let data: Vec<u8> = {
         use rand::{Rng, SeedableRng};
@@ -280,7 +290,7 @@ fn writes_to_cached_pages_of_parity_arrays_go_straight_into_the_members() {
     for (level, n, all_mapped) in [("5", 5, true), ("6", 6, true), ("5", 4, false)] {
         let dir = tmp();
         let ms = members(dir.path(), n);
-        create(level, &ms, "16M");
+        create_plain(level, &ms, "16M");
         mapped_write_passes(dir.path(), &ms, all_mapped, true);
     }
 }
@@ -293,7 +303,7 @@ fn a_run_whose_next_header_comes_with_the_end_of_the_first_payload_is_still_plac
     // server takes that payload first and looks again.
     let dir = tmp();
     let ms = members(dir.path(), 4);
-    create("5", &ms, "16M");
+    create_plain("5", &ms, "16M");
     let mut s = Served::start(dir.path(), &ms, &[]);
     // The pages cached first (mapped writes go to cached pages only).
     let out = qemu_io(&s.uri, &["write -P 0x11 0 1M"]);
@@ -346,7 +356,7 @@ fn stop_and_check(s: &mut Served, ms: &[String]) {
 /// flight keeps the server busy.
 fn raid5_with_a_stuck_read(dir: &Path) -> (Served, Vec<String>) {
     let ms = members(dir, 4);
-    create("5", &ms, "24M");
+    create_plain("5", &ms, "24M");
     let s = Served::start(dir, &ms, &[]);
     let out = qemu_io(&s.uri, &["write -P 0x11 0 16M"]);
     assert!(!out.contains("failed"), "{out}");
@@ -448,7 +458,7 @@ fn a_run_that_never_completes_is_answered_even_while_other_requests_are_served()
 fn writes_to_cached_pages_of_raid0_go_straight_into_the_members() {
     let dir = tmp();
     let ms = members(dir.path(), 3);
-    create("0", &ms, "16M");
+    create_plain("0", &ms, "16M");
     mapped_write_passes(dir.path(), &ms, true, false);
     // Unaligned writes across chunks, with FUA, and small ones beside them.
     let mut s = Served::start(dir.path(), &ms, &[]);

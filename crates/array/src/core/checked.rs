@@ -63,6 +63,10 @@ pub(crate) struct Checked {
     pub adopted: AtomicU64,
     /// When recent mismatches were found (for the failure threshold).
     recent: Mutex<std::collections::VecDeque<Instant>>,
+    /// Whether a block read that has no checksum yet gets one (its
+    /// contents as first read are its contents): off on read-only opens,
+    /// which must not write.
+    seal: bool,
 }
 
 /// A member with this many checksum errors within `MISMATCH_WINDOW` is
@@ -86,7 +90,12 @@ pub(crate) fn is_mismatch(e: &MemberError) -> bool {
 }
 
 impl Checked {
-    pub fn new(inner: Arc<dyn Member>, data_offset: u64, area: ChecksumArea) -> Checked {
+    pub fn new(
+        inner: Arc<dyn Member>,
+        data_offset: u64,
+        area: ChecksumArea,
+        seal: bool,
+    ) -> Checked {
         let n = area.size.div_ceil(PAGE_BYTES as u64) as usize;
         Checked {
             inner,
@@ -98,6 +107,7 @@ impl Checked {
             mismatches: AtomicU64::new(0),
             adopted: AtomicU64::new(0),
             recent: Mutex::new(Default::default()),
+            seal,
         }
     }
 
@@ -142,6 +152,16 @@ impl Checked {
             let i = (off - self.data_offset) / BLOCK;
             let ok = self.with_page(i, |p, e| {
                 let s = p.sums.as_ref().expect("loaded")[e];
+                if s == 0 {
+                    // Never written since create or add (so never synced
+                    // or scrubbed either): sealed as first read, unless a
+                    // write of it is in flight (which records its own).
+                    if self.seal && !p.pending.iter().any(|&(x, _)| x as usize == e) {
+                        p.sums.as_mut().expect("loaded")[e] = checksums::sum(blk);
+                        p.dirty = true;
+                    }
+                    return true;
+                }
                 if checksums::matches(s, blk) {
                     return true;
                 }
@@ -350,6 +370,16 @@ impl Checked {
             }
         }
         done
+    }
+
+    /// Record that the block at member offset `off`, just written with
+    /// zeroes, holds nothing: its checksum is set to one zeroes do not
+    /// have, so that it reads as bad until written anew.
+    pub fn mark_lost(&self, off: u64) -> Result<(), MemberError> {
+        if self.data_part(off, BLOCK).is_none() {
+            return Ok(());
+        }
+        self.record((off - self.data_offset) / BLOCK, checksums::lost_sum())
     }
 
     /// Write the checksum pages changed since the last flush.

@@ -455,7 +455,7 @@ impl Core {
                         _ => None,
                     };
                     let resync = dirty.is_some();
-                    let disk = Arc::new(Disk::new(m, msb.clone()));
+                    let disk = Arc::new(Disk::new(m, msb.clone(), true));
                     self.enter_role(&mut meta, &mut v, r, disk, dirty)?;
                     self.commit(&mut meta, v)?;
                     drop(meta);
@@ -466,7 +466,7 @@ impl Core {
         }
         let mut sb = self.new_member_sb(&meta, m.as_ref());
         self.init_member(m.as_ref(), &mut sb)?;
-        let disk = Arc::new(Disk::new(m, sb));
+        let disk = Arc::new(Disk::new(m, sb, true));
         let added = match open_role {
             Some(r) => {
                 self.enter_role(&mut meta, &mut v, r, disk, None)?;
@@ -522,7 +522,7 @@ impl Core {
         let (m, _) = self.prepare(&meta, &v, with, force)?;
         let mut sb = self.new_member_sb(&meta, m.as_ref());
         self.init_member(m.as_ref(), &mut sb)?;
-        let disk = Arc::new(Disk::new(m, sb));
+        let disk = Arc::new(Disk::new(m, sb, true));
         if let Some(b) = &self.bitmap {
             b.write_to(disk.member.as_ref())?;
         }

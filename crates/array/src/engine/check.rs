@@ -1,9 +1,12 @@
 //! Checking redundancy against data, offline: every unit (stripe of a
 //! parity level, chunk of a mirror) compared by its level
 //! (`LevelOps::check_unit`: parity recomputed with the slow reference
-//! code, copies compared).
+//! code, copies compared). An array with checksums is checked as a scrub
+//! that only reports: each block against its own checksum first, so the
+//! member that is wrong is named rather than the parity that disagrees.
 
 use super::*;
+use crate::scrub::Finding;
 
 impl Array {
     /// Count stripes (parity levels) or chunks (mirrors) whose redundancy
@@ -16,6 +19,17 @@ impl Array {
     /// As `count_mismatches`, calling `each` with every mismatch found, in
     /// order: which unit, where, and which roles disagree.
     pub fn scan_mismatches(&self, each: &mut dyn FnMut(Mismatch)) -> Result<u64> {
+        self.scan_findings(each, &mut |_| {})
+    }
+
+    /// As `scan_mismatches`; with checksums, `named` also gets every block
+    /// found wrong (member, role, offsets, kind), and a unit's roles are
+    /// the members found wrong.
+    pub fn scan_findings(
+        &self,
+        each: &mut dyn FnMut(Mismatch),
+        named: &mut dyn FnMut(Finding),
+    ) -> Result<u64> {
         let v = self.core.view.load();
         if !v.degraded_roles().is_empty() {
             return Err(Error::Invalid(
@@ -24,7 +38,32 @@ impl Array {
         }
         let mut bad = 0;
         for u in 0..self.level.units(self) {
-            bad += self.level.check_unit(self, &v, u, each)?;
+            if !self.core.checksums {
+                bad += self.level.check_unit(self, &v, u, each)?;
+                continue;
+            }
+            let mut found = Vec::new();
+            self.scrub_unit(&v, u, false, &mut |f| found.push(f))?;
+            if found.is_empty() {
+                continue;
+            }
+            bad += 1;
+            let g = &self.core.geom;
+            let (array_offset, member_offset) = if g.level.is_parity() {
+                (g.stripe_data_offset(u, 0), u * g.chunk)
+            } else {
+                (u * g.chunk, g.pieces(u * g.chunk, g.chunk)[0].copies[0].1)
+            };
+            let mut roles: Vec<usize> = found.iter().map(|f| f.role).collect();
+            roles.sort_unstable();
+            roles.dedup();
+            each(Mismatch {
+                unit: u,
+                array_offset,
+                member_offset,
+                roles,
+            });
+            found.into_iter().for_each(&mut *named);
         }
         Ok(bad)
     }

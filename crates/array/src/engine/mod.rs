@@ -293,6 +293,21 @@ impl Array {
 
     /// Read `buf.len()` bytes at logical `offset`.
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let r = self.read_inner(buf, offset);
+        if let Err(e @ (Error::Unavailable { .. } | Error::Member(_))) = &r {
+            // Data the array cannot give (damage beyond what redundancy
+            // covers): the client gets an error, the log says where.
+            tracing::error!(
+                array = %self.core.name,
+                offset,
+                length = buf.len(),
+                "read failed: {e}"
+            );
+        }
+        r
+    }
+
+    fn read_inner(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.core.check(offset, buf.len() as u64)?;
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);

@@ -58,7 +58,7 @@ impl Array {
             let mut rv = RoleView::default();
             match (&s.member, &s.sb) {
                 (Some(m), Some(msb)) => {
-                    rv.disk = Some(Arc::new(Disk::new(m.clone(), msb.clone())));
+                    rv.disk = Some(Arc::new(Disk::new(m.clone(), msb.clone(), !opts.read_only)));
                     if let Some(at) = s.resume {
                         rv.sync = Some(SyncState::new(at, None));
                     }
@@ -91,7 +91,7 @@ impl Array {
                         let mut own = msb.clone();
                         own.recovery_offset = Some(0);
                         own.events = sb.events;
-                        rv.disk = Some(Arc::new(Disk::new(m.clone(), own)));
+                        rv.disk = Some(Arc::new(Disk::new(m.clone(), own, true)));
                         rv.sync = Some(SyncState::new(0, dirty));
                         rv.absence = None;
                         sb.roles[r].member_uuid = msb.member_uuid;
@@ -104,7 +104,7 @@ impl Array {
         let spares = asm
             .spares
             .iter()
-            .map(|(m, s)| Arc::new(Disk::new(m.clone(), s.clone())))
+            .map(|(m, s)| Arc::new(Disk::new(m.clone(), s.clone(), !opts.read_only)))
             .collect();
         let view = View {
             roles,

@@ -6,13 +6,16 @@
 
 use super::LevelOps;
 use crate::background::{windows, Process};
-use crate::core::{Core, View};
+use crate::core::checked::is_mismatch;
+use crate::core::{Core, Disk, View};
 use crate::engine::{in_parallel, roles_list, Array, Mismatch, Small, PARALLEL_IO};
 use crate::error::{Error, Result};
+use crate::metadata::checksums::BLOCK;
 use crate::recovery::{Job, Outcome};
 use crate::{scratch, seams};
 use raidkit_layout::{Level, Piece};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 pub(crate) struct Mirrored;
 
@@ -350,6 +353,24 @@ impl Array {
         Ok(())
     }
 
+    /// Fill `buf` block by block from the first of `srcs` (member, offset
+    /// of `buf`'s start) whose block agrees with its checksum; the offsets
+    /// of blocks no copy has right are zeroed and returned.
+    fn read_around_bad(&self, srcs: &[(Arc<Disk>, u64)], buf: &mut [u8]) -> Vec<u64> {
+        let mut lost = Vec::new();
+        for (k, blk) in buf.chunks_mut(BLOCK as usize).enumerate() {
+            let at = k as u64 * BLOCK;
+            if !srcs
+                .iter()
+                .any(|(d, dev)| self.core.disk_read(d, blk, dev + at).is_ok())
+            {
+                blk.fill(0);
+                lost.push(at);
+            }
+        }
+        lost
+    }
+
     /// Rebuild chunk rows `[s0, s1)` of a mirror member from another copy.
     pub(crate) fn rebuild_mirror_batch(&self, job: &Job, s0: u64, s1: u64) -> Result<Option<u64>> {
         let chunk = self.core.geom.chunk;
@@ -367,30 +388,45 @@ impl Array {
                 return Ok(Some(done));
             }
             let p = &self.core.geom.pieces(c * chunk, chunk)[0];
-            let src = p.copies.iter().find_map(|&(r, d)| {
-                let rv = &v.roles[r];
-                if r == job.role && !job.replace {
-                    return None;
-                }
-                match (&rv.disk, &rv.sync) {
-                    (Some(disk), None) => Some((disk.clone(), d)),
-                    _ => None,
-                }
-            });
-            let Some((sd, sdev)) = src else {
+            let srcs: Vec<(Arc<Disk>, u64)> = p
+                .copies
+                .iter()
+                .filter_map(|&(r, d)| {
+                    let rv = &v.roles[r];
+                    if r == job.role && !job.replace {
+                        return None;
+                    }
+                    match (&rv.disk, &rv.sync) {
+                        (Some(disk), None) => Some((disk.clone(), d)),
+                        _ => None,
+                    }
+                })
+                .collect();
+            let Some((sd, sdev)) = srcs.first().cloned() else {
                 return Err(Error::Unavailable {
                     offset: c * chunk,
                     detail: format!("no in-sync copy to rebuild role {} from", job.role),
                 });
             };
-            if let Err(e) = self.core.disk_read(&sd, &mut buf, sdev) {
-                drop(_g);
-                self.core.fail_disk_by_ptr(&sd, &e.to_string());
-                self.core.ensure_alive(c * chunk)?;
-                return Ok(None);
+            let mut lost = Vec::new();
+            match self.core.disk_read(&sd, &mut buf, sdev) {
+                Ok(()) => {}
+                // Bad blocks, not a bad member: block by block from
+                // whichever copy has each right.
+                Err(e) if is_mismatch(&e) => lost = self.read_around_bad(&srcs, &mut buf),
+                Err(e) => {
+                    drop(_g);
+                    self.core.fail_disk_by_ptr(&sd, &e.to_string());
+                    self.core.ensure_alive(c * chunk)?;
+                    return Ok(None);
+                }
             }
             let t = &job.target;
-            if let Err(e) = self.core.disk_write(t, &buf, dev) {
+            if let Err(e) = self
+                .core
+                .disk_write(t, &buf, dev)
+                .and_then(|()| self.mark_lost(job, dev, &lost))
+            {
                 drop(_g);
                 self.core.fail_disk_by_ptr(t, &e.to_string());
                 return Ok(Some(done));

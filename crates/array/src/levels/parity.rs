@@ -278,7 +278,8 @@ impl Array {
         if self.unsynced(stripe) {
             // Its parity was never made consistent: what it would give is
             // garbage, so the data is unavailable until the resync comes.
-            for &r in &failed {
+            let mismatched = mismatched.locked();
+            for &r in failed.iter().filter(|r| !mismatched.contains(r)) {
                 if let Some(d) = &v.roles[r].disk {
                     self.core
                         .fail_disk_by_ptr(d, "read error in a stripe not yet synced");
@@ -330,10 +331,18 @@ impl Array {
                 }
                 self.core.ensure_alive(dev)?;
                 let lost = (0..k).find(|&d| gone.contains(&sm.data[d])).unwrap_or(0);
+                let bad = if mismatched.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (roles {}: blocks that disagree with their checksums)",
+                        roles_list(mismatched.iter().copied())
+                    )
+                };
                 return Err(Error::Unavailable {
                     offset: self.core.geom.stripe_data_offset(stripe, lost) + col,
                     detail: format!(
-                        "roles {} of stripe {stripe} are missing or failing",
+                        "roles {} of stripe {stripe} are missing or failing{bad}",
                         roles_list(gone.into_iter())
                     ),
                 });

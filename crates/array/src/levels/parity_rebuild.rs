@@ -4,10 +4,13 @@
 
 use super::parity::{parity_of, solve};
 use crate::background::{windows, Process};
+use crate::core::checked::is_mismatch;
 use crate::core::{Disk, View};
 use crate::engine::Array;
 use crate::error::{Error, Result};
+use crate::metadata::checksums::BLOCK;
 use crate::recovery::{Job, Outcome};
+use raidkit_member::MemberError;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -124,9 +127,8 @@ impl Array {
                     for (a, b) in crx {
                         let mut buf = vec![0u8; ((b - a) * chunk) as usize];
                         let r = self
-                            .core
-                            .disk_read(d, &mut buf, a * chunk)
-                            .map(|()| buf)
+                            .read_source(d, &mut buf, a * chunk)
+                            .map(|bad| (buf, bad))
                             .map_err(|e| e.to_string());
                         let failed = r.is_err();
                         if rtx.send(r).is_err() || failed {
@@ -141,11 +143,14 @@ impl Array {
                 cmds.push(Some(ctx));
                 results.push(Some(rrx));
             }
-            let (wtx, wrx) = std::sync::mpsc::sync_channel::<(usize, u64, Vec<u8>)>(2);
+            let (wtx, wrx) = std::sync::mpsc::sync_channel::<(usize, u64, Vec<u8>, Vec<u64>)>(2);
             let (ack_tx, ack_rx) = std::sync::mpsc::channel();
             let spawned = std::thread::Builder::new().spawn_scoped(sc, move || {
-                for (i, a, out) in wrx {
-                    let r = self.core.disk_write(t, &out, a * chunk);
+                for (i, a, out, lost) in wrx {
+                    let r = self
+                        .core
+                        .disk_write(t, &out, a * chunk)
+                        .and_then(|()| self.mark_lost(job, a * chunk, &lost));
                     let failed = r.is_err();
                     if ack_tx.send((i, r)).is_err() || failed {
                         return;
@@ -178,10 +183,14 @@ impl Array {
                 if !halt && solved < issued {
                     let (a, b) = steps[solved];
                     let mut bufs = Vec::with_capacity(results.len());
+                    let mut bads = vec![Vec::new(); results.len()];
                     for (r, rx) in results.iter().enumerate() {
                         match rx.as_ref().map(|rx| rx.recv()) {
                             None => bufs.push(None),
-                            Some(Ok(Ok(buf))) => bufs.push(Some(buf)),
+                            Some(Ok(Ok((buf, bad)))) => {
+                                bufs.push(Some(buf));
+                                bads[r] = bad;
+                            }
                             Some(Ok(Err(e))) => read_failed.push((r, e)),
                             Some(Err(_)) => read_failed.push((r, "reader stopped".into())),
                         }
@@ -190,9 +199,9 @@ impl Array {
                         halt = true;
                         run = Run::Again;
                     } else {
-                        match self.solve_step(job, &bufs, a, b) {
-                            Ok(out) => {
-                                if wtx.send((solved, a, out)).is_ok() {
+                        match self.solve_step(job, &bufs, &bads, a, b) {
+                            Ok((out, lost)) => {
+                                if wtx.send((solved, a, out, lost)).is_ok() {
                                     sent += 1;
                                 } else {
                                     halt = true;
@@ -287,42 +296,142 @@ impl Array {
         Ok(run)
     }
 
-    /// The job member's contents for stripes `[s0, s1)` from the sources' data.
-    fn solve_step(&self, job: &Job, bufs: &[Option<Vec<u8>>], s0: u64, s1: u64) -> Result<Vec<u8>> {
+    /// Read a source's range for the pipeline. A block that disagrees
+    /// with its checksum is a bad block, not a bad member: the range is
+    /// read again block by block and the offsets (in `buf`) of the bad
+    /// ones returned, to be rebuilt around.
+    fn read_source(
+        &self,
+        d: &Disk,
+        buf: &mut [u8],
+        dev: u64,
+    ) -> std::result::Result<Vec<u64>, MemberError> {
+        match self.core.disk_read(d, buf, dev) {
+            Err(e) if is_mismatch(&e) => {}
+            r => return r.map(|()| Vec::new()),
+        }
+        let mut bad = Vec::new();
+        for (k, blk) in buf.chunks_mut(BLOCK as usize).enumerate() {
+            let at = k as u64 * BLOCK;
+            match self.core.disk_read(d, blk, dev + at) {
+                Ok(()) => {}
+                Err(e) if is_mismatch(&e) => bad.push(at),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(bad)
+    }
+
+    /// The job member's contents for stripes `[s0, s1)` from the sources'
+    /// data (`bads`: the offsets of each source's bad blocks in its
+    /// buffer), and the offsets of the blocks that could not be rebuilt.
+    fn solve_step(
+        &self,
+        job: &Job,
+        bufs: &[Option<Vec<u8>>],
+        bads: &[Vec<u64>],
+        s0: u64,
+        s1: u64,
+    ) -> Result<(Vec<u8>, Vec<u64>)> {
         let chunk = self.core.geom.chunk;
         let len = ((s1 - s0) * chunk) as usize;
         let mut out = vec![0u8; len];
+        let mut lost = Vec::new();
+        let cl = chunk as usize;
+        let whole: Vec<Option<&[u8]>> = bufs.iter().map(|b| b.as_deref()).collect();
         for s in s0..s1 {
             let at = ((s - s0) * chunk) as usize;
-            let cl = chunk as usize;
-            let piece = |r: usize| bufs[r].as_ref().map(|b| &b[at..at + cl]);
-            let dst = &mut out[at..at + cl];
-            if let Some(src) = piece(job.role) {
-                dst.copy_from_slice(src); // replacing: copy the member in service
+            let touched = |r: usize, lo: usize, n: usize| {
+                bads[r]
+                    .iter()
+                    .any(|&b| (lo..lo + n).contains(&(b as usize)))
+            };
+            if !(0..bufs.len()).any(|r| touched(r, at, cl)) {
+                self.solve_piece(job, s, &whole, at, cl, &mut out[at..at + cl])?;
                 continue;
             }
-            let sm = self.core.geom.stripe_map(s);
-            let data: Vec<Option<Vec<u8>>> = sm
-                .data
-                .iter()
-                .map(|&r| piece(r).map(<[u8]>::to_vec))
-                .collect();
-            let rows = solve(&sm, data, piece(sm.p), sm.q.and_then(piece), cl).map_err(|gone| {
-                Error::Unavailable {
-                    offset: self.core.geom.stripe_data_offset(s, 0),
-                    detail: format!(
-                        "cannot rebuild role {} of stripe {s}: roles {gone:?} are missing too",
-                        job.role
-                    ),
+            // Bad blocks in this stripe: block by block, each source's bad
+            // block one more thing missing.
+            let b = BLOCK as usize;
+            for col in (0..cl).step_by(b) {
+                let from = at + col;
+                let usable: Vec<Option<&[u8]>> = whole
+                    .iter()
+                    .enumerate()
+                    .map(|(r, x)| x.filter(|_| !touched(r, from, b)))
+                    .collect();
+                let dst = &mut out[from..from + b];
+                if self.solve_piece(job, s, &usable, from, b, dst).is_err() {
+                    dst.fill(0);
+                    lost.push(from as u64);
                 }
-            })?;
-            if let Some(dd) = sm.data.iter().position(|&r| r == job.role) {
-                dst.copy_from_slice(&rows[dd]);
-            } else {
-                let (p, q) = parity_of(&sm, &rows, cl);
-                dst.copy_from_slice(if job.role == sm.p { &p } else { &q });
             }
         }
-        Ok(out)
+        Ok((out, lost))
+    }
+
+    /// One piece (`len` bytes at `at` of the step's buffers) of the job
+    /// member's contents in stripe `sm`.
+    fn solve_piece(
+        &self,
+        job: &Job,
+        stripe: u64,
+        bufs: &[Option<&[u8]>],
+        at: usize,
+        len: usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let piece = |r: usize| bufs[r].map(|b| &b[at..at + len]);
+        if let Some(src) = piece(job.role) {
+            dst.copy_from_slice(src); // replacing: copy the member in service
+            return Ok(());
+        }
+        let sm = &self.core.geom.stripe_map(stripe);
+        let data: Vec<Option<Vec<u8>>> = sm
+            .data
+            .iter()
+            .map(|&r| piece(r).map(<[u8]>::to_vec))
+            .collect();
+        let rows = solve(sm, data, piece(sm.p), sm.q.and_then(piece), len).map_err(|gone| {
+            Error::Unavailable {
+                offset: self.core.geom.stripe_data_offset(stripe, 0),
+                detail: format!(
+                    "cannot rebuild role {} of stripe {stripe}: roles {gone:?} are missing too",
+                    job.role
+                ),
+            }
+        })?;
+        if let Some(dd) = sm.data.iter().position(|&r| r == job.role) {
+            dst.copy_from_slice(&rows[dd]);
+        } else {
+            let (p, q) = parity_of(sm, &rows, len);
+            dst.copy_from_slice(if job.role == sm.p { &p } else { &q });
+        }
+        Ok(())
+    }
+
+    /// Blocks of the member being built (offsets from `dev`) that nothing
+    /// could rebuild: their checksums are set so that they read as bad
+    /// (EIO, never the zeroes written there) until written anew, as md's
+    /// bad block list does.
+    pub(crate) fn mark_lost(
+        &self,
+        job: &Job,
+        dev: u64,
+        lost: &[u64],
+    ) -> std::result::Result<(), MemberError> {
+        let t = &job.target;
+        for &off in lost {
+            tracing::warn!(
+                member = t.name(),
+                role = job.role,
+                member_offset = t.data_offset + dev + off,
+                "rebuild: a block could not be rebuilt (bad blocks beyond what redundancy covers): it reads as an error until written"
+            );
+            if let Some(c) = &t.checked {
+                c.mark_lost(t.data_offset + dev + off)?;
+            }
+        }
+        Ok(())
     }
 }

@@ -161,7 +161,15 @@ impl Array {
         let parity_roles: Small<usize> = std::iter::once(sm.p).chain(sm.q).collect();
 
         if !parity_roles.iter().any(|&r| Core::writable(v, r)) {
-            // Every parity member of this stripe is gone: data is all there is.
+            // Every parity member of this stripe is gone: data is all there
+            // is. Nothing to keep consistent, but with checksums a crash
+            // can tear these blocks from theirs: the journal takes them, so
+            // that replay rewrites them (and their checksums).
+            let _slot = if self.core.checksums {
+                self.journal_parts(stripe, pieces, dev, &[])?
+            } else {
+                None
+            };
             for (p, d) in pieces {
                 self.core.member_write(v, p.copies[0].0, d, p.copies[0].1)?;
             }

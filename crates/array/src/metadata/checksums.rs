@@ -17,8 +17,8 @@
 //! An array of little-endian u32, entry `i` for the data area's bytes
 //! `[i * 4096, (i + 1) * 4096)`: crc32c of the block, except that 0 means
 //! "no checksum yet" (blocks never written since the array was created, or
-//! since a member was added; they are checked from their first write or
-//! scrub on) and a block whose crc32c is 0 is recorded as 1 (which weakens
+//! since a member was added; each gets its checksum when first written,
+//! or as first read by a writable array: sync, scrub or client) and a block whose crc32c is 0 is recorded as 1 (which weakens
 //! detection by one value in 2^32).
 //!
 //! # Why crc32c
@@ -75,6 +75,12 @@ pub fn sum(block: &[u8]) -> u32 {
 pub fn zero_sum() -> u32 {
     static Z: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *Z.get_or_init(|| sum(&[0u8; BLOCK as usize]))
+}
+
+/// The checksum recorded for a block that could not be rebuilt (written
+/// with zeroes): any value but the zeroes' own, so that it reads as bad.
+pub fn lost_sum() -> u32 {
+    !zero_sum()
 }
 
 /// Whether `block` agrees with its recorded checksum (0: nothing recorded).

@@ -337,6 +337,26 @@ pub fn create(level: &str, ms: &[String], size: &str) {
     ));
 }
 
+/// `create` without checksums: the server's fast paths (reads and writes
+/// straight from and into the member files) serve only such arrays, since
+/// with checksums every block must be verified on its way.
+pub fn create_plain(level: &str, ms: &[String], size: &str) {
+    ok(&args(
+        &[
+            "create",
+            "--level",
+            level,
+            "--size",
+            size,
+            "--chunk",
+            "64K",
+            "--checksums",
+            "off",
+        ],
+        ms,
+    ));
+}
+
 /// A deadline-bounded wait for a condition.
 pub fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     let t = Instant::now();

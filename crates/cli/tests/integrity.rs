@@ -1,0 +1,390 @@
+//! Checksums end to end, driven as a user would: data written with
+//! nbdcopy, bytes of member files flipped behind the server's back (data
+//! and parity blocks), the array served again, and then: every read
+//! returns the data written (healed from redundancy), the members'
+//! checksum counters rise, `raidkit scrub` repairs what reads did not
+//! touch and a second scrub finds nothing; damage beyond redundancy is an
+//! I/O error, never wrong data.
+
+mod common;
+
+use common::*;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use serde_json::Value;
+use std::path::Path;
+
+const DATA: usize = 4 << 20;
+
+fn random(seed: u64, n: usize) -> Vec<u8> {
+    use rand::SeedableRng;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.gen()).collect()
+}
+
+fn data_offset(m: &str) -> u64 {
+    let e: Value = serde_json::from_slice(&ok(&["examine", "--json", m]).stdout).unwrap();
+    assert_eq!(e["checksums"]["algorithm"], "crc32c", "{e}");
+    e["data_offset"].as_u64().unwrap()
+}
+
+/// Flip the 4 bytes at `off` of file `m`; returns what was there.
+fn flip(m: &str, off: u64) -> [u8; 4] {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m)
+        .unwrap();
+    let mut b = [0u8; 4];
+    f.read_exact_at(&mut b, off).unwrap();
+    f.write_all_at(&b.map(|x| !x), off).unwrap();
+    b
+}
+
+fn bytes_at(m: &str, off: u64) -> [u8; 4] {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 4];
+    std::fs::File::open(m)
+        .unwrap()
+        .read_exact_at(&mut b, off)
+        .unwrap();
+    b
+}
+
+fn status(s: &Served) -> Value {
+    let ctl = s.control.display().to_string();
+    serde_json::from_slice(&ok(&["status", "--control", &ctl, "--json"]).stdout).unwrap()
+}
+
+fn checksum_errors(st: &Value) -> Vec<u64> {
+    st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["errors"]["checksum"].as_u64().unwrap())
+        .collect()
+}
+
+/// `raidkit scrub --wait --json`: (exit code, its last_scrub).
+fn scrub(s: &Served) -> (Option<i32>, Value) {
+    let ctl = s.control.display().to_string();
+    let o = raidkit(&["scrub", "--wait", "--json", "--control", &ctl]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| {
+        panic!(
+            "scrub printed no JSON: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    });
+    (o.status.code(), v)
+}
+
+/// Write `data` at the start of the array through nbdcopy.
+fn write_all(dir: &Path, s: &Served, data: &[u8]) {
+    let src = dir.join("src.bin");
+    std::fs::write(&src, data).unwrap();
+    tool("nbdcopy", &[src.to_str().unwrap(), &s.uri]);
+}
+
+/// The first `n` bytes of the array, read through nbdcopy.
+fn read_back(dir: &Path, s: &Served, n: usize) -> Vec<u8> {
+    let back = dir.join("back.bin");
+    let _ = std::fs::remove_file(&back);
+    tool("nbdcopy", &[&s.uri, back.to_str().unwrap()]);
+    let mut got = std::fs::read(&back).unwrap();
+    got.truncate(n);
+    got
+}
+
+/// `len` bytes at `off` of the export, read with `qemu-io -v` (which
+/// dumps lines of "offset:  16 hex bytes  ascii").
+fn qemu_read(uri: &str, off: u64, len: u64) -> Vec<u8> {
+    let c = format!("read -v {off} {len}");
+    let out = tool("qemu-io", &["-f", "raw", "-c", &c, uri]);
+    let mut got = Vec::with_capacity(len as usize);
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some((_, rest)) = line.split_once(':') else {
+            continue;
+        };
+        got.extend(
+            rest.split_whitespace()
+                .take(16)
+                .take_while(|t| t.len() == 2)
+                .filter_map(|t| u8::from_str_radix(t, 16).ok()),
+        );
+    }
+    assert_eq!(got.len() as u64, len, "qemu-io read {off}+{len}");
+    got
+}
+
+/// A new array (checksums on, 8 MiB members) with `DATA` random bytes
+/// written at its start through NBD, stopped: (its directory, members, data).
+fn array_with_data(level: &str, n: usize, seed: u64) -> (tempfile::TempDir, Vec<String>, Vec<u8>) {
+    let dir = tmp();
+    let ms = members(dir.path(), n);
+    create(level, &ms, "8M");
+    let data = random(seed, DATA);
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    write_all(dir.path(), &s, &data);
+    assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+    (dir, ms, data)
+}
+
+#[test]
+fn rotten_blocks_are_healed_on_read_and_by_scrub_at_every_redundant_level() {
+    for (level, n) in [("1", 2), ("10", 4), ("5", 4), ("6", 5)] {
+        let (dir, ms, data) = array_with_data(level, n, n as u64);
+
+        // Six flipped blocks on random members at random offsets, each in
+        // another chunk row (so never two in one stripe), all in the rows
+        // the data filled (at least 16 on every level here): data blocks
+        // and parity blocks (RAID-5/6), either copy (RAID-1/10).
+        let off = data_offset(&ms[0]);
+        let mut rng = {
+            use rand::SeedableRng;
+            rand::rngs::StdRng::seed_from_u64(100 + n as u64)
+        };
+        let mut rows: Vec<u64> = (0..16).collect();
+        rows.shuffle(&mut rng);
+        let flips: Vec<(usize, u64, [u8; 4])> = rows[..6]
+            .iter()
+            .map(|&row| {
+                let i = rng.gen_range(0..n);
+                let at = off + row * (64 << 10) + rng.gen_range(0..(64 << 10) / 4) * 4;
+                (i, at, flip(&ms[i], at))
+            })
+            .collect();
+        eprintln!(
+            "RAID-{level}: flipped (member, offset): {:?}",
+            flips.iter().map(|f| (f.0, f.1)).collect::<Vec<_>>()
+        );
+
+        let mut s = Served::start(dir.path(), &ms, &[]);
+        assert!(
+            read_back(dir.path(), &s, DATA) == data,
+            "RAID-{level}: data read back differs"
+        );
+        let errs = checksum_errors(&status(&s));
+        // Parity levels have one copy of each data block, which the reads
+        // must have met; a mirror reads either copy, so the scrub may be
+        // what meets them.
+        assert!(
+            errs.iter().sum::<u64>() > 0 || matches!(level, "1" | "10"),
+            "RAID-{level}: no checksum error counted: {errs:?}"
+        );
+        let (code, first) = scrub(&s);
+        assert_eq!(code, Some(0), "RAID-{level}: {first}");
+        assert_eq!(first["result"], "done", "RAID-{level}: {first}");
+        assert_eq!(first["unrepaired"], 0, "RAID-{level}: {first}");
+        // What the reads healed, the scrub did not need to: together they
+        // account for every flipped block, each named by its member.
+        let healed_by_reads = errs.iter().sum::<u64>();
+        let repaired = first["repaired"].as_u64().unwrap();
+        assert!(
+            healed_by_reads + repaired >= flips.len() as u64,
+            "RAID-{level}: {healed_by_reads} healed by reads, {repaired} by the scrub, {} flipped: {first}",
+            flips.len()
+        );
+        for f in first["mismatches"].as_array().unwrap() {
+            assert_eq!(f["kind"], "checksum", "RAID-{level}: {f}");
+            assert_eq!(f["action"], "repaired", "RAID-{level}: {f}");
+            let role = f["role"].as_u64().unwrap() as usize;
+            let at = f["member_offset"].as_u64().unwrap();
+            assert!(
+                flips
+                    .iter()
+                    .any(|&(i, o, _)| i == role && o / 4096 * 4096 == at),
+                "RAID-{level}: a finding nothing was planted at: {f}"
+            );
+        }
+        let (code, second) = scrub(&s);
+        assert_eq!(code, Some(0), "RAID-{level}: {second}");
+        assert_eq!(second["repaired"], 0, "RAID-{level}: {second}");
+        assert_eq!(
+            second["mismatches"].as_array().unwrap().len(),
+            0,
+            "RAID-{level}: {second}"
+        );
+        assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+        // Every flipped block holds its old bytes again.
+        for (i, at, was) in &flips {
+            assert_eq!(
+                bytes_at(&ms[*i], *at),
+                *was,
+                "RAID-{level}: member {i} at {at} not repaired"
+            );
+        }
+    }
+}
+
+#[test]
+fn damage_beyond_redundancy_is_an_io_error_never_wrong_data() {
+    // RAID-5: two members rotten in one stripe. RAID-0: any rot.
+    for (level, n, rotten) in [("5", 4, &[0usize, 1][..]), ("0", 2, &[0][..])] {
+        let (dir, ms, data) = array_with_data(level, n, 7);
+        // Chunk row 1, 4 KiB into the chunk, of each rotten member.
+        let off = data_offset(&ms[0]);
+        for &i in rotten {
+            flip(&ms[i], off + (64 << 10) + 4096);
+        }
+        let row = 64u64 << 10;
+        let width = row * (n as u64 - u64::from(level == "5"));
+        let s = Served::start(dir.path(), &ms, &[]);
+        // The row's range fails; reads around it give the data written.
+        let out = try_tool(
+            "qemu-io",
+            &["-f", "raw", "-c", &format!("read {width} {width}"), &s.uri],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            text.contains("Input/output error"),
+            "RAID-{level}: the rotten range was read: {text}"
+        );
+        let check = |o: u64, len: u64| {
+            let (a, b) = (o as usize, (o + len) as usize);
+            assert!(
+                qemu_read(&s.uri, o, len) == data[a..b],
+                "RAID-{level}: read at {o} differs"
+            );
+        };
+        check(0, 4096);
+        check(2 * width, 4096);
+        let log = s.log();
+        assert!(
+            log.lines().any(|l| l.contains("read failed")
+                && l.contains(&format!("offset={width}"))
+                && l.contains("checksum")),
+            "RAID-{level}: the log does not name the range and why: {log}"
+        );
+        drop(s);
+    }
+}
+
+#[test]
+fn a_member_that_rots_silently_is_read_around_and_named() {
+    // fault:...?corrupt-at=OFF: reads of that member's block there come
+    // back with flipped bits and no error, as rot does, every time. Row 1
+    // of member 1 holds data on RAID-5 and RAID-6 here (the read meets
+    // it); a mirror's read may take the other copy, but a scrub reads
+    // both.
+    for (level, n) in [("1", 2), ("10", 4), ("5", 4), ("6", 5)] {
+        let (dir, ms, data) = array_with_data(level, n, 11);
+        let at = data_offset(&ms[1]) + (64 << 10) + 512;
+        let mut served = ms.clone();
+        served[1] = format!("fault:{}?corrupt-at={at}", ms[1]);
+        let mut s = Served::start(dir.path(), &served, &[]);
+        assert!(
+            read_back(dir.path(), &s, DATA) == data,
+            "RAID-{level}: data differs"
+        );
+        let errs = checksum_errors(&status(&s));
+        assert_eq!(errs.iter().sum::<u64>(), errs[1], "RAID-{level}: {errs:?}");
+        if matches!(level, "5" | "6") {
+            assert!(
+                errs[1] > 0,
+                "RAID-{level}: member 1's errors not counted: {errs:?}"
+            );
+        }
+        // Rot that a rewrite cures: either a read met it (counted, healed)
+        // or the scrub names it, exactly once in all.
+        let ctl = s.control.display().to_string();
+        let o = raidkit(&[
+            "scrub",
+            "--check-only",
+            "--wait",
+            "--json",
+            "--control",
+            &ctl,
+        ]);
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let found = v["mismatches"].as_array().unwrap();
+        assert_eq!(
+            errs[1] + found.len() as u64,
+            1,
+            "RAID-{level}: {errs:?} {v}"
+        );
+        assert_eq!(
+            o.status.code(),
+            Some(found.len() as i32),
+            "RAID-{level}: {v}"
+        );
+        if let Some(f) = found.first() {
+            assert_eq!(f["role"], 1, "RAID-{level}: {v}");
+            assert_eq!(f["member_offset"], at / 4096 * 4096, "RAID-{level}: {v}");
+            assert_eq!(f["kind"], "checksum", "RAID-{level}: {v}");
+            assert_eq!(f["action"], "reported", "RAID-{level}: {v}");
+        }
+        assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+    }
+}
+
+#[test]
+fn a_rebuild_reads_around_rotten_blocks_and_never_writes_wrong_data() {
+    // A member replaced while another has a rotten block in a stripe the
+    // rebuild needs: RAID-6 rebuilds it from what is left and a three-way
+    // mirror copies that block from the other copy (no loss);
+    // RAID-5 cannot, and the new member's block there reads as an error,
+    // never as the zeroes written in its place. The rotten member is not
+    // failed for one bad block, and the rebuild finishes.
+    for (level, n) in [("6", 5), ("1", 3), ("5", 4)] {
+        let (dir, ms, data) = array_with_data(level, n, 13);
+        // Member 0 rots in chunk row 1 (data on both levels), 4 KiB in.
+        let off = data_offset(&ms[0]);
+        flip(&ms[0], off + (64 << 10) + 4096 + 7);
+        if level != "5" {
+            // And member 1 in the next block: whichever copy or source the
+            // rebuild reads first has a bad block to be read around.
+            flip(&ms[1], off + (64 << 10) + 8192 + 7);
+        }
+        // The last member is replaced by an empty file.
+        let last = ms[n - 1].clone();
+        std::fs::remove_file(&last).unwrap();
+        let mut s = Served::start(dir.path(), &ms[..n - 1], &["--run"]);
+        let ctl = s.control.display().to_string();
+        ok(&["add", "--control", &ctl, &last]);
+        ok(&["wait", "--timeout", "120", "--control", &ctl]);
+        let st = status(&s);
+        assert_eq!(st["state"], "optimal", "RAID-{level}: {st}");
+        let row = 64u64 << 10;
+        let width = row * (n as u64 - if level == "6" { 2 } else { 1 });
+        if level != "5" {
+            assert!(
+                read_back(dir.path(), &s, DATA) == data,
+                "RAID-{level}: data differs after the rebuild"
+            );
+        } else {
+            // Stripe 1 of RAID-5 on 4: P on member 2, data on members 3,
+            // 0, 1 (array bytes [width, 2 width)). In the column of the
+            // rotten block two blocks are lost: the rebuilt member's (it
+            // could not be made) and the rotten one (nothing to rebuild it
+            // from): they read as errors; everything else as written.
+            let lost = [width + 4096, width + row + 4096];
+            for at in lost {
+                let c = format!("read {at} 4096");
+                let out = try_tool("qemu-io", &["-f", "raw", "-c", &c, &s.uri]);
+                let text = String::from_utf8_lossy(&out.stdout).to_string()
+                    + &String::from_utf8_lossy(&out.stderr);
+                assert!(
+                    text.contains("Input/output error"),
+                    "RAID-5: a block nothing could rebuild was read at {at}: {text}"
+                );
+            }
+            let mut from = 0;
+            for to in lost.into_iter().chain([DATA as u64]) {
+                assert!(
+                    qemu_read(&s.uri, from, to - from) == data[from as usize..to as usize],
+                    "RAID-5: data in [{from}, {to}) differs"
+                );
+                from = to + 4096;
+            }
+        }
+        let members = st["members"].as_array().unwrap();
+        assert!(
+            members.iter().all(|m| m["state"] == "active"),
+            "RAID-{level}: a member was failed: {st}"
+        );
+        assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+    }
+}
