@@ -27,8 +27,49 @@ use std::time::{Duration, Instant};
 
 const PAGE_BYTES: usize = (PER_PAGE * checksums::ENTRY) as usize;
 
-/// Writes of parts of blocks read-modify-write them under these.
-const RMW_LOCKS: usize = 64;
+/// The block ranges being written: a write waits for those in flight
+/// that overlap it. Two writes of one block at once (NBD clients may send
+/// them; levels without a stripe lock pass them on) could land in one
+/// order and have their checksums recorded in the other, leaving a block
+/// that disagrees with its checksum; a write of part of a block reads,
+/// merges and writes it whole, which must not interleave either. Disjoint
+/// writes go on in parallel. (A short list: writes in flight on one member
+/// number at most the queue depth.)
+#[derive(Debug, Default)]
+struct InFlight {
+    ranges: Mutex<Vec<(u64, u64)>>,
+    done: std::sync::Condvar,
+}
+
+struct Writing<'a> {
+    set: &'a InFlight,
+    range: (u64, u64),
+}
+
+impl InFlight {
+    fn enter(&self, lo: u64, hi: u64) -> Writing<'_> {
+        let mut r = self.ranges.locked();
+        while r.iter().any(|&(a, b)| a < hi && lo < b) {
+            r = self.done.wait(r).unwrap_or_else(|e| e.into_inner());
+        }
+        r.push((lo, hi));
+        Writing {
+            set: self,
+            range: (lo, hi),
+        }
+    }
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let mut r = self.set.ranges.locked();
+        if let Some(i) = r.iter().position(|&x| x == self.range) {
+            r.swap_remove(i);
+        }
+        drop(r);
+        self.set.done.notify_all();
+    }
+}
 
 #[derive(Debug, Default)]
 struct Page {
@@ -54,7 +95,7 @@ pub(crate) struct Checked {
     data_offset: u64,
     area: ChecksumArea,
     pages: Box<[Mutex<Page>]>,
-    rmw: Box<[Mutex<()>]>,
+    writing: InFlight,
     /// Blocks found bad and not rewritten since: each is counted once.
     known_bad: Mutex<HashSet<u64>>,
     /// Blocks that disagreed with their checksum (each counted once until rewritten).
@@ -102,7 +143,7 @@ impl Checked {
             data_offset,
             area,
             pages: (0..n).map(|_| Mutex::new(Page::default())).collect(),
-            rmw: (0..RMW_LOCKS).map(|_| Mutex::new(())).collect(),
+            writing: InFlight::default(),
             known_bad: Mutex::new(HashSet::new()),
             mismatches: AtomicU64::new(0),
             adopted: AtomicU64::new(0),
@@ -432,6 +473,7 @@ impl Member for Checked {
         }
         let (a, b) = (lo / BLOCK * BLOCK, hi.next_multiple_of(BLOCK));
         let part = &buf[(lo - off) as usize..(hi - off) as usize];
+        let _w = self.writing.enter(a, b);
         if a == lo && b == hi {
             return self.write_blocks(part, a);
         }
@@ -439,7 +481,6 @@ impl Member for Checked {
         // with a fresh checksum), merge, write it whole. The array heals
         // the blocks at a write's edges before writing; what fails here
         // is rot that came in between, and fails the write.
-        let _g = self.rmw[((a / BLOCK) as usize) % RMW_LOCKS].locked();
         let mut whole = scratch::take((b - a) as usize);
         let r = self.read_checked(&mut whole, a, false).and_then(|()| {
             whole[(lo - a) as usize..(hi - a) as usize].copy_from_slice(part);
@@ -487,6 +528,7 @@ impl Member for Checked {
         }
         raidkit_member::write_zeroes(self, off, a - off)?;
         raidkit_member::write_zeroes(self, b, off + len - b)?;
+        let _w = self.writing.enter(a, b);
         self.inner.discard(a, b - a)?;
         let z = checksums::zero_sum();
         for i in (a - self.data_offset) / BLOCK..(b - self.data_offset) / BLOCK {
