@@ -58,6 +58,31 @@ pub(crate) enum Outcome {
 }
 
 impl Array {
+    /// Blocks of the member being built (offsets from `dev`) that nothing
+    /// could rebuild: their checksums are set so that they read as bad
+    /// (EIO, never the zeroes written there) until written anew, as md's
+    /// bad block list does.
+    pub(crate) fn mark_lost(
+        &self,
+        job: &Job,
+        dev: u64,
+        lost: &[u64],
+    ) -> std::result::Result<(), raidkit_member::MemberError> {
+        let t = &job.target;
+        for &off in lost {
+            tracing::warn!(
+                member = t.name(),
+                role = job.role,
+                member_offset = t.data_offset + dev + off,
+                "rebuild: a block could not be rebuilt (bad blocks beyond what redundancy covers): it reads as an error until written"
+            );
+            if let Some(c) = &t.checked {
+                c.mark_lost(t.data_offset + dev + off)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Whether some member still needs rebuilding.
     pub fn needs_recovery(&self) -> bool {
         self.next_job().is_some() || self.recovery.pending_parity.locked().is_some()
