@@ -191,7 +191,9 @@ impl<'a> Pacer<'a> {
         }
     }
 
-    pub fn pace(&mut self, bytes: u64) {
+    /// Count `bytes` and sleep as long as the rate asks; `before_wait`
+    /// runs first if it will sleep at all.
+    pub fn pace(&mut self, bytes: u64, before_wait: &mut dyn FnMut()) {
         let fg = self.array.fg_ops.load(Ordering::Relaxed);
         let (min, max) = self.array.rebuild_speed();
         let rate = if fg != self.last_fg { min } else { max };
@@ -206,6 +208,9 @@ impl<'a> Pacer<'a> {
             return;
         }
         let want = Duration::from_secs_f64(self.bytes as f64 / rate as f64);
+        if self.since.elapsed() < want {
+            before_wait();
+        }
         while self.since.elapsed() < want && !self.array.core.wake.stopped() {
             std::thread::sleep((want - self.since.elapsed()).min(Duration::from_millis(100)));
         }
@@ -288,10 +293,16 @@ impl<'a> Process<'a> {
 
     /// `bytes` more done: counted in the progress, then paced.
     pub fn advance(&mut self, bytes: u64) {
+        self.advance_then(bytes, &mut || {});
+    }
+
+    /// As `advance`; `before_wait` runs first if the pace makes it sleep
+    /// (to release what clients may be waiting for).
+    pub fn advance_then(&mut self, bytes: u64, before_wait: &mut dyn FnMut()) {
         let r = &self.array.recovery;
         let done = r.done.fetch_add(bytes, Ordering::Relaxed) + bytes;
         r.sample(done);
-        self.pacer.pace(bytes);
+        self.pacer.pace(bytes, before_wait);
     }
 
     /// Whether it is time to record the position reached (every

@@ -12,15 +12,17 @@
 //! lock while clients read and write, and records its position in the
 //! superblocks every few seconds, so that a restart resumes it.
 
-use crate::core::View;
+use crate::core::{Disk, View};
 use crate::engine::Array;
 use crate::error::{Error, Result};
 use crate::levels::parity::parity_of;
 use crate::metadata::checksums::BLOCK;
 use crate::scratch;
-use raidkit_member::Locked;
+use raidkit_member::{Locked, MemberError};
 use serde::Serialize;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
+use std::thread::JoinHandle;
 
 /// One thing a scrub found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -163,6 +165,7 @@ impl Array {
             if !req.check_only {
                 self.core.begin_write()?;
             }
+            let mut ahead = ReadAhead::new(self, units);
             for u in from..units {
                 if process.stopped() {
                     return Ok("the array was stopped (resumed at the next start)".into());
@@ -195,11 +198,13 @@ impl Array {
                         found.push(f);
                     }
                 };
-                self.scrub_unit(&v, u, !req.check_only, &mut each)?;
+                self.scrub_unit(&v, u, !req.check_only, &mut each, Some(ahead.at(u)))?;
                 if process.checkpoint_due() {
                     self.scrub_checkpoint(Some((u + 1, req.check_only)))?;
                 }
-                process.advance(chunk);
+                // A paced scrub sleeps without holding the stripes it
+                // read ahead: clients writing there would wait for it.
+                process.advance_then(chunk, &mut || ahead.release());
             }
             Ok("done".into())
         })();
@@ -243,38 +248,41 @@ impl Array {
 
     /// Read a member's range as it is, with the member offsets of blocks
     /// that disagree with their checksums.
+    /// `ahead`: what was read ahead of it, used where it holds the range.
     fn scan(
         &self,
         v: &View,
         role: usize,
         dev: u64,
         len: u64,
+        ahead: Option<&Ahead>,
     ) -> std::result::Result<(Vec<u8>, Vec<u64>), String> {
         let d = v.roles[role].disk.as_ref().ok_or("no member")?;
         let mut buf = scratch::take(len as usize);
         let at = d.data_offset + dev;
-        let read = match &d.checked {
-            Some(c) => c.read_raw(&mut buf, at),
-            None => d.member.read_at(&mut buf, at),
-        };
-        if let Err(e) = read {
-            scratch::give(buf);
-            return Err(e.to_string());
+        if let Some((bytes, bad)) = ahead.and_then(|a| a.get(d, role, dev, len)) {
+            buf.copy_from_slice(bytes);
+            return Ok((buf, bad));
         }
-        let bad = match &d.checked {
-            Some(c) => c.bad_blocks(&buf, at).map_err(|e| e.to_string())?,
-            None => Vec::new(),
-        };
-        Ok((buf, bad))
+        match read_verdict(d, &mut buf, at) {
+            Ok(bad) => Ok((buf, bad)),
+            Err(e) => {
+                scratch::give(buf);
+                Err(e.to_string())
+            }
+        }
     }
 
-    /// Scrub one unit (a stripe, or a chunk of the address space).
+    /// Scrub one unit (a stripe, or a chunk of the address space). With
+    /// `ahead`, the caller holds the unit's locks and the members' ranges
+    /// were read ahead under them.
     pub(crate) fn scrub_unit(
         &self,
         v: &View,
         u: u64,
         repair: bool,
         each: &mut dyn FnMut(Finding),
+        ahead: Option<&Ahead>,
     ) -> Result<()> {
         let g = &self.core.geom;
         let chunk = g.chunk;
@@ -291,7 +299,7 @@ impl Array {
                 .map_or(dev, |d| d.data_offset + dev)
         };
         if g.level.is_parity() {
-            let _g = self.core.lock(u);
+            let _g = ahead.is_none().then(|| self.core.lock(u));
             let v = &self.core.view_under_lock();
             let sm = g.stripe_map(u);
             let dev = u * chunk;
@@ -305,7 +313,7 @@ impl Array {
             let mut rows = Vec::new();
             let mut bad: Vec<(usize, Vec<u64>, &'static str)> = Vec::new();
             for role in 0..g.members() {
-                match self.scan(v, role, dev, chunk) {
+                match self.scan(v, role, dev, chunk, ahead) {
                     Ok((buf, b)) => {
                         if !b.is_empty() {
                             bad.push((role, b, "checksum"));
@@ -363,7 +371,7 @@ impl Array {
             for (role, blocks, kind) in bad {
                 let still = if repair {
                     let v = self.core.view.load();
-                    match self.scan(&v, role, dev, chunk) {
+                    match self.scan(&v, role, dev, chunk, None) {
                         Ok((b, s)) => {
                             scratch::give(b);
                             s
@@ -400,12 +408,13 @@ impl Array {
         }
         // Mirrors and striped levels: each piece's copies.
         for p in g.pieces(u * chunk, chunk).iter() {
-            let lock = (g.level != raidkit_layout::Level::Raid0
+            let lock = (ahead.is_none()
+                && g.level != raidkit_layout::Level::Raid0
                 && g.level != raidkit_layout::Level::Linear)
                 .then(|| self.core.lock(p.logical / chunk));
             let mut scans = Vec::new();
             for &(role, dev) in &p.copies {
-                scans.push((role, dev, self.scan(v, role, dev, p.len)));
+                scans.push((role, dev, self.scan(v, role, dev, p.len, ahead)));
             }
             let bad_any = scans
                 .iter()
@@ -469,7 +478,7 @@ impl Array {
                     continue;
                 }
                 let still = if repair && clean.is_some() {
-                    match self.scan(v, role, dev, p.len) {
+                    match self.scan(v, role, dev, p.len, None) {
                         Ok((b, s)) => {
                             scratch::give(b);
                             s
@@ -526,4 +535,211 @@ fn runs(blocks: &[u64]) -> Vec<(u64, u64)> {
         }
     }
     out
+}
+
+/// Read a member's bytes as they are, with the member offsets of blocks
+/// that disagree with their checksums.
+fn read_verdict(d: &Disk, buf: &mut [u8], at: u64) -> std::result::Result<Vec<u64>, MemberError> {
+    match &d.checked {
+        Some(c) => c.read_verdict(buf, at),
+        None => d.member.read_at(buf, at).map(|()| Vec::new()),
+    }
+}
+
+/// A member range read ahead, with the member offsets of its blocks that
+/// disagreed with their checksums when read (checked at once, as the
+/// levels without a stripe lock need: a write landing later must not make
+/// old bytes look rotten).
+struct Range {
+    role: usize,
+    disk: Arc<Disk>,
+    dev: u64,
+    data: Vec<u8>,
+    bad: Vec<u64>,
+}
+
+/// The member ranges of a run of units, read ahead.
+#[derive(Default)]
+pub(crate) struct Ahead {
+    ranges: Vec<Range>,
+}
+
+impl Ahead {
+    /// The bytes of `[dev, dev + len)` on `role` and its bad blocks, if
+    /// read ahead from this very member; None sends the caller to read
+    /// it itself (also after a read error ahead, so that the error is
+    /// found and named chunk by chunk as without read-ahead).
+    fn get(&self, d: &Arc<Disk>, role: usize, dev: u64, len: u64) -> Option<(&[u8], Vec<u64>)> {
+        let r = self.ranges.iter().find(|r| {
+            r.role == role
+                && Arc::ptr_eq(&r.disk, d)
+                && r.dev <= dev
+                && dev + len <= r.dev + r.data.len() as u64
+        })?;
+        let s = (dev - r.dev) as usize;
+        let at = d.data_offset + dev;
+        let bad = r.bad.iter().copied().filter(|&o| o >= at && o < at + len);
+        Some((&r.data[s..s + len as usize], bad.collect()))
+    }
+}
+
+/// A step of units: its stripe locks (held from before its reads until
+/// it is done) and its readers, one thread per member.
+struct Step<'a> {
+    a: u64,
+    b: u64,
+    readers: Vec<JoinHandle<Vec<Range>>>,
+    ahead: Ahead,
+    _guards: Vec<MutexGuard<'a, ()>>,
+}
+
+impl Step<'_> {
+    fn join(&mut self) {
+        for h in self.readers.drain(..) {
+            if let Ok(r) = h.join() {
+                self.ahead.ranges.extend(r);
+            }
+        }
+    }
+}
+
+impl Drop for Step<'_> {
+    /// Readers finish before the locks go (their bytes are not used, but
+    /// no read of a range should outlive its lock).
+    fn drop(&mut self) {
+        self.join();
+    }
+}
+
+/// Units scrubbed in order, their member ranges read in steps (about
+/// 1 MiB per member) ahead, every member at once, with the next steps
+/// already queued on the disks while this one is checked, so each disk
+/// streams. Unit by unit, reading one chunk of each member after the
+/// other, a scrub ran at a fraction of the disks' rate.
+pub(crate) struct ReadAhead<'a> {
+    array: &'a Array,
+    to: u64,
+    step: u64,
+    /// The current step first, then those read ahead.
+    steps: std::collections::VecDeque<Step<'a>>,
+}
+
+/// Steps read ahead of the current one.
+const DEPTH: usize = 2;
+
+impl<'a> ReadAhead<'a> {
+    pub(crate) fn new(array: &'a Array, to: u64) -> ReadAhead<'a> {
+        let step = ((1u64 << 20) / array.core.geom.chunk).max(1);
+        ReadAhead {
+            array,
+            to,
+            step,
+            steps: Default::default(),
+        }
+    }
+
+    /// Unit `u`'s ranges, read (its locks held until a unit past its step
+    /// is asked for). Units are asked for in increasing order.
+    pub(crate) fn at(&mut self, u: u64) -> &Ahead {
+        while self.steps.front().is_some_and(|s| s.b <= u || s.a > u) {
+            // Done with (or, out of order, not this one): its locks go.
+            self.steps.pop_front();
+        }
+        if self.steps.is_empty() {
+            let s = self.issue(u, false).expect("a blocking lock is always had");
+            self.steps.push_back(s);
+        }
+        while self.steps.len() <= DEPTH {
+            let b = self.steps.back().expect("a step").b;
+            // Taken only if free: a client holding one of these locks may
+            // be waiting for one of ours (the lock table wraps), so waiting
+            // here could deadlock. Not had now, it is taken (blocking)
+            // once the steps before it are done and their locks released.
+            match (b < self.to).then(|| self.issue(b, true)).flatten() {
+                Some(s) => self.steps.push_back(s),
+                None => break,
+            }
+        }
+        let cur = self.steps.front_mut().expect("current step");
+        cur.join();
+        &cur.ahead
+    }
+
+    /// Let go of every step read ahead (and its locks).
+    pub(crate) fn release(&mut self) {
+        self.steps.clear();
+    }
+
+    fn issue(&self, a: u64, only_if_free: bool) -> Option<Step<'a>> {
+        let core = &self.array.core;
+        let b = (a + self.step).min(self.to);
+        let guards = if only_if_free {
+            core.try_lock_range(a, b)?
+        } else {
+            core.lock_range(a, b)
+        };
+        let v = core.view.load_full();
+        let g = &core.geom;
+        let chunk = g.chunk;
+        let mut want: Vec<Vec<(u64, u64)>> = vec![Vec::new(); g.members()];
+        if g.level.is_parity() {
+            for w in want.iter_mut() {
+                w.push((a * chunk, b * chunk));
+            }
+        } else {
+            for u in a..b {
+                for p in g.pieces(u * chunk, chunk).iter() {
+                    for &(role, dev) in &p.copies {
+                        want[role].push((dev, dev + p.len));
+                    }
+                }
+            }
+        }
+        let mut readers = Vec::new();
+        for (role, mut ranges) in want.into_iter().enumerate() {
+            let Some(disk) = v.roles[role].disk.clone() else {
+                continue;
+            };
+            ranges.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::new();
+            for (lo, hi) in ranges {
+                match merged.last_mut() {
+                    Some(m) if m.1 == lo => m.1 = hi,
+                    _ => merged.push((lo, hi)),
+                }
+            }
+            let spawned = std::thread::Builder::new()
+                .name("scrub-read".into())
+                .spawn(move || {
+                    let mut out = Vec::new();
+                    for (lo, hi) in merged {
+                        let mut data = vec![0u8; (hi - lo) as usize];
+                        let at = disk.data_offset + lo;
+                        let Ok(bad) = read_verdict(&disk, &mut data, at) else {
+                            continue;
+                        };
+                        out.push(Range {
+                            role,
+                            disk: disk.clone(),
+                            dev: lo,
+                            data,
+                            bad,
+                        });
+                    }
+                    out
+                });
+            // Without a thread (at the process's limit) the unit reads
+            // its ranges itself, as it would without read-ahead.
+            if let Ok(h) = spawned {
+                readers.push(h);
+            }
+        }
+        Some(Step {
+            a,
+            b,
+            readers,
+            ahead: Ahead::default(),
+            _guards: guards,
+        })
+    }
 }

@@ -26,6 +26,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const PAGE_BYTES: usize = (PER_PAGE * checksums::ENTRY) as usize;
+/// Checksum pages read at once when one is first needed (128 KiB: the
+/// checksums of 128 MiB of data).
+const LOAD_AHEAD: usize = 32;
 
 /// The block ranges being written: a write waits for those in flight
 /// that overlap it. Two writes of one block at once (NBD clients may send
@@ -172,14 +175,30 @@ impl Checked {
         let (pg, at) = ((i / PER_PAGE) as usize, (i % PER_PAGE) as usize);
         let mut page = self.pages[pg].locked();
         if page.sums.is_none() {
-            let mut raw = vec![0u8; PAGE_BYTES];
+            // The pages after it come in the same read: a sequential pass
+            // (scrub, sync, a client streaming) would otherwise leave its
+            // data for the checksum area every 4 MiB, a seek each way on
+            // a spinning disk. Pages already loaded (perhaps changed) or
+            // busy are left as they are; a page not loaded has its
+            // contents only on the member, so the copy read here is current.
+            let run = LOAD_AHEAD.min(self.pages.len() - pg);
+            let mut raw = vec![0u8; PAGE_BYTES * run];
             self.inner
                 .read_at(&mut raw, self.area.offset + pg as u64 * PAGE_BYTES as u64)?;
-            page.sums = Some(
-                raw.chunks_exact(4)
+            let decode = |b: &[u8]| -> Box<[u32]> {
+                b.chunks_exact(4)
                     .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-                    .collect(),
-            );
+                    .collect()
+            };
+            let mut pages = raw.chunks_exact(PAGE_BYTES);
+            page.sums = Some(decode(pages.next().expect("one page")));
+            for (k, b) in pages.enumerate() {
+                if let Ok(mut p) = self.pages[pg + 1 + k].try_lock() {
+                    if p.sums.is_none() {
+                        p.sums = Some(decode(b));
+                    }
+                }
+            }
         }
         Ok(f(&mut page, at))
     }
@@ -242,9 +261,23 @@ impl Checked {
         Ok(self.verify(part, a)?.bad.is_empty())
     }
 
+    /// Read `buf` at `off` as the member holds it, with the member offsets
+    /// of its blocks that disagree with their checksums (counted, as by
+    /// `bad_blocks`). Writes of the range wait meanwhile: one landing
+    /// between the read and the verdict would make the old bytes look
+    /// rotten against the new checksum.
+    pub fn read_verdict(&self, buf: &mut [u8], off: u64) -> Result<Vec<u64>, MemberError> {
+        let _held = self.data_part(off, buf.len() as u64).map(|(lo, hi)| {
+            self.writing
+                .enter(lo / BLOCK * BLOCK, hi.next_multiple_of(BLOCK))
+        });
+        self.inner.read_at(buf, off)?;
+        self.bad_blocks(buf, off)
+    }
+
     /// The member offsets of blocks of `data` (read from `at`, block
     /// aligned) that disagree with their checksums, counted as errors.
-    pub fn bad_blocks(&self, data: &[u8], at: u64) -> Result<Vec<u64>, MemberError> {
+    fn bad_blocks(&self, data: &[u8], at: u64) -> Result<Vec<u64>, MemberError> {
         let Some((lo, hi)) = self.data_part(at, data.len() as u64) else {
             return Ok(Vec::new());
         };

@@ -383,6 +383,23 @@ impl Core {
         idx.into_iter().map(|i| self.locks[i].locked()).collect()
     }
 
+    /// As `lock_range`, but only if every lock is free at once (None
+    /// otherwise, nothing held): for a holder of other stripe locks.
+    pub(crate) fn try_lock_range(&self, s0: u64, s1: u64) -> Option<Vec<MutexGuard<'_, ()>>> {
+        let mut idx: Vec<usize> = (s0..s1).map(|s| (s % LOCKS as u64) as usize).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        let mut out = Vec::with_capacity(idx.len());
+        for i in idx {
+            match self.locks[i].try_lock() {
+                Ok(g) => out.push(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => out.push(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            }
+        }
+        Some(out)
+    }
+
     pub(crate) fn check(&self, offset: u64, len: u64) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.capacity() => Ok(()),

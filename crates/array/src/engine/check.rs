@@ -37,13 +37,15 @@ impl Array {
             ));
         }
         let mut bad = 0;
-        for u in 0..self.level.units(self) {
+        let units = self.level.units(self);
+        let mut ahead = crate::scrub::ReadAhead::new(self, units);
+        for u in 0..units {
             if !self.core.checksums {
                 bad += self.level.check_unit(self, &v, u, each)?;
                 continue;
             }
             let mut found = Vec::new();
-            self.scrub_unit(&v, u, false, &mut |f| found.push(f))?;
+            self.scrub_unit(&v, u, false, &mut |f| found.push(f), Some(ahead.at(u)))?;
             if found.is_empty() {
                 continue;
             }
