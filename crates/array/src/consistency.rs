@@ -189,11 +189,12 @@ impl Array {
                 [(at, bytes)] => m.write_at_durable(bytes, j.offset + at),
                 // Several runs on a member without a page cache of its own:
                 // a flush after them is one cache flush, as one FUA is.
+                // Checksum pages stay behind: the records cover them.
                 runs if !m.buffered() => {
                     for (at, bytes) in runs {
                         m.write_at(bytes, j.offset + at)?;
                     }
-                    m.flush()
+                    d.flush_device()
                 }
                 runs => runs
                     .iter()

@@ -38,6 +38,15 @@ fn with_checksums(f: impl FnOnce()) {
     f();
 }
 
+/// `n` cuts, times `RAIDKIT_CRASH_SCALE` (default 1) for a longer run.
+fn scaled(n: u64) -> u64 {
+    let k = std::env::var("RAIDKIT_CRASH_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(1);
+    n * k.max(1)
+}
+
 /// Checksum errors counted on an array's members.
 fn checksum_errors(a: &Array) -> u64 {
     a.members_status()
@@ -244,7 +253,7 @@ fn journal_survives_cuts(level: Level, n: usize, cuts: u64, seed: u64) {
     let tpl = template(level, n, Policy::Journal);
     let lose = level.parity_count();
     let gone_sets = subsets(n, lose);
-    for c in 0..cuts {
+    for c in 0..scaled(cuts) {
         let mut rng = CutRng::new(seed * 1_000_003 + c);
         let (m, imgs) = workload(&tpl, &mut rng);
 
@@ -334,7 +343,7 @@ fn full_journal_cuts() {
     // must not be replayed. Then a power cut, and the same checks as above.
     let tpl = template(Level::Raid5, 4, Policy::Journal);
     let mut wrapped = 0;
-    let cuts = 40u64;
+    let cuts = scaled(40);
     for c in 0..cuts {
         let mut rng = CutRng::new(91_000 + c);
         let (m, imgs) = workload_ops(&tpl, &mut rng, false, 400);
@@ -385,6 +394,7 @@ fn cuts_during_a_rebuild(cuts: u64) {
         }
     }
     let mut mid_rebuild = 0;
+    let cuts = scaled(cuts);
     for c in 0..cuts {
         let mut rng = CutRng::new(5_000 + c);
         let (m, imgs) = workload_with(&tpl, &mut rng, true);

@@ -98,6 +98,9 @@ pub(crate) struct Checked {
     data_offset: u64,
     area: ChecksumArea,
     pages: Box<[Mutex<Page>]>,
+    /// One bit per page: changed since the last write-back.
+    dirty: Box<[AtomicU64]>,
+    writing_back: Mutex<()>,
     writing: InFlight,
     /// Blocks found bad and not rewritten since: each is counted once.
     known_bad: Mutex<HashSet<u64>>,
@@ -146,6 +149,8 @@ impl Checked {
             data_offset,
             area,
             pages: (0..n).map(|_| Mutex::new(Page::default())).collect(),
+            dirty: (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            writing_back: Mutex::new(()),
             writing: InFlight::default(),
             known_bad: Mutex::new(HashSet::new()),
             mismatches: AtomicU64::new(0),
@@ -200,41 +205,78 @@ impl Checked {
                 }
             }
         }
-        Ok(f(&mut page, at))
+        let r = f(&mut page, at);
+        if page.dirty {
+            self.mark(pg);
+        }
+        Ok(r)
     }
 
     /// Check `data`, read from member offset `at` (block aligned), against
     /// the recorded checksums (and those of writes in flight).
     fn verify(&self, data: &[u8], at: u64) -> Result<Verdict, MemberError> {
         let mut v = Verdict::default();
-        for (k, blk) in data.chunks(BLOCK as usize).enumerate() {
-            let off = at + k as u64 * BLOCK;
-            let i = (off - self.data_offset) / BLOCK;
-            let ok = self.with_page(i, |p, e| {
-                let s = p.sums.as_ref().expect("loaded")[e];
-                if s == 0 {
-                    // Never written since create or add (so never synced
-                    // or scrubbed either): sealed as first read, unless a
-                    // write of it is in flight (which records its own).
-                    if self.seal && !p.pending.iter().any(|&(x, _)| x as usize == e) {
-                        p.sums.as_mut().expect("loaded")[e] = checksums::sum(blk);
-                        p.dirty = true;
-                    }
-                    return true;
+        let blocks: Vec<&[u8]> = data.chunks(BLOCK as usize).collect();
+        let first = (at - self.data_offset) / BLOCK;
+        self.per_page(first, blocks.len(), |p, e, k| {
+            let blk = blocks[k];
+            let s = p.sums.as_ref().expect("loaded")[e];
+            let ok = if s == 0 {
+                // Never written since create or add (so never synced or
+                // scrubbed either): sealed as first read, unless a write
+                // of it is in flight (which records its own).
+                if self.seal && !p.pending.iter().any(|&(x, _)| x as usize == e) {
+                    p.sums.as_mut().expect("loaded")[e] = checksums::sum(blk);
+                    p.dirty = true;
                 }
-                if checksums::matches(s, blk) {
-                    return true;
-                }
+                true
+            } else if checksums::matches(s, blk) {
+                true
+            } else {
                 let fresh = checksums::sum(blk);
                 p.pending
                     .iter()
                     .any(|&(x, ps)| x as usize == e && ps == fresh)
-            })?;
+            };
             if !ok {
-                v.bad.push(off);
+                v.bad.push(at + k as u64 * BLOCK);
             }
-        }
+        })?;
         Ok(v)
+    }
+
+    /// Run `f(page, entry in page, k)` for entries `first + k`, k < n, each
+    /// page locked once for all its entries.
+    fn per_page(
+        &self,
+        first: u64,
+        n: usize,
+        mut f: impl FnMut(&mut Page, usize, usize),
+    ) -> Result<(), MemberError> {
+        self.page_runs(first, n, |p, e, k, m| {
+            for j in 0..m {
+                f(p, e + j, k + j);
+            }
+        })
+    }
+
+    /// Run `f(page, first entry in page, k, count)` for each page's run of
+    /// the entries `first + k`, k < n: a page locked once for all its
+    /// entries (not once per 4 KiB block).
+    fn page_runs(
+        &self,
+        first: u64,
+        n: usize,
+        mut f: impl FnMut(&mut Page, usize, usize, usize),
+    ) -> Result<(), MemberError> {
+        let mut k = 0;
+        while k < n {
+            let i = first + k as u64;
+            let m = ((PER_PAGE - i % PER_PAGE) as usize).min(n - k);
+            self.with_page(i, |p, e| f(p, e, k, m))?;
+            k += m;
+        }
+        Ok(())
     }
 
     /// Record `sum` for entry `i`.
@@ -259,6 +301,12 @@ impl Checked {
         }
         let part = &data[(a - at) as usize..(b - at) as usize];
         Ok(self.verify(part, a)?.bad.is_empty())
+    }
+
+    /// The member's own flush, checksum pages not written back (see
+    /// `Disk::flush_device`).
+    pub fn flush_device(&self) -> Result<(), MemberError> {
+        self.inner.flush()
     }
 
     /// Read `buf` at `off` as the member holds it, with the member offsets
@@ -418,25 +466,23 @@ impl Checked {
     fn write_blocks(&self, data: &[u8], a: u64) -> Result<(), MemberError> {
         let first = (a - self.data_offset) / BLOCK;
         let sums: Vec<u32> = data.chunks(BLOCK as usize).map(checksums::sum).collect();
-        for (k, &s) in sums.iter().enumerate() {
-            self.with_page(first + k as u64, |p, e| p.pending.push((e as u16, s)))?;
-        }
+        self.page_runs(first, sums.len(), |p, e, k, m| {
+            p.pending
+                .extend((0..m).map(|j| ((e + j) as u16, sums[k + j])));
+        })?;
         let done = self.inner.write_at(data, a);
-        for (k, &s) in sums.iter().enumerate() {
-            self.with_page(first + k as u64, |p, e| {
-                if let Some(x) = p
-                    .pending
-                    .iter()
-                    .position(|&(i, ps)| i as usize == e && ps == s)
-                {
-                    p.pending.swap_remove(x);
-                }
-                if done.is_ok() {
-                    p.sums.as_mut().expect("loaded")[e] = s;
-                    p.dirty = true;
-                }
-            })?;
-        }
+        self.page_runs(first, sums.len(), |p, e, k, m| {
+            // Writes of one block never overlap (`InFlight`): each entry
+            // of this run is pending once, for this write.
+            p.pending.retain(|&(i, ps)| {
+                let i = i as usize;
+                !(i >= e && i < e + m && ps == sums[k + i - e])
+            });
+            if done.is_ok() {
+                p.sums.as_mut().expect("loaded")[e..e + m].copy_from_slice(&sums[k..k + m]);
+                p.dirty = true;
+            }
+        })?;
         if done.is_ok() && !self.known_bad.locked().is_empty() {
             let mut known = self.known_bad.locked();
             for k in 0..sums.len() as u64 {
@@ -456,27 +502,53 @@ impl Checked {
         self.record((off - self.data_offset) / BLOCK, checksums::lost_sum())
     }
 
-    /// Write the checksum pages changed since the last flush.
+    /// Write the checksum pages changed since the last flush, each run of
+    /// adjacent ones in one write. Only the pages marked in `dirty` are
+    /// looked at: a flush costs what changed, not the member's size.
     fn write_back(&self) -> Result<(), MemberError> {
-        for (pg, slot) in self.pages.iter().enumerate() {
-            let bytes = {
-                let mut p = slot.locked();
-                if !p.dirty {
-                    continue;
-                }
-                p.dirty = false;
-                let sums = p.sums.as_ref().expect("a dirty page is loaded");
-                sums.iter()
-                    .flat_map(|s| s.to_le_bytes())
-                    .collect::<Vec<u8>>()
-            };
-            let at = self.area.offset + pg as u64 * PAGE_BYTES as u64;
-            if let Err(e) = self.inner.write_at(&bytes, at) {
-                slot.locked().dirty = true;
-                return Err(e);
+        // One at a time: a flush that found nothing marked must not return
+        // (and flush the device) while another's page writes, which took
+        // the marks, are still on their way.
+        let _one = self.writing_back.locked();
+        let mut marked = Vec::new();
+        for (w, word) in self.dirty.iter().enumerate() {
+            let mut bits = word.swap(0, Ordering::AcqRel);
+            while bits != 0 {
+                marked.push(w * 64 + bits.trailing_zeros() as usize);
+                bits &= bits - 1;
             }
         }
+        let mut k = 0;
+        while k < marked.len() {
+            let mut end = k + 1;
+            while end < marked.len() && marked[end] == marked[end - 1] + 1 && end - k < 256 {
+                end += 1;
+            }
+            let run = &marked[k..end];
+            let mut bytes = Vec::with_capacity(run.len() * PAGE_BYTES);
+            for &pg in run {
+                let mut p = self.pages[pg].locked();
+                p.dirty = false;
+                let sums = p.sums.as_ref().expect("a dirty page is loaded");
+                bytes.extend(sums.iter().flat_map(|s| s.to_le_bytes()));
+            }
+            let at = self.area.offset + run[0] as u64 * PAGE_BYTES as u64;
+            if let Err(e) = self.inner.write_at(&bytes, at) {
+                // Still to write, at the next flush.
+                for &pg in &marked[k..] {
+                    self.pages[pg].locked().dirty = true;
+                    self.mark(pg);
+                }
+                return Err(e);
+            }
+            k = end;
+        }
         Ok(())
+    }
+
+    /// Note that page `pg` has changes to write back.
+    fn mark(&self, pg: usize) {
+        self.dirty[pg / 64].fetch_or(1 << (pg % 64), Ordering::AcqRel);
     }
 }
 

@@ -87,6 +87,17 @@ impl Disk {
         self.member.name()
     }
 
+    /// Make what was written to the device durable (its cache flushed),
+    /// without writing back the checksum pages changed since the last
+    /// full flush: for journal records, which cover the checksums of
+    /// what they describe until a checkpoint (a full flush) retires them.
+    pub fn flush_device(&self) -> raidkit_member::Result<()> {
+        match &self.checked {
+            Some(c) => c.flush_device(),
+            None => self.member.flush(),
+        }
+    }
+
     /// Its error counters.
     pub fn errors(&self) -> ErrorCounts {
         ErrorCounts {
