@@ -10,6 +10,7 @@
 //! with elapsed time and rate, through `Array::recovery_status`.
 
 use crate::engine::Array;
+use crate::events::{NewEvent, Severity};
 use raidkit_member::Locked;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -241,6 +242,28 @@ pub(crate) struct Process<'a> {
     began: Instant,
     pacer: Pacer<'a>,
     last_checkpoint: Instant,
+    /// Bytes done by earlier runs, and of the whole process.
+    before: u64,
+    whole: u64,
+    /// The next progress step (20, 40, 60, 80 %) announced for a rebuild.
+    next_step: u64,
+}
+
+/// The events a process of `kind` starts and ends with.
+fn event_names(kind: &str) -> (&'static str, &'static str) {
+    match kind {
+        "parity-resync" => ("ResyncStarted", "ResyncFinished"),
+        "scrub" => ("ScrubStarted", "ScrubFinished"),
+        _ => ("RebuildStarted", "RebuildFinished"),
+    }
+}
+
+/// The first 20 % step above where a process stands.
+fn next_step(done: u64, whole: u64) -> u64 {
+    if whole == 0 {
+        return 100;
+    }
+    (done * 100 / whole) / 20 * 20 + 20
 }
 
 impl<'a> Process<'a> {
@@ -279,6 +302,25 @@ impl<'a> Process<'a> {
             "{} started",
             plan.kind
         );
+        let (started, _) = event_names(plan.kind);
+        let mut e = NewEvent::new(
+            started,
+            Severity::Info,
+            match plan.member.as_str() {
+                "" => format!("{} started", plan.kind),
+                m => format!("{} of {m} started", plan.kind),
+            },
+        )
+        .data(serde_json::json!({
+            "kind": plan.kind,
+            "resumed_from": plan.resumed_from,
+            "bytes_total": plan.bytes_total,
+        }));
+        if !plan.member.is_empty() {
+            e = e.member(plan.member.clone(), plan.role);
+        }
+        array.core.emit(e);
+        let whole = plan.bytes_before + plan.bytes_total;
         Process {
             array,
             kind: plan.kind,
@@ -288,6 +330,9 @@ impl<'a> Process<'a> {
             began,
             pacer: Pacer::new(array),
             last_checkpoint: began,
+            before: plan.bytes_before,
+            whole,
+            next_step: next_step(plan.bytes_before, whole),
         }
     }
 
@@ -302,6 +347,32 @@ impl<'a> Process<'a> {
         let r = &self.array.recovery;
         let done = r.done.fetch_add(bytes, Ordering::Relaxed) + bytes;
         r.sample(done);
+        // md's Rebuild20 ... Rebuild80, for the processes that rebuild
+        // members (md sends them for every sync; a parity resync and a
+        // scrub have their own start and end events here).
+        if self.next_step <= 80 && event_names(self.kind).0 == "RebuildStarted" {
+            let pct = (self.before + done) * 100 / self.whole.max(1);
+            while self.next_step <= 80 && pct >= self.next_step {
+                let name = match self.next_step {
+                    20 => "Rebuild20",
+                    40 => "Rebuild40",
+                    60 => "Rebuild60",
+                    _ => "Rebuild80",
+                };
+                self.array.core.emit(
+                    NewEvent::new(
+                        name,
+                        Severity::Info,
+                        format!(
+                            "{} of {}: {} % done",
+                            self.kind, self.member, self.next_step
+                        ),
+                    )
+                    .member(self.member.clone(), self.role),
+                );
+                self.next_step += 20;
+            }
+        }
         self.pacer.pace(bytes, before_wait);
     }
 
@@ -336,6 +407,29 @@ impl<'a> Process<'a> {
             "{} ended",
             self.kind
         );
+        let (_, finished) = event_names(self.kind);
+        // A scrub's end goes out with its counts (from the scrub itself).
+        if self.kind != "scrub" {
+            let mut e = NewEvent::new(
+                finished,
+                if result == "done" {
+                    Severity::Info
+                } else {
+                    Severity::Warning
+                },
+                match self.member.as_str() {
+                    "" => format!("{} ended: {result}", self.kind),
+                    m => format!("{} of {m} ended: {result}", self.kind),
+                },
+            )
+            .data(serde_json::json!({
+                "kind": self.kind, "result": result, "bytes": bytes, "seconds": seconds,
+            }));
+            if !self.member.is_empty() {
+                e = e.member(self.member.clone(), self.role);
+            }
+            self.array.core.emit(e);
+        }
         let mut st = self.array.recovery.state.locked();
         st.running = None;
         st.last = Some(LastRecovery {

@@ -25,6 +25,7 @@ mod core;
 pub mod create;
 mod engine;
 pub mod error;
+pub mod events;
 mod levels;
 pub mod metadata;
 pub mod policy;
@@ -35,10 +36,11 @@ mod seams;
 // The metadata formats keep their paths (raidkit_array::superblock...).
 pub use metadata::{bitmap, checksums, journal, superblock};
 
-pub use crate::core::{Added, ErrorCounts, MemberStatus, DEFAULT_MEMBER_TIMEOUT};
+pub use crate::core::{Added, ErrorCounts, MemberStatus, Slow, DEFAULT_MEMBER_TIMEOUT};
 pub use assemble::Health;
 pub use background::{LastRecovery, RecoveryStatus, DEFAULT_MIN_RATE};
 pub use engine::{Array, Mismatch, OpenOptions};
 pub use error::{Error, Result};
+pub use events::{Event, Events, NewEvent, Severity};
 pub use scrub::{Finding, LastScrub};
 pub use superblock::SB_SIZE;

@@ -206,6 +206,21 @@ impl Array {
             Ok(Outcome::Stopped(why)) => why.clone(),
             Err(e) => e.to_string(),
         });
+        if matches!(outcome, Ok(Outcome::Done)) {
+            // After RebuildFinished, as md sends them.
+            self.core.emit(
+                crate::events::NewEvent::new(
+                    "SpareActive",
+                    crate::events::Severity::Info,
+                    format!(
+                        "{} is in sync and active in role {}",
+                        job.target.name(),
+                        job.role
+                    ),
+                )
+                .member(job.target.name(), Some(job.role)),
+            );
+        }
         outcome
     }
 
@@ -278,6 +293,7 @@ impl Array {
     /// bits were cleared.
     pub fn housekeeping(&self) -> u64 {
         self.core.check_stalls();
+        self.core.check_slow();
         let Some(b) = &self.core.bitmap else { return 0 };
         if self.core.read_only || !self.core.alive.load(Ordering::Acquire) {
             return 0;

@@ -15,6 +15,7 @@
 use crate::core::{Disk, View};
 use crate::engine::Array;
 use crate::error::{Error, Result};
+use crate::events::{NewEvent, Severity};
 use crate::levels::parity::parity_of;
 use crate::metadata::checksums::BLOCK;
 use crate::scratch;
@@ -222,12 +223,37 @@ impl Array {
         process.end(text.clone());
         let mut last = self.recovery.last_scrub.locked();
         let run = last.as_ref().map_or(0, |l| l.run) + 1;
+        let (seconds, bytes) = (
+            began.elapsed().as_secs_f64(),
+            self.recovery.done.load(Ordering::Relaxed),
+        );
+        let mismatches = found.len();
+        self.core.emit(
+            NewEvent::new(
+                "ScrubFinished",
+                if unrepaired > 0 {
+                    Severity::Critical
+                } else if mismatches > 0 || text != "done" {
+                    Severity::Warning
+                } else {
+                    Severity::Info
+                },
+                format!(
+                    "scrub {text}: {repaired} repaired, {unrepaired} unrepaired in {seconds:.0} s"
+                ),
+            )
+            .data(serde_json::json!({
+                "result": text, "check_only": req.check_only, "seconds": seconds,
+                "bytes": bytes, "repaired": repaired, "unrepaired": unrepaired,
+                "mismatches": mismatches,
+            })),
+        );
         *last = Some(LastScrub {
             run,
             result: text,
             check_only: req.check_only,
-            seconds: began.elapsed().as_secs_f64(),
-            bytes: self.recovery.done.load(Ordering::Relaxed),
+            seconds,
+            bytes,
             repaired,
             unrepaired,
             mismatches: found,

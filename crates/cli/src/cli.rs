@@ -75,6 +75,13 @@ pub enum Command {
     /// array range. Runs in the background at the rebuild speed limits;
     /// resumed after a restart
     Scrub(ScrubArgs),
+    /// Follow a running server's events (Fail, DegradedArray,
+    /// RebuildStarted, Rebuild20..80, RebuildFinished, SpareActive,
+    /// ScrubFinished, ChecksumError, SlowMember, ...), one line each, as
+    /// mdadm --monitor does; --test sends a TestMessage through the whole
+    /// path (the server's --program and --events-log too) and exits once
+    /// it came back.
+    Monitor(MonitorArgs),
     /// Change a stopped array's consistency policy (none, bitmap or
     /// journal): metadata only, no data is moved. Every member must be
     /// given, and the array must have been stopped cleanly.
@@ -550,6 +557,18 @@ pub struct ServeArgs {
     /// without completing anything is failed.
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
     pub member_timeout: f64,
+    /// Run this program for every event, as mdadm --monitor's PROGRAM:
+    /// `PATH EVENT ARRAY [MEMBER]`, the event as JSON in RAIDKIT_EVENT.
+    /// One at a time, never holding up I/O; killed after
+    /// --program-timeout; its failures are logged.
+    #[arg(long, value_name = "PATH")]
+    pub program: Option<PathBuf>,
+    /// Seconds an event program may run before it is killed.
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    pub program_timeout: f64,
+    /// Append every event to this file as a JSON line.
+    #[arg(long, value_name = "FILE")]
+    pub events_log: Option<PathBuf>,
     /// Start an array that has lost too many members from the most recent
     /// stale ones, as md's --force (their last writes may be missing).
     #[arg(long)]
@@ -683,6 +702,23 @@ pub struct SpeedArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub control: Control,
+}
+
+#[derive(Debug, Args)]
+pub struct MonitorArgs {
+    /// Print each event as a JSON line.
+    #[arg(long)]
+    pub json: bool,
+    /// Send a TestMessage event and exit once it came back (exit 1 if it
+    /// did not within 10 s).
+    #[arg(long)]
+    pub test: bool,
+    /// Start with the events the server still keeps (its last 1000),
+    /// not only those from now on.
+    #[arg(long, conflicts_with = "test")]
+    pub all: bool,
     #[command(flatten)]
     pub control: Control,
 }

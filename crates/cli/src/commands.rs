@@ -35,6 +35,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Wait(a) => crate::admin::wait(a),
         Command::Speed(a) => crate::admin::speed(a),
         Command::Scrub(a) => crate::admin::scrub(a),
+        Command::Monitor(a) => crate::monitor::monitor(a),
         Command::Bench(b) => match b.command {
             Some(crate::cli::BenchCommand::Parity(a)) => crate::bench::parity(a),
             Some(crate::cli::BenchCommand::Engine(a)) => crate::bench::engine::engine(a),

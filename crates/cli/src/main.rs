@@ -6,6 +6,8 @@ mod arrays;
 mod bench;
 mod cli;
 mod commands;
+mod events;
+mod monitor;
 mod say;
 mod serve;
 mod units;

@@ -87,12 +87,25 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     // Every member opened from here on, at start-up and by add or replace
     // later, gets this mode.
     raidkit_open::set_io_mode(a.io.io);
+    if !(a.program_timeout > 0.0 && a.program_timeout.is_finite()) {
+        bail!("--program-timeout must be a positive number of seconds");
+    }
+    // The event sinks first: the start's own events (a degraded array, a
+    // missing member) reach them too.
+    let events = raidkit_array::Events::new();
+    crate::events::attach(
+        &events,
+        a.program.as_deref(),
+        a.events_log.as_deref(),
+        Duration::from_secs_f64(a.program_timeout),
+    )?;
     let opts = raidkit_array::OpenOptions {
         read_only: a.read_only,
         readd_stale: !a.read_only,
         member_timeout: Duration::from_secs_f64(a.member_timeout),
         force: a.force,
         run: a.run,
+        events: Some(events),
     };
     // A server names its members by absolute path (status, logs), whatever
     // directory the command that asks about them runs in.
@@ -318,6 +331,27 @@ fn control_handler(array: Arc<Array>, stats: Arc<Stats>, served: Served) -> Arc<
         };
         match cmd {
             "status" => Ok(status_fields(&array, &stats, &served)),
+            // The events after `after` (all kept ones if absent), waiting
+            // up to `wait_ms` (at most 30 s) for one: a follower's long poll.
+            "events" => {
+                let after = args.get("after").and_then(Value::as_u64);
+                let wait = args.get("wait_ms").and_then(Value::as_u64).unwrap_or(0);
+                let (list, last) = array.events().after(
+                    after.unwrap_or(0),
+                    Duration::from_millis(wait.min(30_000)),
+                );
+                let mut m = one("events", json!(list));
+                m.insert("last".into(), json!(last));
+                Ok(m)
+            }
+            "test-event" => {
+                array.emit(raidkit_array::NewEvent::new(
+                    "TestMessage",
+                    raidkit_array::Severity::Info,
+                    "a test event, sent by raidkit monitor --test",
+                ));
+                Ok(one("sent", json!(true)))
+            }
             "stop" => {
                 let peers = stats.peers.locked().clone();
                 if !peers.is_empty() && !flag("force") {

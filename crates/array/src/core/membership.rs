@@ -6,6 +6,7 @@
 use super::{Core, Disk, Meta, SyncState, View};
 use crate::assemble::Absence;
 use crate::error::{Error, Result};
+use crate::events::{NewEvent, Severity};
 use crate::superblock::{
     member_layout, probe, write_superblock, Role, RoleState, Superblock, SB_SIZE,
 };
@@ -126,6 +127,9 @@ impl Core {
         if place.is_none() {
             place = v.spares.iter().position(is).map(Place::Spare);
         }
+        // md's FailSpare: the member failed was not in sync yet (a spare
+        // being rebuilt, a replacement) or was a spare.
+        let mut spare = !matches!(place, Some(Place::Role(_)));
         let (disk, role) = match place {
             None | Some(Place::Failed(_)) => return false,
             Some(Place::Spare(i)) => (v.spares.remove(i), None),
@@ -135,6 +139,7 @@ impl Core {
             }
             Some(Place::Role(r)) => {
                 let rv = &mut v.roles[r];
+                spare = rv.sync.is_some();
                 let x = rv.disk.take().expect("disk");
                 rv.sync = None;
                 meta.sb.roles[r].state = RoleState::Faulty;
@@ -153,13 +158,51 @@ impl Core {
             }
         };
         tracing::warn!(member = disk.name(), role, "member failed: {why}");
+        self.emit(
+            NewEvent::new(
+                if spare { "FailSpare" } else { "Fail" },
+                Severity::Warning,
+                format!("{} failed: {why}", disk.name()),
+            )
+            .member(disk.name(), role),
+        );
         v.failed.push((disk, role, why.to_string()));
-        if !self.geom.survives(&v.degraded_roles()) {
+        let failed = !self.geom.survives(&v.degraded_roles());
+        if failed {
             self.alive.store(false, Ordering::Release);
             tracing::error!("array '{}' has failed: too many members lost", self.name);
         }
         self.view.store(Arc::new(v));
+        if failed {
+            self.emit(NewEvent::new(
+                "ArrayFailed",
+                Severity::Critical,
+                "too many members lost: the array cannot serve its data",
+            ));
+        } else if !spare {
+            self.emit_degraded(&self.view.load());
+        }
         true
+    }
+
+    /// DegradedArray, if the array is (with the roles that lack redundancy).
+    pub(crate) fn emit_degraded(&self, v: &View) {
+        let gone = v.degraded_roles();
+        if gone.is_empty() || !self.geom.survives(&gone) {
+            return;
+        }
+        let roles: Vec<String> = gone.iter().map(|r| r.to_string()).collect();
+        self.emit(
+            NewEvent::new(
+                "DegradedArray",
+                Severity::Warning,
+                format!(
+                    "the array is degraded: role(s) {} without an in-sync member",
+                    roles.join(", ")
+                ),
+            )
+            .data(serde_json::json!({ "roles": gone })),
+        );
     }
 
     /// Fail a member found to be faulty by the I/O path.
@@ -334,6 +377,14 @@ impl Core {
         self.view.store(Arc::new(v));
         let _ = d.member.close();
         tracing::warn!(member = d.name(), "member removed");
+        self.emit(
+            NewEvent::new(
+                "DeviceDisappeared",
+                Severity::Info,
+                format!("{} removed from the array", d.name()),
+            )
+            .member(d.name(), None),
+        );
         Ok(d.name().to_string())
     }
 
@@ -456,9 +507,25 @@ impl Core {
                     };
                     let resync = dirty.is_some();
                     let disk = Arc::new(Disk::new(m, msb.clone(), true));
+                    let name = disk.name().to_string();
                     self.enter_role(&mut meta, &mut v, r, disk, dirty)?;
                     self.commit(&mut meta, v)?;
                     drop(meta);
+                    self.emit(
+                        NewEvent::new(
+                            "MemberReturned",
+                            Severity::Info,
+                            format!(
+                                "{name} is back in role {r}: {}",
+                                if resync {
+                                    "only the regions written while it was away are resynced"
+                                } else {
+                                    "rebuilt in full"
+                                }
+                            ),
+                        )
+                        .member(name, Some(r)),
+                    );
                     self.wake.kick();
                     return Ok(Added::Role { role: r, resync });
                 }

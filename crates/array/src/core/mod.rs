@@ -13,7 +13,7 @@ mod membership;
 mod status;
 
 pub use membership::Added;
-pub use status::MemberStatus;
+pub use status::{MemberStatus, Slow};
 
 use crate::assemble::{Absence, Health};
 use crate::bitmap::{Bitmap, RegionSet};
@@ -54,6 +54,15 @@ pub(crate) struct Disk {
     inflight: AtomicU32,
     /// Nanoseconds (on the array's clock) of the last start-from-idle or completion.
     progress_at: AtomicU64,
+    /// Time spent in operations and their count, since the last look
+    /// (`Core::check_slow`).
+    busy_ns: AtomicU64,
+    ops: AtomicU64,
+    /// Set while it is much slower than its peers: (its µs per
+    /// operation, its peers' median), packed as two u32.
+    slow_us: AtomicU64,
+    /// When (array clock, ns) its last ChecksumError event went out.
+    checksum_event_at: AtomicU64,
 }
 
 impl Disk {
@@ -80,7 +89,20 @@ impl Disk {
             sb: Mutex::new(sb),
             inflight: AtomicU32::new(0),
             progress_at: AtomicU64::new(0),
+            busy_ns: AtomicU64::new(0),
+            ops: AtomicU64::new(0),
+            slow_us: AtomicU64::new(0),
+            checksum_event_at: AtomicU64::new(0),
         }
+    }
+
+    /// Whether it is slow, and how (see `Core::check_slow`).
+    pub fn slow(&self) -> Option<status::Slow> {
+        let x = self.slow_us.load(Ordering::Relaxed);
+        (x != 0).then_some(status::Slow {
+            latency_us: x >> 32,
+            peers_us: x & 0xffff_ffff,
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -275,6 +297,8 @@ pub(crate) struct Core {
     pub window: CrashWindow,
     /// Whether the array keeps checksums (the superblocks say).
     pub checksums: bool,
+    /// Where its events go (the server's, shared by its arrays).
+    pub events: Arc<crate::events::Events>,
 }
 
 /// Where data and checksums may disagree because writes were in flight at
@@ -335,9 +359,10 @@ impl Core {
         view: View,
         sb: Superblock,
         bitmap: Option<Bitmap>,
-        read_only: bool,
-        member_timeout: Duration,
+        opts: &crate::engine::OpenOptions,
     ) -> Core {
+        let (read_only, member_timeout) = (opts.read_only, opts.member_timeout);
+        let events = opts.events.clone().unwrap_or_default();
         let checksums = sb.checksums.enabled();
         Core {
             name: name.to_string(),
@@ -355,7 +380,13 @@ impl Core {
             wake: Wake::default(),
             window: CrashWindow::default(),
             checksums,
+            events,
         }
+    }
+
+    /// Send an event of this array.
+    pub(crate) fn emit(&self, e: crate::events::NewEvent) {
+        self.events.emit(&self.name, e);
     }
 
     pub fn capacity(&self) -> u64 {
@@ -449,9 +480,12 @@ impl Core {
         }
         let t = Instant::now();
         let r = f();
+        let took = t.elapsed().as_nanos() as u64;
         for d in ds {
             d.progress_at.store(self.now_ns(), Ordering::Release);
             d.inflight.fetch_sub(1, Ordering::AcqRel);
+            d.busy_ns.fetch_add(took, Ordering::Relaxed);
+            d.ops.fetch_add(1, Ordering::Relaxed);
         }
         let limit = self.timeout_ns.load(Ordering::Relaxed);
         if r.is_ok() && t.elapsed().as_nanos() as u64 > limit {
@@ -487,6 +521,73 @@ impl Core {
             }
         }
         failed
+    }
+
+    /// Compare the members' mean time per operation since the last look
+    /// (called every few seconds): one taking `SLOW_FACTOR` times its
+    /// peers' median and at least `SLOW_FLOOR` is slow (status, metrics,
+    /// a SlowMember event when it becomes so); it is slow no more once
+    /// within twice the median. Members with too few operations in the
+    /// span keep their state. The seeds' cases: two disks of one model
+    /// reading at 54-59 MB/s beside 90, a dying USB disk holding up the
+    /// rest.
+    pub(crate) fn check_slow(&self) {
+        const SLOW_FACTOR: u64 = 3;
+        const SLOW_FLOOR: u64 = 2_000_000;
+        const MIN_OPS: u64 = 8;
+        let v = self.view.load();
+        let disks = v.writable();
+        let means: Vec<Option<u64>> = disks
+            .iter()
+            .map(|d| {
+                let ns = d.busy_ns.swap(0, Ordering::Relaxed);
+                let ops = d.ops.swap(0, Ordering::Relaxed);
+                (ops >= MIN_OPS).then(|| ns / ops)
+            })
+            .collect();
+        for (i, d) in disks.iter().enumerate() {
+            let Some(mine) = means[i] else { continue };
+            let mut peers: Vec<u64> = (0..disks.len())
+                .filter(|&j| j != i)
+                .filter_map(|j| means[j])
+                .collect();
+            if peers.is_empty() {
+                continue;
+            }
+            peers.sort_unstable();
+            let median = peers[peers.len() / 2].max(1);
+            let was = d.slow_us.load(Ordering::Relaxed) != 0;
+            if mine >= SLOW_FACTOR * median && mine >= SLOW_FLOOR {
+                let (us, peers_us) = (
+                    (mine / 1000).min(u32::MAX as u64),
+                    (median / 1000).min(u32::MAX as u64),
+                );
+                d.slow_us
+                    .store((us << 32) | peers_us.max(1), Ordering::Relaxed);
+                if !was {
+                    let role = v
+                        .roles
+                        .iter()
+                        .position(|r| r.disk.as_ref().is_some_and(|x| Arc::ptr_eq(x, d)));
+                    self.emit(
+                        crate::events::NewEvent::new(
+                            "SlowMember",
+                            crate::events::Severity::Warning,
+                            format!(
+                                "{} is slow: {:.1} ms per operation, its peers {:.1} ms",
+                                d.name(),
+                                mine as f64 / 1e6,
+                                median as f64 / 1e6
+                            ),
+                        )
+                        .member(d.name(), role)
+                        .data(serde_json::json!({"latency_us": us, "peers_us": peers_us})),
+                    );
+                }
+            } else if mine < 2 * median {
+                d.slow_us.store(0, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Whether `role` can serve reads of device range `[dev, dev+len)`.
@@ -526,6 +627,9 @@ impl Core {
             _ => d.member.read_at(buf, at),
         });
         if let Err(e) = &r {
+            if checked::is_mismatch(e) {
+                self.checksum_event(d, e);
+            }
             if !checked::is_mismatch(e) {
                 d.read_errors.fetch_add(1, Ordering::Relaxed);
             } else if d.checked.as_ref().is_some_and(|c| c.past_limit()) {
@@ -540,6 +644,42 @@ impl Core {
             }
         }
         r
+    }
+
+    /// A ChecksumError event for a block found rotten on `d`, at most one
+    /// per member every `CHECKSUM_EVENT_EVERY` (a scrub of a rotten disk
+    /// must not start a program per block; the counters count them all).
+    fn checksum_event(&self, d: &Disk, e: &MemberError) {
+        const CHECKSUM_EVENT_EVERY: u64 = 10_000_000_000;
+        let now = self.now_ns().max(1);
+        let last = d.checksum_event_at.load(Ordering::Relaxed);
+        if last != 0 && now - last < CHECKSUM_EVENT_EVERY {
+            return;
+        }
+        if d.checksum_event_at
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        let role = self
+            .view
+            .load()
+            .roles
+            .iter()
+            .position(|r| r.disk.as_ref().is_some_and(|x| std::ptr::eq(x.as_ref(), d)));
+        self.emit(
+            crate::events::NewEvent::new(
+                "ChecksumError",
+                crate::events::Severity::Warning,
+                format!("{}: {}", d.name(), e.source),
+            )
+            .member(d.name(), role)
+            .data(serde_json::json!({
+                "member_offset": e.offset,
+                "checksum_errors": d.errors().checksum,
+            })),
+        );
     }
 
     /// Fail a member that keeps going bad, unless the array could not

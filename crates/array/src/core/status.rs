@@ -17,6 +17,17 @@ pub struct MemberStatus {
     /// Read, write and checksum errors seen on it (members that are open).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub errors: Option<ErrorCounts>,
+    /// Set while the member is much slower than its peers (SlowMember).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slow: Option<Slow>,
+}
+
+/// How slow a slow member is: its mean time per operation over the last
+/// few seconds, and the median of its peers'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Slow {
+    pub latency_us: u64,
+    pub peers_us: u64,
 }
 
 impl Core {
@@ -36,6 +47,7 @@ impl Core {
                     },
                     reason: None,
                     errors: Some(d.errors()),
+                    slow: d.slow(),
                 },
                 (None, absence) => {
                     // A failed member still open speaks for its role.
@@ -46,6 +58,7 @@ impl Core {
                             state: "faulty",
                             reason: Some(why.clone()),
                             errors: Some(d.errors()),
+                            slow: d.slow(),
                         }
                     } else if let Some(Absence::Stale { member, reason }) = absence {
                         MemberStatus {
@@ -54,6 +67,7 @@ impl Core {
                             state: "missing",
                             reason: Some(format!("stale: {reason}")),
                             errors: None,
+                            slow: None,
                         }
                     } else {
                         MemberStatus {
@@ -62,6 +76,7 @@ impl Core {
                             state: "missing",
                             reason: None,
                             errors: None,
+                            slow: None,
                         }
                     }
                 }
@@ -76,6 +91,7 @@ impl Core {
                         rv.disk.as_ref().map_or("-", |d| d.name())
                     )),
                     errors: Some(d.errors()),
+                    slow: d.slow(),
                 });
             }
         }
@@ -85,6 +101,7 @@ impl Core {
             state: "spare",
             reason: None,
             errors: Some(d.errors()),
+            slow: d.slow(),
         }));
         for (d, role, why) in &v.failed {
             if role.is_some_and(|r| v.roles[r].disk.is_none()) {
@@ -96,6 +113,7 @@ impl Core {
                 state: "faulty",
                 reason: Some(why.clone()),
                 errors: Some(d.errors()),
+                slow: d.slow(),
             });
         }
         out

@@ -144,6 +144,9 @@ pub struct OpenOptions {
     /// start is refused: a forgotten member would turn stale at the first
     /// write.
     pub run: bool,
+    /// Where the array's events go (a server's arrays share one); none:
+    /// its own.
+    pub events: Option<Arc<crate::events::Events>>,
 }
 
 impl Default for OpenOptions {
@@ -154,6 +157,7 @@ impl Default for OpenOptions {
             member_timeout: DEFAULT_MEMBER_TIMEOUT,
             force: false,
             run: false,
+            events: None,
         }
     }
 }
@@ -192,6 +196,16 @@ impl std::fmt::Debug for Array {
 impl Array {
     pub fn geometry(&self) -> &Geometry {
         &self.core.geom
+    }
+
+    /// Where its events go.
+    pub fn events(&self) -> Arc<crate::events::Events> {
+        self.core.events.clone()
+    }
+
+    /// Send an event of this array (TestMessage, or one from the server).
+    pub fn emit(&self, e: crate::events::NewEvent) {
+        self.core.emit(e);
     }
 
     pub fn capacity(&self) -> u64 {

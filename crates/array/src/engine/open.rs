@@ -166,15 +166,7 @@ impl Array {
             .filter(|_| geom.level.has_redundancy() || sb.checksums.enabled());
         let level = levels::of(geom.level);
         let a = Array {
-            core: Core::new(
-                name,
-                geom,
-                view,
-                sb,
-                bitmap,
-                opts.read_only,
-                opts.member_timeout,
-            ),
+            core: Core::new(name, geom, view, sb, bitmap, &opts),
             level,
             journal,
             recovery: Recovery::default(),
@@ -200,6 +192,33 @@ impl Array {
             a.core.write_superblocks(&mut a.core.meta.locked())?;
             a.core.use_spares()?;
         }
+        a.start_events();
         Ok(a)
+    }
+
+    /// What a person should hear of at the start: roles without a member
+    /// (DeviceDisappeared, one each) and a degraded array (DegradedArray).
+    fn start_events(&self) {
+        use crate::events::{NewEvent, Severity};
+        let v = self.core.view.load();
+        for (r, rv) in v.roles.iter().enumerate() {
+            if rv.disk.is_some() {
+                continue;
+            }
+            let why = match &rv.absence {
+                Some(Absence::Stale { member, reason }) => {
+                    format!("role {r}: {member} is not trusted ({reason})")
+                }
+                _ => format!("role {r} has no member"),
+            };
+            let mut e = NewEvent::new("DeviceDisappeared", Severity::Warning, why);
+            if let Some(Absence::Stale { member, .. }) = &rv.absence {
+                e = e.member(member.clone(), Some(r));
+            } else {
+                e.role = Some(r);
+            }
+            self.core.emit(e);
+        }
+        self.core.emit_degraded(&v);
     }
 }

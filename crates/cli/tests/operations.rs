@@ -1,0 +1,326 @@
+//! Operations: events reach a person. A member failed under load runs the
+//! server's --program with Fail then DegradedArray; a rebuild gives
+//! RebuildStarted, Rebuild20..80, RebuildFinished and SpareActive in
+//! order; the same events are in --events-log and reach `raidkit monitor`;
+//! `raidkit monitor --test` goes through the whole path; a program that
+//! hangs or fails holds up nothing; a slowed member is reported slow.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// A program that appends its arguments to `out`, one line per event.
+fn recorder(dir: &Path, body: &str) -> (PathBuf, PathBuf) {
+    let out = dir.join("program.out");
+    let prog = dir.join("on-event.sh");
+    std::fs::write(
+        &prog,
+        format!("#!/bin/sh\n{body}\necho \"$@\" >> '{}'\n", out.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (prog, out)
+}
+
+fn lines(p: &Path) -> Vec<String> {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The event names in a JSON-lines file, in order.
+fn logged(p: &Path) -> Vec<Value> {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+/// Whether `want` appear in `got` in this order (others may come between).
+fn in_order(got: &[String], want: &[&str]) -> bool {
+    let mut it = got.iter();
+    want.iter().all(|w| it.any(|g| g == w))
+}
+
+fn status(ctl: &str) -> Value {
+    serde_json::from_slice(&ok(&["status", "--control", ctl, "--json"]).stdout).unwrap()
+}
+
+#[test]
+fn a_failure_and_a_rebuild_reach_the_program_the_log_and_monitor() {
+    let dir = tmp();
+    let ms = members(dir.path(), 5);
+    let (four, spare) = (&ms[..4], &ms[4]);
+    create("5", four, "48M");
+    let (prog, out) = recorder(dir.path(), "");
+    let events_log = dir.path().join("events.jsonl");
+    let (p, l) = (prog.display().to_string(), events_log.display().to_string());
+    let s = Served::start(
+        dir.path(),
+        four,
+        &["--program", &p, "--events-log", &l, "--rebuild-min", "0"],
+    );
+    let ctl = s.control.display().to_string();
+    // A follower from the start.
+    let mon_out = dir.path().join("monitor.out");
+    let mut monitor = Guarded::spawn(
+        Command::new(env!("CARGO_BIN_EXE_raidkit"))
+            .args(["monitor", "--json", "--control", &ctl])
+            .stdout(Stdio::from(std::fs::File::create(&mon_out).unwrap()))
+            .stderr(Stdio::null()),
+    );
+    // Load: a client writing all along.
+    let stop = AtomicBool::new(false);
+    /// Stops the load however the scope ends (a failed wait panics in it).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    std::thread::scope(|sc| {
+        let _stop = StopOnDrop(&stop);
+        let load = sc.spawn(|| {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let cmd = format!("write -P {} {} 1M", n % 200 + 1, (n % 40) << 20);
+                tool(
+                    "timeout",
+                    &["60", "qemu-io", "-f", "raw", "-c", &cmd, &s.uri],
+                );
+                n += 1;
+            }
+            n
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        ok(&["fail", "--control", &ctl, &four[1]]);
+        wait_for("DegradedArray at the program", 20, || {
+            lines(&out).iter().any(|x| x.starts_with("DegradedArray"))
+        });
+        stop.store(true, Ordering::Relaxed);
+        assert!(load.join().unwrap() > 0, "the load wrote nothing");
+    });
+    let names: Vec<String> = lines(&out)
+        .iter()
+        .map(|x| x.split(' ').next().unwrap().to_string())
+        .collect();
+    assert!(in_order(&names, &["Fail", "DegradedArray"]), "{names:?}");
+    let fail = lines(&out)
+        .into_iter()
+        .find(|x| x.starts_with("Fail "))
+        .unwrap();
+    let array = status(&ctl)["array"]["name"].as_str().unwrap().to_string();
+    assert_eq!(
+        fail,
+        format!("Fail {array} {}", four[1]),
+        "PATH EVENT ARRAY MEMBER"
+    );
+
+    // A rebuild onto a new member.
+    ok(&["remove", "--control", &ctl, &four[1]]);
+    std::fs::File::create(spare)
+        .unwrap()
+        .set_len(48 << 20)
+        .unwrap();
+    ok(&["add", "--control", &ctl, spare]);
+    ok(&["wait", "--control", &ctl]);
+    wait_for("SpareActive at the program", 20, || {
+        lines(&out).iter().any(|x| x.starts_with("SpareActive"))
+    });
+    let names: Vec<String> = lines(&out)
+        .iter()
+        .map(|x| x.split(' ').next().unwrap().to_string())
+        .collect();
+    let rebuild = [
+        "RebuildStarted",
+        "Rebuild20",
+        "Rebuild40",
+        "Rebuild60",
+        "Rebuild80",
+        "RebuildFinished",
+        "SpareActive",
+    ];
+    assert!(in_order(&names, &["Fail", "DegradedArray"]), "{names:?}");
+    assert!(in_order(&names, &rebuild), "{names:?}");
+    for e in rebuild {
+        assert_eq!(
+            names.iter().filter(|n| *n == e).count(),
+            1,
+            "{e}: {names:?}"
+        );
+    }
+    assert!(lines(&out)
+        .iter()
+        .any(|x| x == &format!("RebuildFinished {array} {spare}")));
+
+    // The whole path: monitor --test, the program, the log.
+    let o = ok(&["monitor", "--test", "--control", &ctl]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("TestMessage"));
+    wait_for("TestMessage at the program", 10, || {
+        lines(&out)
+            .iter()
+            .any(|x| x == &format!("TestMessage {array}"))
+    });
+
+    // The log has the same events, numbered in order, as JSON.
+    let log = logged(&events_log);
+    let log_names: Vec<String> = log
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        in_order(&log_names, &["Fail", "DegradedArray"]),
+        "{log_names:?}"
+    );
+    assert!(in_order(&log_names, &rebuild), "{log_names:?}");
+    assert!(log_names.iter().any(|n| n == "TestMessage"));
+    assert!(log
+        .windows(2)
+        .all(|w| w[0]["seq"].as_u64() < w[1]["seq"].as_u64()));
+    let fin = log
+        .iter()
+        .find(|e| e["event"] == "RebuildFinished")
+        .unwrap();
+    assert_eq!(fin["data"]["result"], "done");
+    assert_eq!(fin["member"], spare.as_str());
+
+    // The follower saw them as they happened.
+    wait_for("the monitor to print the TestMessage", 10, || {
+        std::fs::read_to_string(&mon_out)
+            .unwrap_or_default()
+            .contains("TestMessage")
+    });
+    let seen: Vec<String> = logged(&mon_out)
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_string())
+        .collect();
+    assert!(in_order(&seen, &["Fail", "DegradedArray"]), "{seen:?}");
+    assert!(in_order(&seen, &rebuild), "{seen:?}");
+    monitor.kill();
+}
+
+#[test]
+fn a_program_that_hangs_or_fails_holds_up_nothing() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("1", &ms, "16M");
+    // Hangs for a minute on every event.
+    let (prog, out) = recorder(dir.path(), "sleep 60");
+    let p = prog.display().to_string();
+    let s = Served::start(
+        dir.path(),
+        &ms,
+        &["--program", &p, "--program-timeout", "5"],
+    );
+    let ctl = s.control.display().to_string();
+    ok(&["monitor", "--test", "--control", &ctl]);
+    // The failure and I/O go on at once while the program hangs on the
+    // TestMessage (and then on Fail, DegradedArray).
+    let t = Instant::now();
+    ok(&["fail", "--control", &ctl, &ms[2]]);
+    tool(
+        "timeout",
+        &[
+            "30",
+            "qemu-io",
+            "-f",
+            "raw",
+            "-c",
+            "write -P 9 0 1M",
+            "-c",
+            "read -P 9 0 1M",
+            &s.uri,
+        ],
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "the failure or the I/O waited for the program ({:?})",
+        t.elapsed()
+    );
+    // Each run is killed after its second; the kill is logged.
+    wait_for("the hung program to be killed and logged", 30, || {
+        s.log().contains("killed")
+    });
+    assert!(
+        lines(&out).is_empty(),
+        "the program was not cut short: {:?}",
+        lines(&out)
+    );
+    // A program that is not there is refused at start.
+    let missing = dir.path().join("nope.sh").display().to_string();
+    let d2 = tmp();
+    let ms2 = members(d2.path(), 2);
+    create("1", &ms2, "8M");
+    let o = raidkit_refused(&args(
+        &["serve", "--listen", "127.0.0.1:0", "--program", &missing],
+        &ms2,
+    ));
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn a_member_slowed_by_a_delay_is_reported_slow() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "16M");
+    let log = dir.path().join("events.jsonl");
+    let l = log.display().to_string();
+    let mut specs = ms.clone();
+    specs[2] = format!("fault:{}?delay=20ms", ms[2]);
+    let s = Served::start(dir.path(), &specs, &["--events-log", &l]);
+    let ctl = s.control.display().to_string();
+    // Reads that reach every member, for a few seconds.
+    let t = Instant::now();
+    let mut slow = Value::Null;
+    while t.elapsed() < Duration::from_secs(30) {
+        tool(
+            "timeout",
+            &["60", "qemu-io", "-f", "raw", "-c", "read 0 4M", &s.uri],
+        );
+        let st = status(&ctl);
+        if let Some(m) = st["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m.get("slow").is_some())
+        {
+            slow = m.clone();
+            break;
+        }
+    }
+    assert_eq!(
+        slow["path"],
+        ms[2].as_str(),
+        "no member reported slow, or the wrong one: {slow}"
+    );
+    assert!(
+        slow["slow"]["latency_us"].as_u64().unwrap() >= 20_000,
+        "{slow}"
+    );
+    assert!(
+        slow["slow"]["peers_us"].as_u64().unwrap() < 10_000,
+        "{slow}"
+    );
+    let st = status(&ctl);
+    let others = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["path"] != ms[2].as_str() && m.get("slow").is_some())
+        .count();
+    assert_eq!(others, 0, "a healthy member reported slow: {st}");
+    wait_for("SlowMember in the events log", 10, || {
+        logged(&log)
+            .iter()
+            .any(|e| e["event"] == "SlowMember" && e["member"] == ms[2].as_str())
+    });
+}
