@@ -303,19 +303,13 @@ impl<'a> Process<'a> {
             plan.kind
         );
         let (started, _) = event_names(plan.kind);
-        let mut e = NewEvent::new(
-            started,
-            Severity::Info,
-            match plan.member.as_str() {
-                "" => format!("{} started", plan.kind),
-                m => format!("{} of {m} started", plan.kind),
-            },
-        )
-        .data(serde_json::json!({
-            "kind": plan.kind,
-            "resumed_from": plan.resumed_from,
-            "bytes_total": plan.bytes_total,
-        }));
+        let mut e = NewEvent::new(started, Severity::Info, format!("{} started", plan.kind)).data(
+            serde_json::json!({
+                "kind": plan.kind,
+                "resumed_from": plan.resumed_from,
+                "bytes_total": plan.bytes_total,
+            }),
+        );
         if !plan.member.is_empty() {
             e = e.member(plan.member.clone(), plan.role);
         }
@@ -363,10 +357,7 @@ impl<'a> Process<'a> {
                     NewEvent::new(
                         name,
                         Severity::Info,
-                        format!(
-                            "{} of {}: {} % done",
-                            self.kind, self.member, self.next_step
-                        ),
+                        format!("{}: {} % done", self.kind, self.next_step),
                     )
                     .member(self.member.clone(), self.role),
                 );
@@ -417,10 +408,7 @@ impl<'a> Process<'a> {
                 } else {
                     Severity::Warning
                 },
-                match self.member.as_str() {
-                    "" => format!("{} ended: {result}", self.kind),
-                    m => format!("{} of {m} ended: {result}", self.kind),
-                },
+                format!("{} ended: {result}", self.kind),
             )
             .data(serde_json::json!({
                 "kind": self.kind, "result": result, "bytes": bytes, "seconds": seconds,

@@ -36,7 +36,9 @@ mod seams;
 // The metadata formats keep their paths (raidkit_array::superblock...).
 pub use metadata::{bitmap, checksums, journal, superblock};
 
-pub use crate::core::{Added, ErrorCounts, MemberStatus, Slow, DEFAULT_MEMBER_TIMEOUT};
+pub use crate::core::{
+    Added, ErrorCounts, MemberIo, MemberStatus, Slow, DEFAULT_MEMBER_TIMEOUT, LATENCY_BOUNDS_US,
+};
 pub use assemble::Health;
 pub use background::{LastRecovery, RecoveryStatus, DEFAULT_MIN_RATE};
 pub use engine::{Array, Mismatch, OpenOptions};

@@ -212,11 +212,7 @@ impl Array {
                 crate::events::NewEvent::new(
                     "SpareActive",
                     crate::events::Severity::Info,
-                    format!(
-                        "{} is in sync and active in role {}",
-                        job.target.name(),
-                        job.role
-                    ),
+                    format!("in sync and active in role {}", job.role),
                 )
                 .member(job.target.name(), Some(job.role)),
             );

@@ -569,6 +569,12 @@ pub struct ServeArgs {
     /// Append every event to this file as a JSON line.
     #[arg(long, value_name = "FILE")]
     pub events_log: Option<PathBuf>,
+    /// Serve Prometheus metrics (/metrics), the status as JSON
+    /// (/api/status, /api/events) and a status page (/) over HTTP on this
+    /// address; --http alone listens on 127.0.0.1:10810. Read-only. Off
+    /// unless asked.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:10810")]
+    pub http: Option<String>,
     /// Start an array that has lost too many members from the most recent
     /// stale ones, as md's --force (their last writes may be missing).
     #[arg(long)]

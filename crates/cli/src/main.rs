@@ -7,6 +7,7 @@ mod bench;
 mod cli;
 mod commands;
 mod events;
+mod http;
 mod monitor;
 mod say;
 mod serve;

@@ -213,17 +213,28 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .unwrap_or_else(|| default_control(&sb.array_uuid.to_string()));
     let started = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
-    let handler = control_handler(
-        array.clone(),
-        server.stats(),
-        Served {
-            endpoints: endpoints.clone(),
-            control: control_path.display().to_string(),
-            started,
-            stop: stop.clone(),
-        },
-    );
+    let served = Served {
+        endpoints: endpoints.clone(),
+        control: control_path.display().to_string(),
+        started,
+        stop: stop.clone(),
+    };
+    let handler = control_handler(array.clone(), server.stats(), served.clone());
     let mut control = ControlServer::start(&control_path, handler)?;
+    let http = match &a.http {
+        Some(addr) => {
+            let (arr, stats) = (array.clone(), server.stats());
+            Some(crate::http::start(
+                addr,
+                crate::http::Site {
+                    array: array.clone(),
+                    stats: server.stats(),
+                    status: Box::new(move || Value::Object(status_fields(&arr, &stats, &served))),
+                },
+            )?)
+        }
+        None => None,
+    };
 
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
@@ -244,6 +255,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         println!("raidkit: listening on {uri}");
     }
     println!("raidkit: control socket {}", control_path.display());
+    if let Some(h) = http {
+        println!("raidkit: status page http://{h}/ (metrics at http://{h}/metrics)");
+    }
     if let Some(uri) = endpoints.first() {
         println!("raidkit: try: nbdinfo '{uri}'");
         println!("raidkit:      qemu-io -f raw -c 'read -P 0 0 4k' '{uri}'");
@@ -308,6 +322,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
 
 /// What the control socket reports about the server itself, and the flag
 /// that stops it.
+#[derive(Clone)]
 struct Served {
     endpoints: Vec<String>,
     control: String,

@@ -51,6 +51,14 @@ fn in_order(got: &[String], want: &[&str]) -> bool {
     want.iter().all(|w| it.any(|g| g == w))
 }
 
+/// Remove the failed member `gone` and add a new blank one of `len` bytes
+/// (rebuilt in its role).
+fn swap_in(ctl: &str, gone: &str, new: &str, len: u64) {
+    ok(&["remove", "--control", ctl, gone]);
+    std::fs::File::create(new).unwrap().set_len(len).unwrap();
+    ok(&["add", "--control", ctl, new]);
+}
+
 fn status(ctl: &str) -> Value {
     serde_json::from_slice(&ok(&["status", "--control", ctl, "--json"]).stdout).unwrap()
 }
@@ -126,12 +134,7 @@ fn a_failure_and_a_rebuild_reach_the_program_the_log_and_monitor() {
     );
 
     // A rebuild onto a new member.
-    ok(&["remove", "--control", &ctl, &four[1]]);
-    std::fs::File::create(spare)
-        .unwrap()
-        .set_len(48 << 20)
-        .unwrap();
-    ok(&["add", "--control", &ctl, spare]);
+    swap_in(&ctl, &four[1], spare, 48 << 20);
     ok(&["wait", "--control", &ctl]);
     wait_for("SpareActive at the program", 20, || {
         lines(&out).iter().any(|x| x.starts_with("SpareActive"))
@@ -323,4 +326,231 @@ fn a_member_slowed_by_a_delay_is_reported_slow() {
             .iter()
             .any(|e| e["event"] == "SlowMember" && e["member"] == ms[2].as_str())
     });
+}
+
+/// The samples of a /metrics scrape, parsed by the Prometheus client
+/// library's own text-format parser: `name{k="v",...}` (labels sorted) to
+/// value.
+fn scrape(base: &str) -> std::collections::BTreeMap<String, f64> {
+    let body = tool("timeout", &["20", "curl", "-sf", &format!("{base}metrics")]).stdout;
+    let script = r#"
+import sys, json
+from prometheus_client.parser import text_string_to_metric_families
+out = {}
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    for s in fam.samples:
+        labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+        out[f"{s.name}{{{labels}}}"] = s.value
+print(json.dumps(out))
+"#;
+    let mut child = Command::new("timeout")
+        .args(["20", "/usr/bin/python3", "-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(&body).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "the Prometheus parser refused /metrics");
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn metric(m: &std::collections::BTreeMap<String, f64>, key: &str) -> f64 {
+    *m.get(key).unwrap_or_else(|| {
+        panic!(
+            "no {key} in /metrics: {:?}",
+            m.keys().take(80).collect::<Vec<_>>()
+        )
+    })
+}
+
+/// Headless Chromium on the page (its scripts run for 5 s of virtual
+/// time), doing `what` (`--dump-dom`, `--screenshot=PATH`); its stdout.
+fn chromium(base: &str, profile: &Path, what: &[&str]) -> String {
+    let profile = format!("--user-data-dir={}", profile.display());
+    let mut a = vec![
+        "60",
+        "chromium",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        &profile,
+        "--virtual-time-budget=5000",
+        "--window-size=1200,900",
+    ];
+    a.extend_from_slice(what);
+    a.push(base);
+    String::from_utf8_lossy(&tool("timeout", &a).stdout).to_string()
+}
+
+/// The status page as headless Chromium renders it (scripts run).
+fn rendered(base: &str, profile: &Path) -> String {
+    chromium(base, profile, &["--dump-dom"])
+}
+
+#[test]
+fn metrics_and_the_status_page_follow_a_failure_and_a_rebuild() {
+    let dir = tmp();
+    let ms = members(dir.path(), 5);
+    let (four, spare) = (&ms[..4], &ms[4]);
+    create("5", four, "32M");
+    let s = Served::start(
+        dir.path(),
+        four,
+        &["--http=127.0.0.1:0", "--rebuild-max", "12M"],
+    );
+    let ctl = s.control.display().to_string();
+    let line = s.line_with("status page http://");
+    let base = line[line.find("http://").unwrap()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let name = status(&ctl)["array"]["name"].as_str().unwrap().to_string();
+    let key = |metric: &str, labels: &[(&str, &str)]| {
+        let mut l: Vec<(&str, &str)> = labels.to_vec();
+        l.push(("array", &name));
+        l.sort();
+        let l: Vec<String> = l.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        format!("{metric}{{{}}}", l.join(","))
+    };
+    let m = scrape(&base);
+    assert_eq!(
+        metric(&m, &key("raidkit_md_state", &[("state", "optimal")])),
+        1.0
+    );
+    assert_eq!(
+        metric(&m, &key("raidkit_md_disks", &[("state", "active")])),
+        4.0
+    );
+    assert_eq!(metric(&m, &key("raidkit_md_disks_required", &[])), 4.0);
+    tool(
+        "timeout",
+        &[
+            "60",
+            "qemu-io",
+            "-f",
+            "raw",
+            "-c",
+            "write -P 7 0 8M",
+            "-c",
+            "read -P 7 0 8M",
+            &s.uri,
+        ],
+    );
+    let m = scrape(&base);
+    let d0 = [("member", four[0].as_str()), ("role", "0")];
+    assert!(metric(&m, &key("raidkit_member_written_bytes_total", &d0)) > 0.0);
+    assert!(metric(&m, &key("raidkit_member_read_bytes_total", &d0)) > 0.0);
+    assert!(metric(&m, &key("raidkit_member_operation_seconds_count", &d0)) > 0.0);
+    assert!(metric(&m, &key("raidkit_nbd_requests_total", &[("type", "write")])) > 0.0);
+
+    // The page before and after a failure.
+    let profile = dir.path().join("chromium");
+    let page = rendered(&base, &profile);
+    for p in four {
+        assert!(
+            page.contains(&format!(r#"data-path="{p}" data-state="active""#)),
+            "{p} not shown active:\n{page}"
+        );
+    }
+    ok(&["fail", "--control", &ctl, &four[2]]);
+    let m = scrape(&base);
+    assert_eq!(
+        metric(&m, &key("raidkit_md_state", &[("state", "degraded")])),
+        1.0
+    );
+    assert_eq!(
+        metric(&m, &key("raidkit_md_disks", &[("state", "faulty")])),
+        1.0
+    );
+    let d2 = [
+        ("member", four[2].as_str()),
+        ("role", "2"),
+        ("state", "faulty"),
+    ];
+    assert_eq!(metric(&m, &key("raidkit_member_state", &d2)), 1.0);
+    let page = rendered(&base, &profile);
+    assert!(
+        page.contains(&format!(r#"data-path="{}" data-state="faulty""#, four[2])),
+        "the failed member is not shown faulty:\n{page}"
+    );
+    assert!(
+        page.contains(r#"data-event="Fail""#),
+        "no Fail event on the page"
+    );
+    // A screenshot, kept as the test's artefact.
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page-degraded.png");
+    chromium(
+        &base,
+        &profile,
+        &[&format!("--screenshot={}", shot.display())],
+    );
+    assert!(
+        std::fs::metadata(&shot).unwrap().len() > 10_000,
+        "no screenshot"
+    );
+
+    // A rebuild: progress in the metrics while it runs, optimal after.
+    swap_in(&ctl, &four[2], spare, 32 << 20);
+    let mut seen_progress = 0.0f64;
+    wait_for("rebuild progress in /metrics", 30, || {
+        let m = scrape(&base);
+        seen_progress = metric(
+            &m,
+            &key("raidkit_md_recovery_progress_ratio", &[("kind", "rebuild")]),
+        );
+        seen_progress > 0.0 && seen_progress < 1.0
+    });
+    assert_eq!(
+        metric(
+            &scrape(&base),
+            &key("raidkit_md_disks", &[("state", "rebuilding")])
+        ),
+        1.0
+    );
+    ok(&["wait", "--control", &ctl]);
+    let m = scrape(&base);
+    assert_eq!(
+        metric(&m, &key("raidkit_md_state", &[("state", "optimal")])),
+        1.0
+    );
+    assert_eq!(
+        metric(&m, &key("raidkit_md_disks", &[("state", "active")])),
+        4.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            &key("raidkit_md_recovery_progress_ratio", &[("kind", "rebuild")])
+        ),
+        0.0
+    );
+    // Read-only, and only what it serves.
+    let post = try_tool(
+        "timeout",
+        &[
+            "20",
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "POST",
+            &format!("{base}metrics"),
+        ],
+    );
+    assert_eq!(String::from_utf8_lossy(&post.stdout), "405");
+    let st: Value = serde_json::from_slice(
+        &tool(
+            "timeout",
+            &["20", "curl", "-sf", &format!("{base}api/status")],
+        )
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(st["state"], "optimal");
 }

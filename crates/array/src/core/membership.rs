@@ -162,7 +162,7 @@ impl Core {
             NewEvent::new(
                 if spare { "FailSpare" } else { "Fail" },
                 Severity::Warning,
-                format!("{} failed: {why}", disk.name()),
+                format!("failed: {why}"),
             )
             .member(disk.name(), role),
         );
@@ -381,7 +381,7 @@ impl Core {
             NewEvent::new(
                 "DeviceDisappeared",
                 Severity::Info,
-                format!("{} removed from the array", d.name()),
+                "removed from the array",
             )
             .member(d.name(), None),
         );
@@ -516,7 +516,7 @@ impl Core {
                             "MemberReturned",
                             Severity::Info,
                             format!(
-                                "{name} is back in role {r}: {}",
+                                "back in role {r}: {}",
                                 if resync {
                                     "only the regions written while it was away are resynced"
                                 } else {

@@ -9,9 +9,11 @@
 //! through it and never change a view or a superblock themselves.
 
 pub(crate) mod checked;
+mod io;
 mod membership;
 mod status;
 
+pub use io::{MemberIo, LATENCY_BOUNDS_US};
 pub use membership::Added;
 pub use status::{MemberStatus, Slow};
 
@@ -54,13 +56,8 @@ pub(crate) struct Disk {
     inflight: AtomicU32,
     /// Nanoseconds (on the array's clock) of the last start-from-idle or completion.
     progress_at: AtomicU64,
-    /// Time spent in operations and their count, since the last look
-    /// (`Core::check_slow`).
-    busy_ns: AtomicU64,
-    ops: AtomicU64,
-    /// Set while it is much slower than its peers: (its µs per
-    /// operation, its peers' median), packed as two u32.
-    slow_us: AtomicU64,
+    /// What went through it: bytes, operations, latencies.
+    pub io: io::IoCounters,
     /// When (array clock, ns) its last ChecksumError event went out.
     checksum_event_at: AtomicU64,
 }
@@ -89,20 +86,9 @@ impl Disk {
             sb: Mutex::new(sb),
             inflight: AtomicU32::new(0),
             progress_at: AtomicU64::new(0),
-            busy_ns: AtomicU64::new(0),
-            ops: AtomicU64::new(0),
-            slow_us: AtomicU64::new(0),
+            io: io::IoCounters::default(),
             checksum_event_at: AtomicU64::new(0),
         }
-    }
-
-    /// Whether it is slow, and how (see `Core::check_slow`).
-    pub fn slow(&self) -> Option<status::Slow> {
-        let x = self.slow_us.load(Ordering::Relaxed);
-        (x != 0).then_some(status::Slow {
-            latency_us: x >> 32,
-            peers_us: x & 0xffff_ffff,
-        })
     }
 
     pub fn name(&self) -> &str {
@@ -129,6 +115,7 @@ impl Disk {
                 .checked
                 .as_ref()
                 .map_or(0, |c| c.mismatches.load(Ordering::Relaxed)),
+            timeout: self.io.timeouts.load(Ordering::Relaxed),
         }
     }
 }
@@ -142,6 +129,8 @@ pub struct ErrorCounts {
     pub write: u64,
     /// Blocks that disagreed with their checksum (each once until rewritten).
     pub checksum: u64,
+    /// Operations that took longer than the member timeout.
+    pub timeout: u64,
 }
 
 /// Rebuild progress of a disk: which part of its data area is in sync.
@@ -484,11 +473,13 @@ impl Core {
         for d in ds {
             d.progress_at.store(self.now_ns(), Ordering::Release);
             d.inflight.fetch_sub(1, Ordering::AcqRel);
-            d.busy_ns.fetch_add(took, Ordering::Relaxed);
-            d.ops.fetch_add(1, Ordering::Relaxed);
+            d.io.took(took);
         }
         let limit = self.timeout_ns.load(Ordering::Relaxed);
-        if r.is_ok() && t.elapsed().as_nanos() as u64 > limit {
+        if r.is_ok() && took > limit {
+            for d in ds {
+                d.io.timeouts.fetch_add(1, Ordering::Relaxed);
+            }
             let why = format!(
                 "an operation took {:.1}s (member timeout {:.1}s)",
                 t.elapsed().as_secs_f64(),
@@ -521,73 +512,6 @@ impl Core {
             }
         }
         failed
-    }
-
-    /// Compare the members' mean time per operation since the last look
-    /// (called every few seconds): one taking `SLOW_FACTOR` times its
-    /// peers' median and at least `SLOW_FLOOR` is slow (status, metrics,
-    /// a SlowMember event when it becomes so); it is slow no more once
-    /// within twice the median. Members with too few operations in the
-    /// span keep their state. The seeds' cases: two disks of one model
-    /// reading at 54-59 MB/s beside 90, a dying USB disk holding up the
-    /// rest.
-    pub(crate) fn check_slow(&self) {
-        const SLOW_FACTOR: u64 = 3;
-        const SLOW_FLOOR: u64 = 2_000_000;
-        const MIN_OPS: u64 = 8;
-        let v = self.view.load();
-        let disks = v.writable();
-        let means: Vec<Option<u64>> = disks
-            .iter()
-            .map(|d| {
-                let ns = d.busy_ns.swap(0, Ordering::Relaxed);
-                let ops = d.ops.swap(0, Ordering::Relaxed);
-                (ops >= MIN_OPS).then(|| ns / ops)
-            })
-            .collect();
-        for (i, d) in disks.iter().enumerate() {
-            let Some(mine) = means[i] else { continue };
-            let mut peers: Vec<u64> = (0..disks.len())
-                .filter(|&j| j != i)
-                .filter_map(|j| means[j])
-                .collect();
-            if peers.is_empty() {
-                continue;
-            }
-            peers.sort_unstable();
-            let median = peers[peers.len() / 2].max(1);
-            let was = d.slow_us.load(Ordering::Relaxed) != 0;
-            if mine >= SLOW_FACTOR * median && mine >= SLOW_FLOOR {
-                let (us, peers_us) = (
-                    (mine / 1000).min(u32::MAX as u64),
-                    (median / 1000).min(u32::MAX as u64),
-                );
-                d.slow_us
-                    .store((us << 32) | peers_us.max(1), Ordering::Relaxed);
-                if !was {
-                    let role = v
-                        .roles
-                        .iter()
-                        .position(|r| r.disk.as_ref().is_some_and(|x| Arc::ptr_eq(x, d)));
-                    self.emit(
-                        crate::events::NewEvent::new(
-                            "SlowMember",
-                            crate::events::Severity::Warning,
-                            format!(
-                                "{} is slow: {:.1} ms per operation, its peers {:.1} ms",
-                                d.name(),
-                                mine as f64 / 1e6,
-                                median as f64 / 1e6
-                            ),
-                        )
-                        .member(d.name(), role)
-                        .data(serde_json::json!({"latency_us": us, "peers_us": peers_us})),
-                    );
-                }
-            } else if mine < 2 * median {
-                d.slow_us.store(0, Ordering::Relaxed);
-            }
-        }
     }
 
     /// Whether `role` can serve reads of device range `[dev, dev+len)`.
@@ -626,6 +550,7 @@ impl Core {
             Some(c) if self.window.covers(dev, buf.len() as u64) => c.read_adopting(buf, at),
             _ => d.member.read_at(buf, at),
         });
+        d.io.read(buf.len());
         if let Err(e) = &r {
             if checked::is_mismatch(e) {
                 self.checksum_event(d, e);
@@ -672,7 +597,7 @@ impl Core {
             crate::events::NewEvent::new(
                 "ChecksumError",
                 crate::events::Severity::Warning,
-                format!("{}: {}", d.name(), e.source),
+                e.source.to_string(),
             )
             .member(d.name(), role)
             .data(serde_json::json!({
@@ -708,6 +633,7 @@ impl Core {
         dev: u64,
     ) -> std::result::Result<(), MemberError> {
         let r = self.timed(d, || d.member.write_at(buf, d.data_offset + dev));
+        d.io.wrote(buf.len());
         if r.is_err() {
             d.write_errors.fetch_add(1, Ordering::Relaxed);
         }

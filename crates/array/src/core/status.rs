@@ -20,6 +20,9 @@ pub struct MemberStatus {
     /// Set while the member is much slower than its peers (SlowMember).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slow: Option<Slow>,
+    /// Bytes and operations read and written, time spent (open members).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io: Option<super::io::MemberIo>,
 }
 
 /// How slow a slow member is: its mean time per operation over the last
@@ -48,6 +51,7 @@ impl Core {
                     reason: None,
                     errors: Some(d.errors()),
                     slow: d.slow(),
+                    io: Some(d.io.report()),
                 },
                 (None, absence) => {
                     // A failed member still open speaks for its role.
@@ -59,6 +63,7 @@ impl Core {
                             reason: Some(why.clone()),
                             errors: Some(d.errors()),
                             slow: d.slow(),
+                            io: Some(d.io.report()),
                         }
                     } else if let Some(Absence::Stale { member, reason }) = absence {
                         MemberStatus {
@@ -68,6 +73,7 @@ impl Core {
                             reason: Some(format!("stale: {reason}")),
                             errors: None,
                             slow: None,
+                            io: None,
                         }
                     } else {
                         MemberStatus {
@@ -77,6 +83,7 @@ impl Core {
                             reason: None,
                             errors: None,
                             slow: None,
+                            io: None,
                         }
                     }
                 }
@@ -92,6 +99,7 @@ impl Core {
                     )),
                     errors: Some(d.errors()),
                     slow: d.slow(),
+                    io: Some(d.io.report()),
                 });
             }
         }
@@ -102,6 +110,7 @@ impl Core {
             reason: None,
             errors: Some(d.errors()),
             slow: d.slow(),
+            io: Some(d.io.report()),
         }));
         for (d, role, why) in &v.failed {
             if role.is_some_and(|r| v.roles[r].disk.is_none()) {
@@ -114,6 +123,7 @@ impl Core {
                 reason: Some(why.clone()),
                 errors: Some(d.errors()),
                 slow: d.slow(),
+                io: Some(d.io.report()),
             });
         }
         out

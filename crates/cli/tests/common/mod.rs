@@ -227,9 +227,27 @@ pub struct Served {
     pub uri: String,
     pub control: PathBuf,
     pub log: PathBuf,
+    /// Every line the server printed on stdout so far.
+    pub out: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Served {
+    /// The first printed line that contains `needle` (waits up to 30 s).
+    pub fn line_with(&self, needle: &str) -> String {
+        let mut found = None;
+        wait_for(&format!("'{needle}' from the server"), 30, || {
+            found = self
+                .out
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(needle))
+                .cloned();
+            found.is_some()
+        });
+        found.unwrap()
+    }
+
     pub fn start(dir: &Path, members: &[String], extra: &[&str]) -> Served {
         Served::start_on(dir, members, &["--listen", "127.0.0.1:0"], extra)
     }
@@ -260,8 +278,11 @@ impl Served {
             .expect("spawn raidkit serve");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
+        let out = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let lines = out.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line.clone());
                 if let Some(i) = line.find("nbd://").or_else(|| line.find("nbd+unix://")) {
                     let _ = tx.send(line[i..].split_whitespace().next().unwrap().to_string());
                 }
@@ -283,6 +304,7 @@ impl Served {
             uri,
             control,
             log,
+            out,
         }
     }
 
