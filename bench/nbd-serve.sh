@@ -7,6 +7,9 @@
 # its ratio to the first shows how far apart two identical servers measure
 # on this machine, the noise any other ratio has to be read against.
 #
+# With HTTP=1, the control export serves metrics over HTTP (serve --http)
+# and is scraped every second: its ratio is the cost of metrics.
+#
 # With RAIDKIT_B=PATH, the control export is served by that other raidkit
 # binary (another revision, built elsewhere): its ratio to the first is then
 # that revision against this one, measured in the same rotation.
@@ -62,7 +65,14 @@ PY
 P1=$(free_port); "$R" serve --listen 127.0.0.1:$P1 --control "$W/c1" "$W/one.img" >/dev/null 2>&1 & PIDS+=($!)
 P2=$(free_port); "$R" serve --listen 127.0.0.1:$P2 --control "$W/c2" "$W"/r5-{0,1,2,3}.img >/dev/null 2>&1 & PIDS+=($!)
 P3=$(free_port); nbdkit -f -i 127.0.0.1 -p $P3 file file="$W/plain.img" & PIDS+=($!)
-P5=$(free_port); "${RAIDKIT_B:-$R}" serve --listen 127.0.0.1:$P5 --control "$W/c5" "$W/again.img" >/dev/null 2>&1 & PIDS+=($!)
+# HTTP=1: the control export serves metrics (--http) and is scraped every
+# second meanwhile, so its ratio to the first is the cost of metrics.
+B_HTTP=()
+if [ "${HTTP:-0}" = 1 ]; then PH=$(free_port); B_HTTP=(--http=127.0.0.1:$PH); fi
+P5=$(free_port); "${RAIDKIT_B:-$R}" serve --listen 127.0.0.1:$P5 --control "$W/c5" "${B_HTTP[@]}" "$W/again.img" >/dev/null 2>&1 & PIDS+=($!)
+if [ "${HTTP:-0}" = 1 ]; then
+  ( while sleep 1; do curl -sf -o /dev/null "http://127.0.0.1:$PH/metrics" || true; done ) & PIDS+=($!)
+fi
 P4=$(free_port); qemu-nbd -f raw -b 127.0.0.1 -p $P4 -t -e 8 "$W/plain.img" & PIDS+=($!)
 declare -A URI=(
   [raidkit]="nbd://127.0.0.1:$P1/"
@@ -149,7 +159,10 @@ r5p = statistics.median(x["raidkit-raid5x4"] / x["raidkit"]
                         for (jj, _), x in by_round.items() if jj == "seqwrite_1m")
 print(f"\nRAID-5 of 4 members, 1 MiB sequential write / one member: {r5:.2f} (paired by round: {r5p:.2f})")
 print("raidkit/best: ratio of the medians; paired: median of the rounds' own ratios")
-print("\ncontrol (a second raidkit export" + (f", served by {os.environ['RAIDKIT_B']}" if os.environ.get("RAIDKIT_B") else ", identical") + ") / raidkit, paired by round: median (min-max)")
+what = f", served by {os.environ['RAIDKIT_B']}" if os.environ.get("RAIDKIT_B") else ", identical"
+if os.environ.get("HTTP") == "1":
+    what += ", with --http, /metrics scraped every second"
+print("\ncontrol (a second raidkit export" + what + ") / raidkit, paired by round: median (min-max)")
 for j in jobs:
     c = [x["raidkit-control"] / x["raidkit"] for (jj, _), x in by_round.items() if jj == j]
     print(f"  {j:<20}{statistics.median(c):>6.2f} ({min(c):.2f}-{max(c):.2f})")

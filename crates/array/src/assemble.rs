@@ -127,19 +127,24 @@ impl Assembly {
     pub fn describe_missing(&self) -> String {
         self.degraded_roles()
             .iter()
-            .map(|&r| match (&self.slots[r].member, &self.slots[r].absence) {
-                (Some(m), _) => format!(
-                    "role {r} ({}: rebuilding, in sync up to {} bytes of its data area)",
-                    m.name(),
-                    self.slots[r].resume.unwrap_or(0)
-                ),
-                (None, Some(Absence::Stale { member, reason })) => {
-                    format!("role {r} ({member}: stale, {reason})")
-                }
-                _ => format!("role {r} (missing)"),
-            })
+            .map(|&r| self.describe_role(r))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+
+    /// Why role `r` cannot serve, as the assembly sees it.
+    pub fn describe_role(&self, r: usize) -> String {
+        match (&self.slots[r].member, &self.slots[r].absence) {
+            (Some(m), _) => format!(
+                "role {r} ({}: rebuilding, in sync up to {} bytes of its data area)",
+                m.name(),
+                self.slots[r].resume.unwrap_or(0)
+            ),
+            (None, Some(Absence::Stale { member, reason })) => {
+                format!("role {r} ({member}: stale, {reason})")
+            }
+            _ => format!("role {r} (missing)"),
+        }
     }
 }
 

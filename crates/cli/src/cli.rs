@@ -31,6 +31,11 @@ pub enum Command {
     Create(CreateArgs),
     /// Show one member's superblock.
     Examine(ExamineArgs),
+    /// Find arrays: read the superblocks of the given files, directories
+    /// (their entries) or block devices (every block device when none is
+    /// given) and list the arrays found by UUID, with their members, what
+    /// is missing or stale, and the command that serves each.
+    Scan(ScanArgs),
     /// Assemble the array from its members and describe it.
     Detail(DetailArgs),
     /// Read from the array (offline) to stdout or a file.
@@ -710,6 +715,16 @@ pub struct SpeedArgs {
     pub json: bool,
     #[command(flatten)]
     pub control: Control,
+}
+
+#[derive(Debug, Args)]
+pub struct ScanArgs {
+    /// Files, directories or block devices to look at (default: every
+    /// block device).
+    pub paths: Vec<std::path::PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

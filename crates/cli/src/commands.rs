@@ -19,6 +19,7 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Create(a) => cmd_create(a),
         Command::Examine(a) => cmd_examine(a),
+        Command::Scan(a) => crate::scan::scan(a),
         Command::Detail(a) => cmd_detail(a),
         Command::Policy(a) => cmd_policy(a),
         Command::Read(a) => cmd_read(a),

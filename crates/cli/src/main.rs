@@ -10,6 +10,7 @@ mod events;
 mod http;
 mod monitor;
 mod say;
+mod scan;
 mod serve;
 mod units;
 

@@ -118,7 +118,25 @@ impl Array {
                 Level::Raid10 => "RAID-10 can lose at most one member of each mirror set".into(),
                 l => format!("{l} can lose at most {} member(s)", geom.redundancy()),
             };
-            let mut detail = format!("unavailable: {}; {limit}", asm.describe_missing());
+            // Every role that cannot serve, with why: missing, stale, or
+            // taken back but still resyncing (which the assembly alone
+            // does not know).
+            let why: Vec<String> = missing
+                .iter()
+                .map(|&r| match (&view.roles[r].disk, &view.roles[r].sync) {
+                    (Some(d), Some(s)) if s.dirty.is_some() => format!(
+                        "role {r} ({}: back after an absence, the regions written meanwhile not resynced yet)",
+                        d.name()
+                    ),
+                    (Some(d), Some(s)) => format!(
+                        "role {r} ({}: rebuilding, in sync up to {} bytes of its data area)",
+                        d.name(),
+                        s.cursor.load(std::sync::atomic::Ordering::Relaxed)
+                    ),
+                    _ => asm.describe_role(r),
+                })
+                .collect();
+            let mut detail = format!("unavailable: {}; {limit}", why.join(", "));
             if asm.slots.iter().any(|s| s.stale.is_some()) {
                 detail.push_str(
                     "; if the stale members hold the data, `--force` starts the array from them",

@@ -1,0 +1,226 @@
+//! `raidkit scan`: which arrays are on these disks? The superblock of
+//! every file or block device given (the entries of a directory; every
+//! block device when nothing is given) is read, read-only, and members are
+//! grouped by array UUID, as `mdadm --examine --scan` does. For each array:
+//! its members by role, the roles nobody holds, the members whose event
+//! counter is behind the others' (stale: never trusted by assembly), and
+//! the command that serves it.
+
+use crate::cli::ScanArgs;
+use anyhow::{bail, Context, Result};
+use raidkit_array::superblock::{read_superblock, Role, Superblock};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Every block device the kernel lists (partitions too).
+fn block_devices() -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/sys/class/block").context("listing /sys/class/block")? {
+        let name = e?.file_name();
+        let dev = Path::new("/dev").join(&name);
+        if dev.exists() {
+            out.push(dev);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The paths to look at: files and devices as given, a directory's
+/// entries (not its subdirectories).
+fn candidates(given: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    if given.is_empty() {
+        return block_devices();
+    }
+    let mut out = Vec::new();
+    for p in given {
+        let meta = std::fs::metadata(p).with_context(|| format!("{}", p.display()))?;
+        if meta.is_dir() {
+            let mut inside: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("listing {}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|e| std::fs::metadata(e).is_ok_and(|m| !m.is_dir()))
+                .collect();
+            inside.sort();
+            out.extend(inside);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
+struct Found {
+    path: String,
+    sb: Superblock,
+}
+
+pub fn scan(a: ScanArgs) -> Result<()> {
+    let paths = candidates(&a.paths)?;
+    let mut arrays: BTreeMap<String, Vec<Found>> = BTreeMap::new();
+    let mut unreadable = Vec::new();
+    let mut others = 0usize;
+    for p in &paths {
+        let path = std::path::absolute(p)
+            .unwrap_or_else(|_| p.clone())
+            .display()
+            .to_string();
+        let member = match raidkit_member::FileMember::open(&path, true) {
+            Ok(m) => m,
+            Err(e) => {
+                unreadable.push((path, e.to_string()));
+                continue;
+            }
+        };
+        match read_superblock(&member) {
+            Ok(r) => arrays
+                .entry(r.sb.array_uuid.to_string())
+                .or_default()
+                .push(Found { path, sb: r.sb }),
+            Err(_) => others += 1,
+        }
+    }
+    let mut list = Vec::new();
+    for (uuid, mut found) in arrays {
+        found.sort_by_key(|f| match f.sb.role {
+            Role::Active(r) => (0, r),
+            _ => (1, 0),
+        });
+        let newest = found.iter().map(|f| f.sb.events).max().unwrap_or(0);
+        let fresh = found.iter().find(|f| f.sb.events == newest).expect("one");
+        let sb = &fresh.sb;
+        let n = sb.raid_disks();
+        let mut members = Vec::new();
+        let mut held = vec![false; n];
+        for f in &found {
+            let stale = f.sb.events < newest;
+            let role = match f.sb.role {
+                Role::Active(r) => {
+                    if !stale && (r as usize) < n {
+                        held[r as usize] = true;
+                    }
+                    json!(r)
+                }
+                _ => Value::Null,
+            };
+            members.push(json!({
+                "path": f.path,
+                "role": role,
+                "member_uuid": f.sb.member_uuid.to_string(),
+                "events": f.sb.events,
+                "stale": stale,
+            }));
+        }
+        let missing: Vec<usize> = (0..n).filter(|&r| !held[r]).collect();
+        let state = if missing.is_empty() {
+            "complete"
+        } else {
+            "incomplete"
+        };
+        let paths: Vec<&str> = found
+            .iter()
+            .filter(|f| f.sb.events == newest)
+            .map(|f| f.path.as_str())
+            .collect();
+        let serve = format!(
+            "raidkit serve --daemon{} {}",
+            if missing.is_empty() { "" } else { " --run" },
+            paths
+                .iter()
+                .map(|p| shell_word(p))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        list.push(json!({
+            "uuid": uuid,
+            "name": sb.name,
+            "level": sb.level.to_string(),
+            "raid_disks": n,
+            "size": sb.array_size,
+            "state": state,
+            "missing_roles": missing,
+            "members": members,
+            "serve": serve,
+        }));
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "arrays": list,
+                "scanned": paths.len(),
+                "not_members": others,
+                "unreadable": unreadable
+                    .iter()
+                    .map(|(p, e)| json!({"path": p, "error": e}))
+                    .collect::<Vec<_>>(),
+            }))?
+        );
+        return Ok(());
+    }
+    if list.is_empty() {
+        if !unreadable.is_empty() && others == 0 {
+            bail!(
+                "no superblock could be read: {}",
+                unreadable
+                    .iter()
+                    .map(|(p, e)| format!("{p}: {e}"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+        }
+        println!(
+            "raidkit: no raidkit arrays among {} path(s) looked at",
+            paths.len()
+        );
+        return Ok(());
+    }
+    for arr in &list {
+        println!(
+            "ARRAY {} name={} level={} members={}/{} {}",
+            arr["uuid"].as_str().unwrap_or(""),
+            arr["name"].as_str().unwrap_or(""),
+            arr["level"].as_str().unwrap_or(""),
+            arr["raid_disks"].as_u64().unwrap_or(0) as usize
+                - arr["missing_roles"].as_array().map_or(0, Vec::len),
+            arr["raid_disks"],
+            arr["state"].as_str().unwrap_or(""),
+        );
+        for m in arr["members"].as_array().into_iter().flatten() {
+            let role = match m["role"].as_u64() {
+                Some(r) => format!("role {r}"),
+                None => "spare".into(),
+            };
+            println!(
+                "   {role:>7}  {}  events {}{}",
+                m["path"].as_str().unwrap_or(""),
+                m["events"],
+                if m["stale"] == true {
+                    "  STALE (behind the others: not used)"
+                } else {
+                    ""
+                }
+            );
+        }
+        for r in arr["missing_roles"].as_array().into_iter().flatten() {
+            println!("   role {r:>2}  (no up-to-date member found)");
+        }
+        println!("   serve: {}", arr["serve"].as_str().unwrap_or(""));
+    }
+    for (p, e) in &unreadable {
+        eprintln!("raidkit: skipped {p}: {e}");
+    }
+    Ok(())
+}
+
+/// `p` as one shell word.
+fn shell_word(p: &str) -> String {
+    if p.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+:=@%".contains(c))
+    {
+        p.to_string()
+    } else {
+        format!("'{}'", p.replace('\'', r"'\''"))
+    }
+}
