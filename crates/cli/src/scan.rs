@@ -174,7 +174,6 @@ pub fn scan(a: ScanArgs) -> Result<()> {
             "raidkit: no raidkit arrays among {} path(s) looked at",
             paths.len()
         );
-        return Ok(());
     }
     for arr in &list {
         println!(
