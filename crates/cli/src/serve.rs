@@ -258,6 +258,14 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if let Some(h) = http {
         println!("raidkit: status page http://{h}/ (metrics at http://{h}/metrics)");
     }
+    // Under systemd (Type=notify): ready once every listener is up.
+    let status_line = format!("serving array '{}' ({})", sb.name, array.health().name());
+    if let Err(e) = sd_notify::notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&status_line),
+    ]) {
+        tracing::warn!("telling systemd the server is ready: {e}");
+    }
     if let Some(uri) = endpoints.first() {
         println!("raidkit: try: nbdinfo '{uri}'");
         println!("raidkit:      qemu-io -f raw -c 'read -P 0 0 4k' '{uri}'");
@@ -306,6 +314,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         }
     }
     crate::say::note("stopping: finishing requests in flight");
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     server.shutdown();
     control.stop();
     array.stop_background();

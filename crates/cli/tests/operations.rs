@@ -627,3 +627,67 @@ fn scan_finds_two_arrays_among_mixed_files() {
     assert!(text.contains("STALE") && text.contains(&a[2]), "{text}");
     assert_eq!(text.matches("ARRAY ").count(), 2, "{text}");
 }
+
+/// Under systemd (Type=notify) the server says READY=1 once it listens,
+/// and STOPPING=1 when it stops.
+#[test]
+fn the_server_tells_systemd_when_it_is_ready_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tmp();
+    let ms = members(dir.path(), 2);
+    create("1", &ms, "8M");
+    let sock = dir.path().join("notify.sock");
+    let rx = UnixDatagram::bind(&sock).unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let ctl = dir.path().join("c.sock").display().to_string();
+    let mut server = Guarded::spawn(
+        Command::new(env!("CARGO_BIN_EXE_raidkit"))
+            .args(args(
+                &["serve", "--listen", "127.0.0.1:0", "--control", &ctl],
+                &ms,
+            ))
+            .env("NOTIFY_SOCKET", &sock)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    let mut buf = [0u8; 4096];
+    let n = rx.recv(&mut buf).expect("no readiness message within 30 s");
+    let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(msg.lines().any(|l| l == "READY=1"), "{msg}");
+    assert!(msg.contains("STATUS=serving array"), "{msg}");
+    // Ready means served: the control socket answers at once.
+    assert_eq!(status(&ctl)["state"], "optimal");
+    tool("kill", &["-TERM", &server.id().to_string()]);
+    let n = rx.recv(&mut buf).expect("no STOPPING message");
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1"));
+    assert_eq!(server.wait_within(Duration::from_secs(60)).code(), Some(0));
+}
+
+/// The unit files under contrib/systemd pass `systemd-analyze verify`
+/// (with this build's binary in place of /usr/local/bin/raidkit).
+#[test]
+fn the_systemd_units_verify() {
+    if try_tool("systemd-analyze", &["--version"]).status.code() != Some(0) {
+        eprintln!("no systemd-analyze here: unit files not verified");
+        return;
+    }
+    let dir = tmp();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/systemd");
+    let mut units = Vec::new();
+    for (from, to) in [
+        ("raidkit@.service", "raidkit@lab.service"),
+        ("raidkit-scrub@.service", "raidkit-scrub@lab.service"),
+        ("raidkit-scrub@.timer", "raidkit-scrub@lab.timer"),
+    ] {
+        let text = std::fs::read_to_string(src.join(from)).unwrap();
+        let text = text.replace("/usr/local/bin/raidkit", env!("CARGO_BIN_EXE_raidkit"));
+        let to = dir.path().join(to);
+        std::fs::write(&to, text).unwrap();
+        units.push(to.display().to_string());
+    }
+    let mut a = vec!["60", "systemd-analyze", "verify", "--man=no"];
+    a.extend(units.iter().map(String::as_str));
+    let o = try_tool("timeout", &a);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.trim().is_empty(), "{err}");
+}
