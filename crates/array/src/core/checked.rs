@@ -26,6 +26,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const PAGE_BYTES: usize = (PER_PAGE * checksums::ENTRY) as usize;
+/// Checksum pages written back in one write at most (1 MiB).
+const MAX_RUN: usize = 256;
+/// Clean pages written again, at most, to join two runs of changed ones.
+const MAX_GAP: usize = 16;
 /// Checksum pages read at once when one is first needed (128 KiB: the
 /// checksums of 128 MiB of data).
 const LOAD_AHEAD: usize = 32;
@@ -520,19 +524,33 @@ impl Checked {
         }
         let mut k = 0;
         while k < marked.len() {
+            // A run: the marked pages from marked[k], with the pages
+            // between them when those are loaded (clean, written again as
+            // they are) and the gap is short: one write instead of one per
+            // page, which random writes would otherwise cost at every
+            // checkpoint.
             let mut end = k + 1;
-            while end < marked.len() && marked[end] == marked[end - 1] + 1 && end - k < 256 {
+            while end < marked.len()
+                && marked[end] - marked[k] < MAX_RUN
+                && marked[end] - marked[end - 1] <= MAX_GAP
+                && (marked[end - 1] + 1..marked[end])
+                    .all(|pg| self.pages[pg].locked().sums.is_some())
+            {
                 end += 1;
             }
-            let run = &marked[k..end];
-            let mut bytes = Vec::with_capacity(run.len() * PAGE_BYTES);
-            for &pg in run {
+            let (first, last) = (marked[k], marked[end - 1]);
+            let mut bytes = Vec::with_capacity((last - first + 1) * PAGE_BYTES);
+            for pg in first..=last {
                 let mut p = self.pages[pg].locked();
                 p.dirty = false;
-                let sums = p.sums.as_ref().expect("a dirty page is loaded");
+                let Some(sums) = p.sums.as_ref() else {
+                    // Unloaded since the check above cannot happen (pages
+                    // are never unloaded); were it so, it is not written.
+                    unreachable!("a page in a write-back run is loaded");
+                };
                 bytes.extend(sums.iter().flat_map(|s| s.to_le_bytes()));
             }
-            let at = self.area.offset + run[0] as u64 * PAGE_BYTES as u64;
+            let at = self.area.offset + first as u64 * PAGE_BYTES as u64;
             if let Err(e) = self.inner.write_at(&bytes, at) {
                 // Still to write, at the next flush.
                 for &pg in &marked[k..] {
