@@ -187,6 +187,22 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             max_connections: a.max_connections as usize,
         },
     );
+    {
+        // Clients coming and going: events at debug level (the log and
+        // followers have them; --program is not run for them).
+        let array = array.clone();
+        server.on_client(move |peer, left| {
+            let (name, detail) = match left {
+                None => ("ClientConnected", format!("{peer} connected")),
+                Some("") => ("ClientDisconnected", format!("{peer} disconnected")),
+                Some(why) => ("ClientDisconnected", format!("{peer}: {why}")),
+            };
+            array.emit(
+                raidkit_array::NewEvent::new(name, raidkit_array::Severity::Debug, detail)
+                    .data(json!({ "peer": peer })),
+            );
+        });
+    }
     let mut endpoints = Vec::new();
     if let Some(l) = tcp {
         let addr = l.local_addr()?;

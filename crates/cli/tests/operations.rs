@@ -196,6 +196,24 @@ fn a_failure_and_a_rebuild_reach_the_program_the_log_and_monitor() {
     assert!(log
         .windows(2)
         .all(|w| w[0]["seq"].as_u64() < w[1]["seq"].as_u64()));
+    // Clients coming and going: in the log at debug level, not for the program.
+    for e in ["ClientConnected", "ClientDisconnected"] {
+        let ev = log
+            .iter()
+            .find(|x| x["event"] == e)
+            .unwrap_or_else(|| panic!("no {e}"));
+        assert_eq!(ev["severity"], "debug", "{ev}");
+        assert!(
+            ev["data"]["peer"]
+                .as_str()
+                .is_some_and(|p| p.contains("127.0.0.1")),
+            "{ev}"
+        );
+    }
+    assert!(
+        !lines(&out).iter().any(|x| x.starts_with("Client")),
+        "the program ran for a debug event"
+    );
     let fin = log
         .iter()
         .find(|e| e["event"] == "RebuildFinished")

@@ -126,9 +126,16 @@ fn start_connection(server: &Arc<Server>, s: Stream, peer: String) -> io::Result
         let peer = peer.clone();
         move || {
             inc(&me.stats.connections_total, 1);
+            me.on_client.call(&peer, None);
             match connection::serve(&me, s) {
-                Ok(()) => tracing::debug!("{peer}: disconnected"),
-                Err(e) => tracing::info!("{peer}: connection ended: {e}"),
+                Ok(()) => {
+                    tracing::debug!("{peer}: disconnected");
+                    me.on_client.call(&peer, Some(""));
+                }
+                Err(e) => {
+                    tracing::info!("{peer}: connection ended: {e}");
+                    me.on_client.call(&peer, Some(&e.to_string()));
+                }
             }
             gone(&me.stats, &peer);
             me.stats.connections_active.fetch_sub(1, Ordering::AcqRel);

@@ -35,7 +35,7 @@ mod request;
 
 use crate::stream::Stream;
 use accept::{Accepting, Listener};
-use raidkit_member::Member;
+use raidkit_member::{Locked, Member};
 use std::io::{self, BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
@@ -172,6 +172,28 @@ fn inc(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
+/// What `Server::on_client` is told: a client's address, and None when it
+/// connected or why it left (`Some("")`: it disconnected cleanly).
+pub type ClientHook = dyn Fn(&str, Option<&str>) + Send + Sync;
+
+#[derive(Default)]
+struct Hook(std::sync::Mutex<Option<Arc<ClientHook>>>);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hook")
+    }
+}
+
+impl Hook {
+    fn call(&self, peer: &str, left: Option<&str>) {
+        let h = self.0.locked().clone();
+        if let Some(h) = h {
+            h(peer, left);
+        }
+    }
+}
+
 /// The server: accept loops plus one thread per connection.
 #[derive(Debug)]
 pub struct Server {
@@ -179,6 +201,7 @@ pub struct Server {
     config: Config,
     stats: Arc<Stats>,
     accepting: Accepting,
+    on_client: Hook,
 }
 
 impl Server {
@@ -188,7 +211,15 @@ impl Server {
             config,
             stats: Arc::new(Stats::default()),
             accepting: Accepting::default(),
+            on_client: Hook::default(),
         })
+    }
+
+    /// Call `f` when a client connects (`None`) and when it leaves (why, or
+    /// "" for a clean disconnect). `f` runs on the connection's thread and
+    /// must not block.
+    pub fn on_client(&self, f: impl Fn(&str, Option<&str>) + Send + Sync + 'static) {
+        *self.on_client.0.locked() = Some(Arc::new(f));
     }
 
     pub fn stats(&self) -> Arc<Stats> {
