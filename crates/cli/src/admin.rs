@@ -573,14 +573,38 @@ fn print_status(v: &Value, as_json: bool) -> Result<()> {
             .as_u64()
             .map(|r| r.to_string())
             .unwrap_or_else(|| "-".into());
+        // Error counters where there are any, and a slow member said so.
+        let e = &m["errors"];
+        let errors: Vec<String> = ["read", "write", "checksum", "timeout"]
+            .iter()
+            .filter_map(|k| {
+                let n = e[*k].as_u64().unwrap_or(0);
+                (n > 0).then(|| format!("{k} {n}"))
+            })
+            .collect();
+        let slow = &m["slow"];
         println!(
-            "  {role:>4}  {:<10} {}{}",
+            "  {role:>4}  {:<10} {}{}{}{}",
             m["state"].as_str().unwrap_or("?"),
             m["path"].as_str().unwrap_or("-"),
             m["reason"]
                 .as_str()
                 .map(|r| format!("  ({r})"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            if errors.is_empty() {
+                String::new()
+            } else {
+                format!("  errors: {}", errors.join(", "))
+            },
+            if slow.is_object() {
+                format!(
+                    "  SLOW: {:.1} ms per operation, peers {:.1} ms",
+                    slow["latency_us"].as_f64().unwrap_or(0.0) / 1000.0,
+                    slow["peers_us"].as_f64().unwrap_or(0.0) / 1000.0
+                )
+            } else {
+                String::new()
+            }
         );
     }
     let io = &v["io"];

@@ -330,6 +330,14 @@ fn a_member_slowed_by_a_delay_is_reported_slow() {
         .filter(|m| m["path"] != ms[2].as_str() && m.get("slow").is_some())
         .count();
     assert_eq!(others, 0, "a healthy member reported slow: {st}");
+    // People reading `raidkit status` see it too, on that member's line.
+    let text = String::from_utf8_lossy(&ok(&["status", "--control", &ctl]).stdout).to_string();
+    let line = text
+        .lines()
+        .find(|l| l.contains(ms[2].as_str()))
+        .unwrap_or_else(|| panic!("no line for the member:\n{text}"));
+    assert!(line.contains("SLOW"), "{text}");
+    assert_eq!(text.matches("SLOW").count(), 1, "{text}");
     wait_for("SlowMember in the events log", 10, || {
         logged(&log)
             .iter()
