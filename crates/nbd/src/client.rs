@@ -766,6 +766,69 @@ mod tests {
     }
 
     #[test]
+    fn one_server_serves_several_exports_each_with_its_own_device_and_counters() {
+        let dev = |n: &str, size: u64| Arc::new(raidkit_member::MemMember::new(n, size));
+        let (a, b) = (dev("a", 4 << 20), dev("b", 8 << 20));
+        let export = |name: &str, d: &Arc<raidkit_member::MemMember>, read_only| {
+            let device: Arc<dyn Member> = d.clone();
+            (
+                crate::Export {
+                    preferred_block: crate::server::PREFERRED_BLOCK,
+                    name: name.into(),
+                    description: format!("export {name}"),
+                    device,
+                    read_only,
+                },
+                crate::Config::default(),
+            )
+        };
+        let server = crate::Server::with_exports(
+            vec![export("first", &a, false), export("second", &b, true)],
+            8,
+        );
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("nbd://{}", l.local_addr().unwrap());
+        server.serve_tcp(l).unwrap();
+        b.write_at(&[0xb2; 4096], 4096).unwrap();
+        let c1 = NbdClient::connect(&format!("{base}/first")).unwrap();
+        let c2 = NbdClient::connect(&format!("{base}/second")).unwrap();
+        // The default export (no name) is the first.
+        let c0 = NbdClient::connect(&format!("{base}/")).unwrap();
+        assert_eq!((c1.len(), c2.len(), c0.len()), (4 << 20, 8 << 20, 4 << 20));
+        assert!(!c1.read_only() && c2.read_only());
+        c1.write_at(&[0xa1; 4096], 4096).unwrap();
+        let mut got = vec![0u8; 4096];
+        c2.read_at(&mut got, 4096).unwrap();
+        assert_eq!(
+            got,
+            vec![0xb2; 4096],
+            "the second export reads its own device"
+        );
+        c0.read_at(&mut got, 4096).unwrap();
+        assert_eq!(got, vec![0xa1; 4096], "the default export is the first");
+        assert!(
+            c2.write_at(&[1; 512], 0).is_err(),
+            "the second is read-only"
+        );
+        let e = NbdClient::connect(&format!("{base}/third")).unwrap_err();
+        assert!(e.to_string().contains("no such export"), "{e}");
+        // Each export counts its own clients and requests.
+        let (s1, s2) = (
+            server.target("first").unwrap().stats(),
+            server.target("second").unwrap().stats(),
+        );
+        use std::sync::atomic::Ordering::Relaxed;
+        assert_eq!(s1.connections_active.load(Relaxed), 2);
+        assert_eq!(s2.connections_active.load(Relaxed), 1);
+        assert_eq!(s1.writes.load(Relaxed), 1);
+        assert_eq!(s2.writes.load(Relaxed), 0);
+        assert_eq!(s2.reads.load(Relaxed), 1);
+        drop((c0, c1, c2));
+        server.shutdown();
+        assert_eq!(s1.connections_active.load(Relaxed), 0);
+    }
+
+    #[test]
     fn pipelined_requests_from_many_threads_round_trip() {
         let (server, mem, uri) = serve(false);
         let c = NbdClient::connect(&uri).unwrap();

@@ -13,4 +13,4 @@ pub mod server;
 mod stream;
 
 pub use client::NbdClient;
-pub use server::{Config, Export, Server, Stats, ZeroCopy, DEFAULT_MAX_CONNECTIONS};
+pub use server::{Config, Export, Server, Stats, Target, ZeroCopy, DEFAULT_MAX_CONNECTIONS};

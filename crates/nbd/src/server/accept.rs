@@ -4,7 +4,7 @@
 //! so a connection that cannot be given one is closed at once rather than
 //! left waiting.
 
-use super::{connection, inc, Server, Stats};
+use super::{connection, inc, Server};
 use crate::stream::Stream;
 use raidkit_member::Locked;
 use std::io;
@@ -97,11 +97,17 @@ fn start_connection(server: &Arc<Server>, s: Stream, peer: String) -> io::Result
         Stream::Tcp(t) => t.set_nonblocking(false)?,
         Stream::Unix(u) => u.set_nonblocking(false)?,
     }
-    let stats = &server.stats;
-    let active = stats.connections_active.fetch_add(1, Ordering::AcqRel);
-    if active >= server.config.max_connections as u64 {
-        stats.connections_active.fetch_sub(1, Ordering::AcqRel);
-        inc(&stats.connections_refused, 1);
+    // Which export it is for is not known before its handshake: a refusal
+    // counts in every export's counters (it is the server's).
+    let refused = || {
+        for t in &server.targets {
+            inc(&t.stats.connections_refused, 1);
+        }
+    };
+    let active = server.admitted.fetch_add(1, Ordering::AcqRel);
+    if active >= server.max_connections as u64 {
+        server.admitted.fetch_sub(1, Ordering::AcqRel);
+        refused();
         s.shutdown(Shutdown::Both);
         return Err(io::Error::other(format!(
             "{peer}: refused, {active} connections are being served (--max-connections)"
@@ -110,44 +116,25 @@ fn start_connection(server: &Arc<Server>, s: Stream, peer: String) -> io::Result
     let handle_copy = match s.try_clone() {
         Ok(c) => c,
         Err(e) => {
-            stats.connections_active.fetch_sub(1, Ordering::AcqRel);
+            server.admitted.fetch_sub(1, Ordering::AcqRel);
             return Err(e);
         }
     };
     let me = server.clone();
-    stats.peers.locked().push(peer.clone());
-    let gone = |stats: &Stats, peer: &str| {
-        let mut peers = stats.peers.locked();
-        if let Some(i) = peers.iter().position(|p| p == peer) {
-            peers.remove(i);
-        }
-    };
-    let spawned = std::thread::Builder::new().name("nbd-conn".into()).spawn({
-        let peer = peer.clone();
-        move || {
-            inc(&me.stats.connections_total, 1);
-            me.on_client.call(&peer, None);
-            match connection::serve(&me, s) {
-                Ok(()) => {
-                    tracing::debug!("{peer}: disconnected");
-                    me.on_client.call(&peer, Some(""));
-                }
-                Err(e) => {
-                    tracing::info!("{peer}: connection ended: {e}");
-                    me.on_client.call(&peer, Some(&e.to_string()));
-                }
+    let spawned = std::thread::Builder::new()
+        .name("nbd-conn".into())
+        .spawn(move || {
+            if let Err(e) = connection::serve(&me, s, &peer) {
+                tracing::info!("{peer}: connection ended: {e}");
             }
-            gone(&me.stats, &peer);
-            me.stats.connections_active.fetch_sub(1, Ordering::AcqRel);
-        }
-    });
+            me.admitted.fetch_sub(1, Ordering::AcqRel);
+        });
     let h = match spawned {
         Ok(h) => h,
         Err(e) => {
             // The socket went with the closure: the client sees it closed.
-            gone(stats, &peer);
-            stats.connections_active.fetch_sub(1, Ordering::AcqRel);
-            inc(&stats.connections_refused, 1);
+            server.admitted.fetch_sub(1, Ordering::AcqRel);
+            refused();
             return Err(io::Error::other(format!(
                 "no thread for the connection: {e}"
             )));

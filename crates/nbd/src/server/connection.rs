@@ -10,10 +10,12 @@ use super::fastpath::FastPaths;
 use super::handshake::{handshake, Negotiated};
 use super::reply::Replies;
 use super::request::Intake;
-use super::{inc, Server, ZeroCopy};
+use super::{inc, Server, Target, ZeroCopy};
 use crate::stream::Stream;
+use raidkit_member::Locked;
 use std::io;
 use std::net::Shutdown;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -24,16 +26,38 @@ struct Conn {
     replies: Replies,
 }
 
-/// Serve a client from the handshake to its last reply.
-pub(super) fn serve(server: &Arc<Server>, mut s: Stream) -> io::Result<()> {
-    let Some(neg) = handshake(&mut s, &server.export)? else {
+/// Serve a client from the handshake to its last reply. Once the
+/// handshake has chosen an export, the connection counts in its counters
+/// and its hook hears of the client.
+pub(super) fn serve(server: &Arc<Server>, mut s: Stream, peer: &str) -> io::Result<()> {
+    let Some((target, neg)) = handshake(&mut s, &server.targets)? else {
         return Ok(());
     };
-    transmission(server, s, neg)
+    let stats = &target.stats;
+    inc(&stats.connections_total, 1);
+    stats.connections_active.fetch_add(1, Ordering::AcqRel);
+    stats.peers.locked().push(peer.to_string());
+    target.on_client.call(peer, None);
+    let result = transmission(&target, s, neg);
+    match &result {
+        Ok(()) => {
+            tracing::debug!("{peer}: disconnected");
+            target.on_client.call(peer, Some(""));
+        }
+        Err(e) => target.on_client.call(peer, Some(&e.to_string())),
+    }
+    {
+        let mut peers = stats.peers.locked();
+        if let Some(i) = peers.iter().position(|p| p == peer) {
+            peers.remove(i);
+        }
+    }
+    stats.connections_active.fetch_sub(1, Ordering::AcqRel);
+    result
 }
 
 /// The transmission phase: the workers, until the connection ends.
-fn transmission(server: &Arc<Server>, s: Stream, neg: Negotiated) -> io::Result<()> {
+fn transmission(server: &Arc<Target>, s: Stream, neg: Negotiated) -> io::Result<()> {
     let shared = Arc::new(Conn {
         intake: Intake::new(s.try_clone()?),
         replies: Replies::new(s.try_clone()?),
@@ -77,7 +101,7 @@ fn transmission(server: &Arc<Server>, s: Stream, neg: Negotiated) -> io::Result<
 }
 
 /// One worker: take a request, serve it, reply, until the connection ends.
-fn worker(server: &Server, c: &Conn, neg: Negotiated, zero_copy: bool) {
+fn worker(server: &Target, c: &Conn, neg: Negotiated, zero_copy: bool) {
     let mut fast = FastPaths::new(&server.config, zero_copy, server.stats.clone());
     // Reused from one request to the next: a write's payload, a read's data.
     let mut payload = Vec::new();

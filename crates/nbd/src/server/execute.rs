@@ -5,13 +5,13 @@
 use super::fastpath::{FastPaths, Outcome};
 use super::handshake::Negotiated;
 use super::request::Taken;
-use super::{inc, Server, MAX_PAYLOAD};
+use super::{inc, Target, MAX_PAYLOAD};
 use crate::proto::*;
 
 /// Serve what a worker took. Every request of a run of writes fails if the
 /// device failed the payloads placed on arrival.
 pub(super) fn serve(
-    server: &Server,
+    server: &Target,
     t: &mut Taken,
     taken: &[Request],
     payload: &[u8],
@@ -51,7 +51,7 @@ pub(super) fn serve(
 /// its first bytes already written on arrival. `Err`: the NBD error code
 /// and a message for the log.
 fn execute(
-    server: &Server,
+    server: &Target,
     r: &Request,
     (payload, placed): (&[u8], usize),
     neg: Negotiated,

@@ -3,10 +3,11 @@
 //! structured and whether block status was asked for, which the
 //! transmission phase needs to shape its replies.
 
-use super::{Export, MAX_PAYLOAD};
+use super::{Export, Target, MAX_PAYLOAD};
 use crate::proto::*;
 use crate::stream::Stream;
 use std::io::{self, Read, Write};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a client may take over each handshake step: a client that
@@ -20,11 +21,15 @@ pub(super) struct Negotiated {
     pub(super) base_allocation: bool,
 }
 
-/// The fixed-newstyle handshake on `s`, for `export`. `Ok(None)`: the
-/// client left cleanly. The stream is left with no read timeout.
-pub(super) fn handshake(s: &mut Stream, export: &Export) -> io::Result<Option<Negotiated>> {
+/// The fixed-newstyle handshake on `s`, for one of `targets`: the one
+/// chosen and what was settled. `Ok(None)`: the client left cleanly. The
+/// stream is left with no read timeout.
+pub(super) fn handshake(
+    s: &mut Stream,
+    targets: &[Arc<Target>],
+) -> io::Result<Option<(Arc<Target>, Negotiated)>> {
     s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    let neg = options(s, export)?;
+    let neg = options(s, targets)?;
     if neg.is_some() {
         // Transmission waits for requests as long as the client likes.
         s.set_read_timeout(None)?;
@@ -32,10 +37,13 @@ pub(super) fn handshake(s: &mut Stream, export: &Export) -> io::Result<Option<Ne
     Ok(neg)
 }
 
-/// Whether a client's export name means this export (the empty name is
-/// the default export).
-fn matches(export: &Export, name: &str) -> bool {
-    name.is_empty() || name == export.name
+/// The export a client's name means (the empty name is the default
+/// export, the first).
+fn find<'a>(targets: &'a [Arc<Target>], name: &str) -> Option<&'a Arc<Target>> {
+    if name.is_empty() {
+        return targets.first();
+    }
+    targets.iter().find(|t| t.export.name == name)
 }
 
 /// The transmission flags advertised.
@@ -61,7 +69,10 @@ fn tflags(export: &Export, neg: Negotiated) -> u16 {
 }
 
 /// The greeting, then options until one ends the handshake.
-fn options(s: &mut Stream, export: &Export) -> io::Result<Option<Negotiated>> {
+fn options(
+    s: &mut Stream,
+    targets: &[Arc<Target>],
+) -> io::Result<Option<(Arc<Target>, Negotiated)>> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -80,7 +91,6 @@ fn options(s: &mut Stream, export: &Export) -> io::Result<Option<Negotiated>> {
     }
     let no_zeroes = cflags & CLIENT_NO_ZEROES != 0;
     let mut neg = Negotiated::default();
-    let size = export.device.len();
     loop {
         let mut hb = [0u8; 16];
         s.read_exact(&mut hb)?;
@@ -100,12 +110,14 @@ fn options(s: &mut Stream, export: &Export) -> io::Result<Option<Negotiated>> {
         match h.option {
             OPT_EXPORT_NAME => {
                 let name = String::from_utf8_lossy(&data);
-                if !matches(export, &name) {
+                let Some(target) = find(targets, &name) else {
                     return Err(io::Error::new(
                         io::ErrorKind::NotFound,
                         format!("unknown export '{name}'"),
                     ));
-                }
+                };
+                let export = &target.export;
+                let size = export.device.len();
                 let mut r = Vec::with_capacity(134);
                 r.extend_from_slice(&size.to_be_bytes());
                 r.extend_from_slice(&tflags(export, neg).to_be_bytes());
@@ -113,7 +125,7 @@ fn options(s: &mut Stream, export: &Export) -> io::Result<Option<Negotiated>> {
                     r.extend_from_slice(&[0u8; 124]);
                 }
                 s.write_all(&r)?;
-                return Ok(Some(neg));
+                return Ok(Some((target.clone(), neg)));
             }
             OPT_ABORT => {
                 let _ = reply(s, REP_ACK, &[]);
@@ -124,10 +136,13 @@ fn options(s: &mut Stream, export: &Export) -> io::Result<Option<Negotiated>> {
                     reply(s, REP_ERR_INVALID, b"NBD_OPT_LIST takes no data")?;
                     continue;
                 }
-                let mut p = (export.name.len() as u32).to_be_bytes().to_vec();
-                p.extend_from_slice(export.name.as_bytes());
-                p.extend_from_slice(export.description.as_bytes());
-                reply(s, REP_SERVER, &p)?;
+                for t in targets {
+                    let export = &t.export;
+                    let mut p = (export.name.len() as u32).to_be_bytes().to_vec();
+                    p.extend_from_slice(export.name.as_bytes());
+                    p.extend_from_slice(export.description.as_bytes());
+                    reply(s, REP_SERVER, &p)?;
+                }
                 reply(s, REP_ACK, &[])?;
             }
             OPT_INFO | OPT_GO => {
@@ -138,10 +153,12 @@ fn options(s: &mut Stream, export: &Export) -> io::Result<Option<Negotiated>> {
                         continue;
                     }
                 };
-                if !matches(export, &go.name) {
+                let Some(target) = find(targets, &go.name) else {
                     reply(s, REP_ERR_UNKNOWN, b"no such export")?;
                     continue;
-                }
+                };
+                let export = &target.export;
+                let size = export.device.len();
                 reply(s, REP_INFO, &info_export(size, tflags(export, neg)))?;
                 if go.infos.contains(&INFO_NAME) {
                     reply(s, REP_INFO, &info_name(&export.name))?;
@@ -156,7 +173,7 @@ fn options(s: &mut Stream, export: &Export) -> io::Result<Option<Negotiated>> {
                 )?;
                 reply(s, REP_ACK, &[])?;
                 if h.option == OPT_GO {
-                    return Ok(Some(neg));
+                    return Ok(Some((target.clone(), neg)));
                 }
             }
             OPT_STRUCTURED_REPLY => {
@@ -184,7 +201,7 @@ fn options(s: &mut Stream, export: &Export) -> io::Result<Option<Negotiated>> {
                         continue;
                     }
                 };
-                if !matches(export, &m.export) {
+                if find(targets, &m.export).is_none() {
                     reply(s, REP_ERR_UNKNOWN, b"no such export")?;
                     continue;
                 }

@@ -194,40 +194,104 @@ impl Hook {
     }
 }
 
-/// The server: accept loops plus one thread per connection.
+/// One export and what serving it needs: its tuning and its counters. A
+/// connection serves one target, the one its handshake chose.
 #[derive(Debug)]
-pub struct Server {
+pub struct Target {
     export: Export,
     config: Config,
     stats: Arc<Stats>,
-    accepting: Accepting,
     on_client: Hook,
 }
 
-impl Server {
-    pub fn new(export: Export, config: Config) -> Arc<Server> {
-        Arc::new(Server {
-            export,
-            config,
-            stats: Arc::new(Stats::default()),
-            accepting: Accepting::default(),
-            on_client: Hook::default(),
-        })
-    }
-
-    /// Call `f` when a client connects (`None`) and when it leaves (why, or
-    /// "" for a clean disconnect). `f` runs on the connection's thread and
-    /// must not block.
-    pub fn on_client(&self, f: impl Fn(&str, Option<&str>) + Send + Sync + 'static) {
-        *self.on_client.0.locked() = Some(Arc::new(f));
+impl Target {
+    pub fn export(&self) -> &Export {
+        &self.export
     }
 
     pub fn stats(&self) -> Arc<Stats> {
         self.stats.clone()
     }
 
+    /// Call `f` when a client starts using this export (`None`) and when it
+    /// leaves (why, or "" for a clean disconnect). `f` runs on the
+    /// connection's thread and must not block.
+    pub fn on_client(&self, f: impl Fn(&str, Option<&str>) + Send + Sync + 'static) {
+        *self.on_client.0.locked() = Some(Arc::new(f));
+    }
+}
+
+/// The server: accept loops plus one thread per connection, for one or
+/// more exports (a client picks one by name; the empty name is the first).
+#[derive(Debug)]
+pub struct Server {
+    targets: Vec<Arc<Target>>,
+    max_connections: usize,
+    /// Connections admitted and not yet ended, whatever their export (the
+    /// `max_connections` bound is the process's, not an export's).
+    admitted: AtomicU64,
+    accepting: Accepting,
+}
+
+impl Server {
+    /// A server of one export.
+    pub fn new(export: Export, config: Config) -> Arc<Server> {
+        let max = config.max_connections;
+        Server::with_exports(vec![(export, config)], max)
+    }
+
+    /// A server of several exports, each with its own tuning and counters,
+    /// serving at most `max_connections` connections at once in all.
+    ///
+    /// # Panics
+    /// With no export, or two of one name (a client could not pick).
+    pub fn with_exports(exports: Vec<(Export, Config)>, max_connections: usize) -> Arc<Server> {
+        assert!(!exports.is_empty(), "a server needs an export");
+        let mut names: Vec<&str> = exports.iter().map(|(e, _)| e.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), exports.len(), "export names must differ");
+        Arc::new(Server {
+            targets: exports
+                .into_iter()
+                .map(|(export, config)| {
+                    Arc::new(Target {
+                        export,
+                        config,
+                        stats: Arc::new(Stats::default()),
+                        on_client: Hook::default(),
+                    })
+                })
+                .collect(),
+            max_connections,
+            admitted: AtomicU64::new(0),
+            accepting: Accepting::default(),
+        })
+    }
+
+    /// The exports, the default one first.
+    pub fn targets(&self) -> &[Arc<Target>] {
+        &self.targets
+    }
+
+    /// The export called `name`.
+    pub fn target(&self, name: &str) -> Option<&Arc<Target>> {
+        self.targets.iter().find(|t| t.export.name == name)
+    }
+
+    /// See [`Target::on_client`]; for the default export.
+    pub fn on_client(&self, f: impl Fn(&str, Option<&str>) + Send + Sync + 'static) {
+        self.targets[0].on_client(f);
+    }
+
+    /// The default export's counters.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.targets[0].stats()
+    }
+
+    /// The default export.
     pub fn export(&self) -> &Export {
-        &self.export
+        &self.targets[0].export
     }
 
     /// Serve clients arriving on a TCP listener, from a thread of its own.

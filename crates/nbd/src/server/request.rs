@@ -7,7 +7,7 @@
 //! arrived merged in (`Config::merge_writes`).
 
 use super::fastpath::{Backlog, FastPaths, Outcome, Serving};
-use super::{ensure_len, read_payload, Server, MAX_PAYLOAD, MERGE_MAX_ALIGNED};
+use super::{ensure_len, read_payload, Target, MAX_PAYLOAD, MERGE_MAX_ALIGNED};
 use crate::proto::*;
 use crate::stream::Stream;
 use raidkit_member::Locked;
@@ -72,7 +72,7 @@ impl Intake {
     /// still finish.
     pub(super) fn take(
         &self,
-        server: &Server,
+        server: &Target,
         fast: &mut FastPaths,
         payload: &mut Vec<u8>,
         taken: &mut Vec<Request>,
@@ -103,7 +103,7 @@ impl Intake {
 
     fn read(
         &self,
-        server: &Server,
+        server: &Target,
         fast: &mut FastPaths,
         reader: &mut Option<MutexGuard<'_, BufReader<Stream>>>,
         payload: &mut Vec<u8>,
