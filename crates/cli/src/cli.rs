@@ -589,10 +589,28 @@ pub struct ServeArgs {
     /// that is refused, naming the missing members.
     #[arg(long)]
     pub run: bool,
+    /// Serve every array of this config file (TOML; default
+    /// /etc/raidkit/raidkit.toml), each as an export of one server, their
+    /// members found by UUID wherever they are (`raidkit scan --config`
+    /// writes one). Options given on the command line win over the
+    /// file's settings, which win over the defaults.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = crate::config::DEFAULT_PATH)]
+    pub config: Option<PathBuf>,
     #[command(flatten)]
     pub io: IoArgs,
     #[command(flatten)]
-    pub members: Members,
+    pub members: ServeMembers,
+    /// The options given on the command line (not defaults), by id.
+    #[arg(skip)]
+    pub given: Vec<String>,
+}
+
+/// The members of the array `serve` serves (none with --config).
+#[derive(Debug, Args)]
+pub struct ServeMembers {
+    /// The array's members, in any order.
+    #[arg(value_name = "MEMBER", required_unless_present = "config")]
+    pub members: Vec<String>,
 }
 
 /// Which running server to talk to.
@@ -725,6 +743,10 @@ pub struct ScanArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Print a config file for `raidkit serve --config` that serves every
+    /// array found, looking for members where this scan looked.
+    #[arg(long, conflicts_with = "json")]
+    pub config: bool,
 }
 
 #[derive(Debug, Args)]

@@ -28,12 +28,45 @@ use std::sync::Arc;
 /// `/api/status` and `/api/events` and draws the plots).
 const PAGE: &str = include_str!("status.html");
 
-/// What the listener serves.
-pub struct Site {
+/// One array the listener reports on.
+pub struct SiteArray {
+    /// Its NBD export name (`?array=` picks it, as do its name and UUID).
+    pub export: String,
     pub array: Arc<Array>,
     pub stats: Arc<Stats>,
     /// The status as `raidkit status --json` has it.
     pub status: Box<dyn Fn() -> Value + Send + Sync>,
+}
+
+/// What the listener serves: every array of the server, the first by
+/// default.
+pub struct Site {
+    pub arrays: Vec<SiteArray>,
+}
+
+impl Site {
+    /// The array a query's `array=` names (the first when it names none).
+    fn pick(&self, query: &str) -> Option<&SiteArray> {
+        let Some(want) = param(query, "array") else {
+            return self.arrays.first();
+        };
+        self.arrays.iter().find(|a| {
+            let sb = a.array.superblock();
+            a.export == want || sb.name == want || sb.array_uuid.to_string() == want
+        })
+    }
+}
+
+/// A query parameter's value, percent-decoded.
+fn param(query: &str, key: &str) -> Option<String> {
+    query.split('&').find_map(|kv| {
+        let v = kv.strip_prefix(key)?.strip_prefix('=')?;
+        Some(
+            percent_encoding::percent_decode_str(&v.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned(),
+        )
+    })
 }
 
 /// Listen on `addr` and serve until the process ends (a thread of its
@@ -48,8 +81,11 @@ pub fn start(addr: &str, site: Site) -> Result<std::net::SocketAddr> {
         .context("the HTTP listener has no IP address")?;
     let mut registry = Registry::default();
     registry.register_collector(Box::new(Metrics {
-        array: site.array.clone(),
-        stats: site.stats.clone(),
+        arrays: site
+            .arrays
+            .iter()
+            .map(|a| (a.array.clone(), a.stats.clone()))
+            .collect(),
     }));
     std::thread::Builder::new()
         .name("http".into())
@@ -94,17 +130,39 @@ fn answer(req: &tiny_http::Request, site: &Site, registry: &Registry) -> Respons
                 Err(e) => reply(500, "text/plain", format!("{e}\n").into_bytes()),
             }
         }
-        "/api/status" => reply(
+        "/api/arrays" => reply(
             200,
             "application/json",
-            serde_json::to_vec(&(site.status)()).unwrap_or_default(),
+            serde_json::to_vec(&json!({
+                "arrays": site.arrays.iter().map(|a| {
+                    let sb = a.array.superblock();
+                    json!({
+                        "export": a.export,
+                        "name": sb.name,
+                        "uuid": sb.array_uuid.to_string(),
+                        "state": a.array.state_name(),
+                    })
+                }).collect::<Vec<_>>()
+            }))
+            .unwrap_or_default(),
         ),
-        "/api/events" => {
-            let after = query
-                .split('&')
-                .find_map(|kv| kv.strip_prefix("after="))
-                .and_then(|v| v.parse::<u64>().ok());
-            let ev = site.array.events();
+        "/api/status" | "/api/events" => {
+            let Some(a) = site.pick(query) else {
+                return reply(
+                    404,
+                    "text/plain",
+                    b"no such array (see /api/arrays)\n".to_vec(),
+                );
+            };
+            if path == "/api/status" {
+                return reply(
+                    200,
+                    "application/json",
+                    serde_json::to_vec(&(a.status)()).unwrap_or_default(),
+                );
+            }
+            let after = param(query, "after").and_then(|v| v.parse::<u64>().ok());
+            let ev = a.array.events();
             let (list, last) = match after {
                 Some(n) => ev.after(n, std::time::Duration::ZERO),
                 None => {
@@ -122,16 +180,16 @@ fn answer(req: &tiny_http::Request, site: &Site, registry: &Registry) -> Respons
         _ => reply(
             404,
             "text/plain",
-            b"not found: /, /metrics, /api/status, /api/events\n".to_vec(),
+            b"not found: /, /metrics, /api/arrays, /api/status, /api/events\n".to_vec(),
         ),
     }
 }
 
-/// The metrics, read at each scrape.
+/// The metrics, read at each scrape, of every array (an `array` label
+/// tells them apart).
 #[derive(Debug)]
 struct Metrics {
-    array: Arc<Array>,
-    stats: Arc<Stats>,
+    arrays: Vec<(Arc<Array>, Arc<Stats>)>,
 }
 
 /// Labels of one series.
@@ -144,28 +202,82 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
         .collect()
 }
 
-/// One metric family of gauges or counters, each with its labels.
-fn family(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
+/// One metric family of gauges or counters, each series with its labels.
+struct Family {
+    name: String,
+    help: String,
     kind: MetricType,
-    series: &[(Labels, f64)],
-) -> Result<(), std::fmt::Error> {
-    let mut m = enc.encode_descriptor(name, help, None, kind)?;
-    for (l, v) in series {
-        let e = m.encode_family(l)?;
-        match kind {
-            MetricType::Counter => ConstCounter::new(*v).encode(e)?,
-            _ => ConstGauge::new(*v).encode(e)?,
+    series: Vec<(Labels, f64)>,
+}
+
+/// A histogram series: labels, sum, count, (upper bound, cumulative count).
+type HistSeries = (Labels, f64, u64, Vec<(f64, u64)>);
+
+/// The families of a scrape, gathered array by array and then encoded
+/// once each (a family's descriptor may appear only once).
+#[derive(Default)]
+struct Families {
+    list: Vec<Family>,
+    hist: Vec<HistSeries>,
+}
+
+impl Families {
+    fn family(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: MetricType,
+        series: &[(Labels, f64)],
+    ) -> Result<(), std::fmt::Error> {
+        match self.list.iter_mut().find(|f| f.name == name) {
+            Some(f) => f.series.extend_from_slice(series),
+            None => self.list.push(Family {
+                name: name.to_string(),
+                help: help.to_string(),
+                kind,
+                series: series.to_vec(),
+            }),
         }
+        Ok(())
     }
-    Ok(())
+
+    fn encode(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for f in &self.list {
+            let mut m = enc.encode_descriptor(&f.name, &f.help, None, f.kind)?;
+            for (l, v) in &f.series {
+                let e = m.encode_family(l)?;
+                match f.kind {
+                    MetricType::Counter => ConstCounter::new(*v).encode(e)?,
+                    _ => ConstGauge::new(*v).encode(e)?,
+                }
+            }
+        }
+        let mut h = enc.encode_descriptor(
+            "raidkit_member_operation_seconds",
+            "Time each member operation took (every kind: data, metadata, journal)",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (l, sum, count, buckets) in &self.hist {
+            hist(h.encode_family(l)?, *sum, *count, buckets)?;
+        }
+        Ok(())
+    }
 }
 
 impl Collector for Metrics {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let a = &self.array;
+        let mut fams = Families::default();
+        for (a, s) in &self.arrays {
+            collect(&mut fams, a, s)?;
+        }
+        fams.encode(&mut enc)
+    }
+}
+
+/// One array's series.
+fn collect(fams: &mut Families, a: &Array, s: &Stats) -> Result<(), std::fmt::Error> {
+    {
         let sb = a.superblock();
         let name = sb.name.as_str();
         let arr = |extra: &[(&str, &str)]| {
@@ -175,8 +287,7 @@ impl Collector for Metrics {
         };
         let state = a.state_name();
         let states = ["optimal", "degraded", "rebuilding", "failed"];
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_md_state",
             "Array state (node_md_state): 1 for the state it is in",
             MetricType::Gauge,
@@ -187,8 +298,7 @@ impl Collector for Metrics {
         )?;
         let members = a.members_status();
         let member_states = ["active", "rebuilding", "faulty", "spare", "missing"];
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_md_disks",
             "Members by state (node_md_disks)",
             MetricType::Gauge,
@@ -200,15 +310,13 @@ impl Collector for Metrics {
                 })
                 .collect::<Vec<_>>(),
         )?;
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_md_disks_required",
             "Members the array has roles for (node_md_disks_required)",
             MetricType::Gauge,
             &[(arr(&[]), a.geometry().members() as f64)],
         )?;
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_md_size_bytes",
             "Capacity of the array in bytes (node_md_blocks in bytes)",
             MetricType::Gauge,
@@ -225,44 +333,38 @@ impl Collector for Metrics {
                 })
                 .collect()
         };
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_md_recovery_progress_ratio",
             "Progress of the running recovery or scrub, 0 to 1 (0 when none of this kind runs)",
             MetricType::Gauge,
             &per_kind(&|r| r.progress),
         )?;
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_md_recovery_done_bytes",
             "Bytes done by the running recovery or scrub, earlier runs included (node_md_blocks_synced in bytes)",
             MetricType::Gauge,
             &per_kind(&|r| (r.bytes_before + r.bytes_done) as f64),
         )?;
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_md_recovery_rate_bytes_per_second",
             "Rate of the running recovery or scrub over the last seconds",
             MetricType::Gauge,
             &per_kind(&|r| r.rate),
         )?;
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_md_recovery_seconds_left",
             "Time the running recovery or scrub still needs at its rate (0 when unknown)",
             MetricType::Gauge,
             &per_kind(&|r| r.seconds_left.unwrap_or(0.0)),
         )?;
         if let Some(s) = a.last_scrub() {
-            family(
-                &mut enc,
+            fams.family(
                 "raidkit_scrub_last_repaired_blocks",
                 "Blocks the last scrub repaired",
                 MetricType::Gauge,
                 &[(arr(&[]), s.repaired as f64)],
             )?;
-            family(
-                &mut enc,
+            fams.family(
                 "raidkit_scrub_last_unrepaired_blocks",
                 "Blocks the last scrub found and could not repair",
                 MetricType::Gauge,
@@ -306,7 +408,7 @@ impl Collector for Metrics {
                 |io| io.write_ops,
             ),
         ] {
-            family(&mut enc, metric, help, MetricType::Counter, &per_member(&f))?;
+            fams.family(metric, help, MetricType::Counter, &per_member(&f))?;
         }
         let mut errors = Vec::new();
         for (m, p, _) in &open {
@@ -322,15 +424,13 @@ impl Collector for Metrics {
                 errors.push((l, n as f64));
             }
         }
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_member_errors",
             "Errors seen on the member by kind: read, write, checksum (a block that disagrees with its checksum), timeout (an operation over the member timeout)",
             MetricType::Counter,
             &errors,
         )?;
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_member_state",
             "A member's state (active, rebuilding, faulty, spare): 1 for the state it is in",
             MetricType::Gauge,
@@ -345,8 +445,7 @@ impl Collector for Metrics {
                 })
                 .collect::<Vec<_>>(),
         )?;
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_member_slow",
             "1 while the member is much slower than its peers (SlowMember)",
             MetricType::Gauge,
@@ -355,50 +454,37 @@ impl Collector for Metrics {
                 .map(|(m, p, _)| (member_labels(m, p), f64::from(u8::from(m.slow.is_some()))))
                 .collect::<Vec<_>>(),
         )?;
-        {
-            let mut h = enc.encode_descriptor(
-                "raidkit_member_operation_seconds",
-                "Time each member operation took (every kind: data, metadata, journal)",
-                None,
-                MetricType::Histogram,
-            )?;
-            for (m, p, io) in &open {
-                let l = member_labels(m, p);
-                let e = h.encode_family(&l)?;
-                let mut buckets: Vec<(f64, u64)> = raidkit_array::LATENCY_BOUNDS_US
-                    .iter()
-                    .zip(&io.latency)
-                    .map(|(&b, &n)| (b as f64 / 1e6, n))
-                    .collect();
-                buckets.push((f64::INFINITY, *io.latency.last().unwrap_or(&0)));
-                hist(e, io.busy_us as f64 / 1e6, io.ops, &buckets)?;
-            }
+        for (m, p, io) in &open {
+            let l = member_labels(m, p);
+            let mut buckets: Vec<(f64, u64)> = raidkit_array::LATENCY_BOUNDS_US
+                .iter()
+                .zip(&io.latency)
+                .map(|(&b, &n)| (b as f64 / 1e6, n))
+                .collect();
+            buckets.push((f64::INFINITY, *io.latency.last().unwrap_or(&0)));
+            fams.hist
+                .push((l, io.busy_us as f64 / 1e6, io.ops, buckets));
         }
-        let s = &self.stats;
         let ld = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed) as f64;
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_nbd_connections",
             "NBD client connections open now",
             MetricType::Gauge,
             &[(arr(&[]), ld(&s.connections_active))],
         )?;
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_nbd_connections_accepted",
             "NBD client connections accepted since the server started",
             MetricType::Counter,
             &[(arr(&[]), ld(&s.connections_total))],
         )?;
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_nbd_connections_refused",
             "NBD client connections refused (over --max-connections)",
             MetricType::Counter,
             &[(arr(&[]), ld(&s.connections_refused))],
         )?;
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_nbd_requests",
             "NBD requests served, by type",
             MetricType::Counter,
@@ -410,22 +496,19 @@ impl Collector for Metrics {
                 (arr(&[("type", "write_zeroes")]), ld(&s.zeroes)),
             ],
         )?;
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_nbd_request_errors",
             "NBD requests answered with an error",
             MetricType::Counter,
             &[(arr(&[]), ld(&s.errors))],
         )?;
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_nbd_read_bytes",
             "Bytes clients read",
             MetricType::Counter,
             &[(arr(&[]), ld(&s.bytes_read))],
         )?;
-        family(
-            &mut enc,
+        fams.family(
             "raidkit_nbd_written_bytes",
             "Bytes clients wrote",
             MetricType::Counter,

@@ -6,6 +6,7 @@ mod arrays;
 mod bench;
 mod cli;
 mod commands;
+mod config;
 mod events;
 mod http;
 mod monitor;
@@ -14,10 +15,24 @@ mod scan;
 mod serve;
 mod units;
 
-use clap::Parser;
-
 fn main() {
-    let args = cli::Cli::parse();
+    let matches = <cli::Cli as clap::CommandFactory>::command().get_matches();
+    let mut args = match <cli::Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    };
+    if let (cli::Command::Serve(a), Some(("serve", m))) = (&mut args.command, matches.subcommand())
+    {
+        // What the command line gave, for what a config file also sets:
+        // the command line wins, the file wins over the defaults.
+        a.given = m
+            .ids()
+            .filter(|id| {
+                m.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
+            })
+            .map(|id| id.as_str().to_string())
+            .collect();
+    }
     if matches!(
         args.command,
         cli::Command::Examine(_)

@@ -29,7 +29,7 @@ fn block_devices() -> Result<Vec<PathBuf>> {
 
 /// The paths to look at: files and devices as given, a directory's
 /// entries (not its subdirectories).
-fn candidates(given: &[PathBuf]) -> Result<Vec<PathBuf>> {
+pub fn candidates(given: &[PathBuf]) -> Result<Vec<PathBuf>> {
     if given.is_empty() {
         return block_devices();
     }
@@ -51,13 +51,25 @@ fn candidates(given: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-struct Found {
-    path: String,
-    sb: Superblock,
+pub struct Found {
+    pub path: String,
+    pub sb: Superblock,
 }
 
-pub fn scan(a: ScanArgs) -> Result<()> {
-    let paths = candidates(&a.paths)?;
+/// What a search found: the members of each array by UUID, how many paths
+/// were looked at, those that could not be read and why, and how many
+/// held no superblock.
+pub struct Findings {
+    pub arrays: BTreeMap<String, Vec<Found>>,
+    pub scanned: usize,
+    pub unreadable: Vec<(String, String)>,
+    pub others: usize,
+}
+
+/// Read the superblock of every path `given` names (every block device
+/// when none is), read-only.
+pub fn find(given: &[PathBuf]) -> Result<Findings> {
+    let paths = candidates(given)?;
     let mut arrays: BTreeMap<String, Vec<Found>> = BTreeMap::new();
     let mut unreadable = Vec::new();
     let mut others = 0usize;
@@ -79,6 +91,29 @@ pub fn scan(a: ScanArgs) -> Result<()> {
                 .or_default()
                 .push(Found { path, sb: r.sb }),
             Err(_) => others += 1,
+        }
+    }
+    Ok(Findings {
+        arrays,
+        scanned: paths.len(),
+        unreadable,
+        others,
+    })
+}
+
+pub fn scan(a: ScanArgs) -> Result<()> {
+    let Findings {
+        arrays,
+        scanned,
+        unreadable,
+        others,
+    } = find(&a.paths)?;
+    // Export names: the arrays' names, told apart by their UUIDs where two
+    // share one.
+    let mut names: BTreeMap<String, usize> = BTreeMap::new();
+    for found in arrays.values() {
+        if let Some(f) = found.first() {
+            *names.entry(f.sb.name.clone()).or_default() += 1;
         }
     }
     let mut list = Vec::new();
@@ -132,6 +167,21 @@ pub fn scan(a: ScanArgs) -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(" ")
         );
+        let export = if names.get(&sb.name).copied().unwrap_or(0) > 1 || sb.name.is_empty() {
+            format!("{}-{}", sb.name, &uuid[..8])
+        } else {
+            sb.name.clone()
+        };
+        let config = format!(
+            "{} = {{ uuid = {}{} }}",
+            crate::config::key(&export),
+            crate::config::string(&uuid),
+            if missing.is_empty() {
+                ""
+            } else {
+                ", run = true"
+            }
+        );
         list.push(json!({
             "uuid": uuid,
             "name": sb.name,
@@ -142,14 +192,25 @@ pub fn scan(a: ScanArgs) -> Result<()> {
             "missing_roles": missing,
             "members": members,
             "serve": serve,
+            "config": config,
         }));
+    }
+    if a.config {
+        print_config(&a.paths, &list);
+        for (p, e) in &unreadable {
+            eprintln!("raidkit: skipped {p}: {e}");
+        }
+        if list.is_empty() {
+            bail!("no raidkit arrays among {scanned} path(s) looked at");
+        }
+        return Ok(());
     }
     if a.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&json!({
                 "arrays": list,
-                "scanned": paths.len(),
+                "scanned": scanned,
                 "not_members": others,
                 "unreadable": unreadable
                     .iter()
@@ -170,10 +231,7 @@ pub fn scan(a: ScanArgs) -> Result<()> {
                     .join("; ")
             );
         }
-        println!(
-            "raidkit: no raidkit arrays among {} path(s) looked at",
-            paths.len()
-        );
+        println!("raidkit: no raidkit arrays among {scanned} path(s) looked at");
     }
     for arr in &list {
         println!(
@@ -206,11 +264,49 @@ pub fn scan(a: ScanArgs) -> Result<()> {
             println!("   role {r:>2}  (no up-to-date member found)");
         }
         println!("   serve: {}", arr["serve"].as_str().unwrap_or(""));
+        println!("   config: {}", arr["config"].as_str().unwrap_or(""));
     }
     for (p, e) in &unreadable {
         eprintln!("raidkit: skipped {p}: {e}");
     }
     Ok(())
+}
+
+/// A config file for `raidkit serve --config` serving every array found,
+/// looking for members where this scan looked. An incomplete array is
+/// started degraded (`run = true`), said in a comment beside it.
+fn print_config(given: &[PathBuf], list: &[Value]) {
+    println!("# raidkit serve --config: the arrays `raidkit scan` found.");
+    println!("# Members are found by the array UUID in their superblocks, wherever they are.");
+    println!("listen = \"{}\"", crate::serve::DEFAULT_LISTEN);
+    if given.is_empty() {
+        println!("# search: every block device");
+    } else {
+        let paths: Vec<String> = given
+            .iter()
+            .map(|p| {
+                crate::config::string(
+                    &std::path::absolute(p)
+                        .unwrap_or_else(|_| p.clone())
+                        .display()
+                        .to_string(),
+                )
+            })
+            .collect();
+        println!("search = [{}]", paths.join(", "));
+    }
+    println!();
+    println!("[arrays]");
+    for arr in list {
+        if arr["state"] != "complete" {
+            println!(
+                "# {}: incomplete (roles {} have no up-to-date member); run = true starts it degraded",
+                arr["name"].as_str().unwrap_or(""),
+                arr["missing_roles"]
+            );
+        }
+        println!("{}", arr["config"].as_str().unwrap_or(""));
+    }
 }
 
 /// `p` as one shell word.

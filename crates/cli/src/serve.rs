@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 
 /// `serve --daemon`: the same command run again as a server in a session
 /// of its own; its start-up report is passed on until it says it serves,
@@ -77,59 +77,219 @@ const DAEMON_CHILD: &str = "RAIDKIT_SERVE_DAEMON_CHILD";
 /// The last line of a daemon's start-up report: its parent may go.
 const DAEMON_READY: &str = "raidkit: serving in the background";
 
-pub fn serve(a: ServeArgs) -> Result<()> {
-    if !(a.member_timeout > 0.0 && a.member_timeout.is_finite()) {
-        bail!("--member-timeout must be a positive number of seconds");
+/// One array to serve: where its members are, how to start it and how to
+/// export it.
+struct Plan {
+    /// Says which array it is in messages about one that cannot start.
+    label: String,
+    members: Vec<String>,
+    read_only: bool,
+    run: bool,
+    force: bool,
+    export: Option<String>,
+    control: Option<PathBuf>,
+    listen: Option<String>,
+    socket: Option<PathBuf>,
+}
+
+/// The server-wide settings: the command line's, or a config file's where
+/// it sets them.
+struct Settings {
+    http: Option<String>,
+    program: Option<PathBuf>,
+    program_timeout: f64,
+    events_log: Option<PathBuf>,
+    member_timeout: f64,
+    rebuild_min: u64,
+    rebuild_max: u64,
+    io: raidkit_open::IoMode,
+    max_connections: u32,
+}
+
+impl Settings {
+    /// The command line's settings where given there, else the file's
+    /// where it sets them, else the command line's defaults.
+    fn of(a: &ServeArgs, c: Option<&crate::config::Config>) -> Settings {
+        let cli = |id: &str| a.given.iter().any(|g| g == id);
+        fn pick<T>(cli: bool, arg: T, file: Option<T>) -> T {
+            match file {
+                Some(f) if !cli => f,
+                _ => arg,
+            }
+        }
+        Settings {
+            http: pick(
+                cli("http"),
+                a.http.clone(),
+                c.and_then(|c| c.http.clone()).map(Some),
+            ),
+            program: pick(
+                cli("program"),
+                a.program.clone(),
+                c.and_then(|c| c.program.clone()).map(Some),
+            ),
+            program_timeout: pick(
+                cli("program_timeout"),
+                a.program_timeout,
+                c.and_then(|c| c.program_timeout),
+            ),
+            events_log: pick(
+                cli("events_log"),
+                a.events_log.clone(),
+                c.and_then(|c| c.events_log.clone()).map(Some),
+            ),
+            member_timeout: pick(
+                cli("member_timeout"),
+                a.member_timeout,
+                c.and_then(|c| c.member_timeout),
+            ),
+            rebuild_min: pick(
+                cli("rebuild_min"),
+                a.rebuild_min,
+                c.and_then(|c| c.rebuild_min),
+            ),
+            rebuild_max: pick(
+                cli("rebuild_max"),
+                a.rebuild_max,
+                c.and_then(|c| c.rebuild_max),
+            ),
+            io: pick(cli("io"), a.io.io, c.and_then(|c| c.io)),
+            max_connections: pick(
+                cli("max_connections"),
+                a.max_connections,
+                c.and_then(|c| c.max_connections),
+            ),
+        }
     }
-    if a.daemon && std::env::var_os(DAEMON_CHILD).is_none() {
-        return start_daemon();
+}
+
+/// The TCP address to listen on, if any: the one given, else the default
+/// unless only a Unix socket is.
+fn listen_of(listen: Option<&String>, socket: Option<&PathBuf>) -> Option<String> {
+    match (listen, socket) {
+        (Some(l), _) => Some(l.clone()),
+        (None, Some(_)) => None,
+        (None, None) => Some(DEFAULT_LISTEN.to_string()),
     }
-    // Every member opened from here on, at start-up and by add or replace
-    // later, gets this mode.
-    raidkit_open::set_io_mode(a.io.io);
-    if !(a.program_timeout > 0.0 && a.program_timeout.is_finite()) {
-        bail!("--program-timeout must be a positive number of seconds");
-    }
-    // The event sinks first: the start's own events (a degraded array, a
-    // missing member) reach them too.
-    let events = raidkit_array::Events::new();
-    crate::events::attach(
-        &events,
-        a.program.as_deref(),
-        a.events_log.as_deref(),
-        Duration::from_secs_f64(a.program_timeout),
-    )?;
-    let opts = raidkit_array::OpenOptions {
-        read_only: a.read_only,
-        readd_stale: !a.read_only,
-        member_timeout: Duration::from_secs_f64(a.member_timeout),
-        force: a.force,
-        run: a.run,
-        events: Some(events),
-    };
+}
+
+/// The one array of the command line.
+fn plan_of_args(a: &ServeArgs) -> Result<Vec<Plan>> {
     // A server names its members by absolute path (status, logs), whatever
     // directory the command that asks about them runs in.
     let members = crate::arrays::parse_specs(&a.members.members)?
         .into_iter()
         .map(|s| s.absolute().to_string())
         .collect::<Vec<_>>();
-    let array = Arc::new(open_array_with(&members, opts, a.force)?);
-    array.set_rebuild_speed(Some(a.rebuild_min), Some(a.rebuild_max));
-    let sb = array.superblock();
-    let export_name = a.export.clone().unwrap_or_else(|| sb.name.clone());
-    let listen = match (&a.listen, &a.socket) {
-        (Some(l), _) => Some(l.clone()),
-        (None, Some(_)) => None,
-        (None, None) => Some(DEFAULT_LISTEN.to_string()),
-    };
-    // Bind everything before announcing anything.
-    let tcp = match &listen {
+    Ok(vec![Plan {
+        label: "the array".into(),
+        members,
+        read_only: a.read_only,
+        run: a.run,
+        force: a.force,
+        export: a.export.clone(),
+        control: a.control.clone(),
+        listen: listen_of(a.listen.as_ref(), a.socket.as_ref()),
+        socket: a.socket.clone(),
+    }])
+}
+
+/// The arrays of a config file, their members found by UUID. An array
+/// none of whose members is found is reported and left out.
+fn plans_of_config(a: &ServeArgs, c: &crate::config::Config) -> Result<Vec<Plan>> {
+    if !a.members.members.is_empty() {
+        bail!("--config serves the arrays its file names: give no members");
+    }
+    for (flag, given) in [
+        ("--export", a.export.is_some()),
+        ("--control", a.control.is_some()),
+    ] {
+        if given {
+            bail!("{flag} names one array's; with --config set it per array in the file");
+        }
+    }
+    let found = crate::scan::find(&c.search)?;
+    for (p, e) in &found.unreadable {
+        tracing::debug!("looking for members: skipped {p}: {e}");
+    }
+    let mut plans = Vec::new();
+    for (export, e) in &c.arrays {
+        let members: Vec<String> = found
+            .arrays
+            .get(&e.uuid)
+            .map(|f| f.iter().map(|f| f.path.clone()).collect())
+            .unwrap_or_default();
+        let label = format!("array {} ({export})", e.uuid);
+        if members.is_empty() {
+            crate::say::warning(&format!(
+                "{label}: no member found among {} path(s) looked at ({}): not served",
+                found.scanned,
+                if c.search.is_empty() {
+                    "every block device".to_string()
+                } else {
+                    c.search
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ));
+            continue;
+        }
+        let listen = e
+            .listen
+            .clone()
+            .or_else(|| a.listen.clone())
+            .or(c.listen.clone());
+        let socket = e
+            .socket
+            .clone()
+            .or_else(|| a.socket.clone())
+            .or(c.socket.clone());
+        plans.push(Plan {
+            label,
+            members,
+            read_only: e.read_only || a.read_only,
+            run: e.run || a.run,
+            force: e.force || a.force,
+            export: Some(export.clone()),
+            control: e.control.clone(),
+            listen: listen_of(listen.as_ref(), socket.as_ref()),
+            socket,
+        });
+    }
+    Ok(plans)
+}
+
+/// An array started and about to be served.
+struct Started {
+    plan: Plan,
+    array: Arc<Array>,
+    export: String,
+    /// How each member was opened (said at start-up).
+    opened: Vec<(String, String)>,
+    endpoints: Vec<String>,
+    stats: Option<Arc<Stats>>,
+    control: PathBuf,
+}
+
+/// The listeners of one server: the arrays that share a listen address
+/// and socket are the exports of one NBD server.
+struct Listeners {
+    key: (Option<String>, Option<PathBuf>),
+    tcp: Option<TcpListener>,
+    unix: Option<UnixListener>,
+    arrays: Vec<usize>,
+}
+
+fn bind(listen: &Option<String>, socket: &Option<PathBuf>) -> Result<Listeners> {
+    let tcp = match listen {
         Some(addr) => {
             Some(TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?)
         }
         None => None,
     };
-    let unix = match &a.socket {
+    let unix = match socket {
         Some(p) => {
             if p.exists() {
                 if std::os::unix::net::UnixStream::connect(p).is_ok() {
@@ -145,6 +305,24 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         }
         None => None,
     };
+    Ok(Listeners {
+        key: (listen.clone(), socket.clone()),
+        tcp,
+        unix,
+        arrays: Vec::new(),
+    })
+}
+
+/// What the NBD server serves of `array`: the array, behind read-ahead
+/// where its members wait on devices, tuned for its geometry.
+fn export_of(
+    array: &Arc<Array>,
+    name: &str,
+    read_only: bool,
+    a: &ServeArgs,
+    max_connections: u32,
+) -> Result<(Export, Config)> {
+    let sb = array.superblock();
     let device: Arc<dyn raidkit_member::Member> = if array.waits_on_devices() && !a.no_read_ahead {
         // Blocks of whole stripes, about 1 MiB, four in flight.
         let g = array.geometry();
@@ -157,13 +335,13 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     } else {
         array.clone()
     };
-    let server = Server::new(
+    Ok((
         Export {
-            name: export_name.clone(),
+            name: name.to_string(),
             description: format!("raidkit {} array '{}'", sb.level, sb.name),
             device,
-            read_only: a.read_only,
-            preferred_block: preferred_block(&array),
+            read_only,
+            preferred_block: preferred_block(array),
         },
         Config {
             workers_per_connection: a
@@ -184,105 +362,270 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             mapped_reads: !a.no_mapped_reads,
             mapped_writes: !a.no_mapped_writes,
             batch_replies: !a.no_batch_replies,
-            max_connections: a.max_connections as usize,
+            max_connections: max_connections as usize,
         },
-    );
-    {
-        // Clients coming and going: events at debug level (the log and
-        // followers have them; --program is not run for them).
-        let array = array.clone();
-        server.on_client(move |peer, left| {
-            let (name, detail) = match left {
-                None => ("ClientConnected", format!("{peer} connected")),
-                Some("") => ("ClientDisconnected", format!("{peer} disconnected")),
-                Some(why) => ("ClientDisconnected", format!("{peer}: {why}")),
-            };
-            array.emit(
-                raidkit_array::NewEvent::new(name, raidkit_array::Severity::Debug, detail)
-                    .data(json!({ "peer": peer })),
-            );
+    ))
+}
+
+/// Clients coming and going: events at debug level (the log and followers
+/// have them; --program is not run for them).
+fn client_events(array: &Arc<Array>, target: &raidkit_nbd::Target) {
+    let array = array.clone();
+    target.on_client(move |peer, left| {
+        let (name, detail) = match left {
+            None => ("ClientConnected", format!("{peer} connected")),
+            Some("") => ("ClientDisconnected", format!("{peer} disconnected")),
+            Some(why) => ("ClientDisconnected", format!("{peer}: {why}")),
+        };
+        array.emit(
+            raidkit_array::NewEvent::new(name, raidkit_array::Severity::Debug, detail)
+                .data(json!({ "peer": peer })),
+        );
+    });
+}
+
+pub fn serve(a: ServeArgs) -> Result<()> {
+    let config = match &a.config {
+        Some(p) => Some(crate::config::load(p)?),
+        None => {
+            if a.members.members.is_empty() {
+                bail!("name the array's members, or serve the arrays of a config file with --config [FILE] (default {})", crate::config::DEFAULT_PATH);
+            }
+            None
+        }
+    };
+    let set = Settings::of(&a, config.as_ref());
+    if !(set.member_timeout > 0.0 && set.member_timeout.is_finite()) {
+        bail!("--member-timeout must be a positive number of seconds");
+    }
+    if !(set.program_timeout > 0.0 && set.program_timeout.is_finite()) {
+        bail!("--program-timeout must be a positive number of seconds");
+    }
+    let plans = match &config {
+        Some(c) => plans_of_config(&a, c)?,
+        None => plan_of_args(&a)?,
+    };
+    if a.daemon && std::env::var_os(DAEMON_CHILD).is_none() {
+        return start_daemon();
+    }
+    // Every member opened from here on, at start-up and by add or replace
+    // later, gets this mode.
+    raidkit_open::set_io_mode(set.io);
+    let mut started: Vec<Started> = Vec::new();
+    let mut not_started = 0usize;
+    let total = config.as_ref().map_or(plans.len(), |c| c.arrays.len());
+    for plan in plans {
+        // The event sinks first: the start's own events (a degraded
+        // array, a missing member) reach them too.
+        let events = raidkit_array::Events::new();
+        crate::events::attach(
+            &events,
+            set.program.as_deref(),
+            set.events_log.as_deref(),
+            Duration::from_secs_f64(set.program_timeout),
+        )?;
+        let opts = raidkit_array::OpenOptions {
+            read_only: plan.read_only,
+            readd_stale: !plan.read_only,
+            member_timeout: Duration::from_secs_f64(set.member_timeout),
+            force: plan.force,
+            run: plan.run,
+            events: Some(events),
+        };
+        let array = match open_array_with(&plan.members, opts, plan.force) {
+            Ok(a) => Arc::new(a),
+            // One array of a config file that cannot start leaves the
+            // others served (as mdadm --assemble --scan).
+            Err(e) if config.is_some() => {
+                crate::say::warning(&format!("{}: not served: {e:#}", plan.label));
+                not_started += 1;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        array.set_rebuild_speed(Some(set.rebuild_min), Some(set.rebuild_max));
+        let sb = array.superblock();
+        let export = plan.export.clone().unwrap_or_else(|| sb.name.clone());
+        let control = plan
+            .control
+            .clone()
+            .unwrap_or_else(|| default_control(&sb.array_uuid.to_string()));
+        started.push(Started {
+            plan,
+            array,
+            export,
+            opened: raidkit_open::take_opened(),
+            endpoints: Vec::new(),
+            stats: None,
+            control,
         });
     }
-    let mut endpoints = Vec::new();
-    if let Some(l) = tcp {
-        let addr = l.local_addr()?;
-        endpoints.push(format!("nbd://{addr}/{}", uri_part(&export_name)));
-        server.serve_tcp(l)?;
+    if started.is_empty() {
+        bail!(
+            "none of the {total} arrays named in {} could be served",
+            config
+                .as_ref()
+                .map_or_else(String::new, |c| c.path.display().to_string())
+        );
     }
-    if let Some(l) = unix {
-        let p = a
-            .socket
-            .as_ref()
-            .expect("socket given")
-            .display()
-            .to_string();
-        endpoints.push(format!(
-            "nbd+unix:///{}?socket={}",
-            uri_part(&export_name),
-            uri_part(&p).replace("%2F", "/")
-        ));
-        server.serve_unix(l)?;
-    }
-    let control_path = a
-        .control
-        .clone()
-        .unwrap_or_else(|| default_control(&sb.array_uuid.to_string()));
-    let started = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let served = Served {
-        endpoints: endpoints.clone(),
-        control: control_path.display().to_string(),
-        started,
-        stop: stop.clone(),
-    };
-    let handler = control_handler(array.clone(), server.stats(), served.clone());
-    let mut control = ControlServer::start(&control_path, handler)?;
-    let http = match &a.http {
-        Some(addr) => {
-            let (arr, stats) = (array.clone(), server.stats());
-            Some(crate::http::start(
-                addr,
-                crate::http::Site {
-                    array: array.clone(),
-                    stats: server.stats(),
-                    status: Box::new(move || Value::Object(status_fields(&arr, &stats, &served))),
-                },
-            )?)
+    // Bind everything before announcing anything.
+    let mut groups: Vec<Listeners> = Vec::new();
+    for (i, s) in started.iter().enumerate() {
+        let key = (s.plan.listen.clone(), s.plan.socket.clone());
+        let g = match groups.iter().position(|g| g.key == key) {
+            Some(g) => g,
+            None => {
+                groups.push(bind(&key.0, &key.1)?);
+                groups.len() - 1
+            }
+        };
+        if let Some(j) = groups[g]
+            .arrays
+            .iter()
+            .find(|&&j| started[j].export == s.export)
+        {
+            bail!(
+                "{} and {} would both be the export '{}' of one server: give them different names",
+                started[*j].plan.label,
+                s.plan.label,
+                s.export
+            );
         }
+        groups[g].arrays.push(i);
+    }
+    let mut servers = Vec::new();
+    for g in groups {
+        let exports = g
+            .arrays
+            .iter()
+            .map(|&i| {
+                let s = &started[i];
+                export_of(
+                    &s.array,
+                    &s.export,
+                    s.plan.read_only,
+                    &a,
+                    set.max_connections,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let server = Server::with_exports(exports, set.max_connections as usize);
+        let tcp = match &g.tcp {
+            Some(l) => Some(l.local_addr()?),
+            None => None,
+        };
+        for &i in &g.arrays {
+            let s = &mut started[i];
+            let target = server.target(&s.export).expect("an export of its own");
+            client_events(&s.array, target);
+            s.stats = Some(target.stats());
+            if let Some(addr) = tcp {
+                s.endpoints
+                    .push(format!("nbd://{addr}/{}", uri_part(&s.export)));
+            }
+            if let Some(p) = &s.plan.socket {
+                s.endpoints.push(format!(
+                    "nbd+unix:///{}?socket={}",
+                    uri_part(&s.export),
+                    uri_part(&p.display().to_string()).replace("%2F", "/")
+                ));
+            }
+        }
+        if let Some(l) = g.tcp {
+            server.serve_tcp(l)?;
+        }
+        if let Some(l) = g.unix {
+            server.serve_unix(l)?;
+        }
+        servers.push(server);
+    }
+    let started_at = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let all_stats: Vec<Arc<Stats>> = started
+        .iter()
+        .map(|s| s.stats.clone().expect("served"))
+        .collect();
+    let mut controls = Vec::new();
+    let mut site = Vec::new();
+    for s in &started {
+        let served = Served {
+            endpoints: s.endpoints.clone(),
+            control: s.control.display().to_string(),
+            started: started_at,
+            stop: stop.clone(),
+            all: all_stats.clone(),
+        };
+        let stats = s.stats.clone().expect("served");
+        let handler = control_handler(s.array.clone(), stats.clone(), served.clone());
+        controls.push(ControlServer::start(&s.control, handler)?);
+        let arr = s.array.clone();
+        let st = stats.clone();
+        site.push(crate::http::SiteArray {
+            export: s.export.clone(),
+            array: s.array.clone(),
+            stats,
+            status: Box::new(move || Value::Object(status_fields(&arr, &st, &served))),
+        });
+    }
+    let http = match &set.http {
+        Some(addr) => Some(crate::http::start(
+            addr,
+            crate::http::Site { arrays: site },
+        )?),
         None => None,
     };
 
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
-    println!(
-        "raidkit: serving {} array '{}' ({}, {}) read-{}",
-        sb.level,
-        sb.name,
-        human(array.capacity()),
-        array.health().name(),
-        if a.read_only { "only" } else { "write" }
-    );
-    for (name, how) in raidkit_open::take_opened() {
-        println!("raidkit: member {name}: {how}");
+    if let Some(c) = &config {
+        println!(
+            "raidkit: serving {} of the {} arrays of {}",
+            started.len(),
+            total,
+            c.path.display()
+        );
     }
-    for e in &endpoints {
-        let uri = e.clone();
-        println!("raidkit: listening on {uri}");
+    for s in &started {
+        let sb = s.array.superblock();
+        println!(
+            "raidkit: serving {} array '{}' ({}, {}) read-{}",
+            sb.level,
+            sb.name,
+            human(s.array.capacity()),
+            s.array.health().name(),
+            if s.plan.read_only { "only" } else { "write" }
+        );
+        for (name, how) in &s.opened {
+            println!("raidkit: member {name}: {how}");
+        }
+        for uri in &s.endpoints {
+            println!("raidkit: listening on {uri}");
+        }
+        println!("raidkit: control socket {}", s.control.display());
     }
-    println!("raidkit: control socket {}", control_path.display());
     if let Some(h) = http {
         println!("raidkit: status page http://{h}/ (metrics at http://{h}/metrics)");
     }
     // Under systemd (Type=notify): ready once every listener is up.
-    let status_line = format!("serving array '{}' ({})", sb.name, array.health().name());
+    let status_line = started
+        .iter()
+        .map(|s| {
+            format!(
+                "array '{}' ({})",
+                s.array.superblock().name,
+                s.array.health().name()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
     if let Err(e) = sd_notify::notify(&[
         sd_notify::NotifyState::Ready,
-        sd_notify::NotifyState::Status(&status_line),
+        sd_notify::NotifyState::Status(&format!("serving {status_line}")),
     ]) {
         tracing::warn!("telling systemd the server is ready: {e}");
     }
-    if let Some(uri) = endpoints.first() {
+    if let Some(uri) = started[0].endpoints.first() {
         println!("raidkit: try: nbdinfo '{uri}'");
         println!("raidkit:      qemu-io -f raw -c 'read -P 0 0 4k' '{uri}'");
         println!(
@@ -294,7 +637,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         println!(
             "{DAEMON_READY} (PID {}); raidkit stop {} stops it",
             std::process::id(),
-            sb.name
+            started[0].array.superblock().name
         );
         let _ = std::io::stdout().flush();
         // The parent has read all it waits for and goes: nothing more is
@@ -308,41 +651,72 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         }
     }
     let _ = std::io::stdout().flush();
+    if not_started > 0 {
+        tracing::warn!("{not_started} array(s) of the config file are not served");
+    }
 
-    let recovery = {
-        let array = array.clone();
-        std::thread::Builder::new()
-            .name("recovery".into())
-            .spawn(move || array.recovery_loop())
-            .context("starting the recovery thread")?
-    };
+    let mut recovery = Vec::new();
+    for s in &started {
+        let array = s.array.clone();
+        recovery.push(
+            std::thread::Builder::new()
+                .name("recovery".into())
+                .spawn(move || array.recovery_loop())
+                .context("starting the recovery thread")?,
+        );
+    }
     // Housekeeping: stalled members every 200 ms, bitmap bits of idle
     // regions every 2 s.
     let mut ticks = 0u64;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
         ticks += 1;
-        if ticks.is_multiple_of(4) {
-            array.check_stalls();
-        }
-        if ticks.is_multiple_of(40) {
-            array.housekeeping();
+        for s in &started {
+            if ticks.is_multiple_of(4) {
+                s.array.check_stalls();
+            }
+            if ticks.is_multiple_of(40) {
+                s.array.housekeeping();
+            }
         }
     }
     crate::say::note("stopping: finishing requests in flight");
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-    server.shutdown();
-    control.stop();
-    array.stop_background();
-    let _ = recovery.join();
-    if let Some(p) = &a.socket {
-        let _ = std::fs::remove_file(p);
+    for server in &servers {
+        server.shutdown();
     }
-    array
-        .close()
-        .context("flushing members and marking the array clean")?;
-    crate::say::note(&format!("stopped; array '{}' is clean", sb.name));
-    Ok(())
+    for mut c in controls {
+        c.stop();
+    }
+    for s in &started {
+        s.array.stop_background();
+    }
+    for r in recovery {
+        let _ = r.join();
+    }
+    let mut failed = None;
+    for s in &started {
+        if let Some(p) = &s.plan.socket {
+            let _ = std::fs::remove_file(p);
+        }
+        let name = s.array.superblock().name;
+        match s.array.close() {
+            Ok(()) => crate::say::note(&format!("stopped; array '{name}' is clean")),
+            Err(e) => {
+                crate::say::warning(&format!(
+                    "array '{name}': flushing members and marking the array clean: {e}"
+                ));
+                failed = Some(
+                    anyhow::Error::new(e)
+                        .context(format!("flushing members and marking array '{name}' clean")),
+                );
+            }
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// What the control socket reports about the server itself, and the flag
@@ -353,6 +727,9 @@ struct Served {
     control: String,
     started: Instant,
     stop: Arc<AtomicBool>,
+    /// The counters of every array of this process: `stop` stops them all
+    /// and refuses while any has clients.
+    all: Vec<Arc<Stats>>,
 }
 
 fn control_handler(array: Arc<Array>, stats: Arc<Stats>, served: Served) -> Arc<Handler> {
@@ -393,7 +770,11 @@ fn control_handler(array: Arc<Array>, stats: Arc<Stats>, served: Served) -> Arc<
                 Ok(one("sent", json!(true)))
             }
             "stop" => {
-                let peers = stats.peers.locked().clone();
+                let peers: Vec<String> = served
+                    .all
+                    .iter()
+                    .flat_map(|s| s.peers.locked().clone())
+                    .collect();
                 if !peers.is_empty() && !flag("force") {
                     return Err(format!(
                         "{} client(s) connected ({}): disconnect them first, or stop with --force to disconnect them",

@@ -654,6 +654,134 @@ fn scan_finds_two_arrays_among_mixed_files() {
     assert_eq!(text.matches("ARRAY ").count(), 2, "{text}");
 }
 
+/// `raidkit scan --config` makes a config file from the arrays it finds;
+/// `raidkit serve --config` serves every array in it as an export of one
+/// server, finding their members by UUID after they were renamed.
+#[test]
+fn a_config_file_made_by_scan_serves_both_arrays_from_one_server() {
+    let dir = tmp();
+    let disks = dir.path().join("disks");
+    std::fs::create_dir(&disks).unwrap();
+    let p = |n: &str| disks.join(n).display().to_string();
+    let a: Vec<String> = ["a0.img", "a1.img", "a2.img"].map(p).to_vec();
+    let b: Vec<String> = ["b0.img", "b1.img"].map(p).to_vec();
+    ok(&args(
+        &["create", "-l", "5", "--size", "16M", "--name", "alpha"],
+        &a,
+    ));
+    ok(&args(
+        &["create", "-l", "1", "--size", "8M", "--name", "beta"],
+        &b,
+    ));
+    std::fs::write(p("notes.txt"), b"not a member").unwrap();
+    // Data on each, written while served the usual way.
+    let data = |seed: u8, n: usize| -> Vec<u8> {
+        (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+    };
+    for (ms, seed) in [(&a, 0xa5u8), (&b, 0x5b)] {
+        let mut s = Served::start(dir.path(), ms, &[]);
+        let f = dir.path().join("in.raw");
+        std::fs::write(&f, data(seed, 1 << 20)).unwrap();
+        let (uri, fname) = (s.uri.clone(), f.display().to_string());
+        tool("timeout", &["60", "nbdcopy", &fname, &uri]);
+        assert_eq!(s.stop().code(), Some(0));
+    }
+    let o = ok(&["scan", "--config", &disks.display().to_string()]);
+    let cfg_text = String::from_utf8(o.stdout).unwrap();
+    assert_eq!(cfg_text.matches("uuid = ").count(), 2, "{cfg_text}");
+    let cfg = dir.path().join("raidkit.toml");
+    std::fs::write(&cfg, &cfg_text).unwrap();
+    // The disks move: members are found by UUID, not by path.
+    for m in a.iter().chain(&b) {
+        std::fs::rename(m, format!("{m}.moved")).unwrap();
+    }
+    let mut s = Served::start_config(dir.path(), &cfg, &[]);
+    let alpha = s
+        .line_with("/alpha")
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    let beta = s.line_with("/beta").rsplit(' ').next().unwrap().to_string();
+    let port = |u: &str| u.split('/').nth(2).unwrap().to_string();
+    assert_eq!(port(&alpha), port(&beta), "one server: {alpha} {beta}");
+    let list = tool(
+        "timeout",
+        &[
+            "30",
+            "nbdinfo",
+            "--list",
+            &format!("nbd://{}", port(&alpha)),
+        ],
+    );
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        list.contains("export=\"alpha\"") && list.contains("export=\"beta\""),
+        "{list}"
+    );
+    for (uri, seed) in [(&alpha, 0xa5u8), (&beta, 0x5b)] {
+        let out = dir.path().join("out.raw");
+        let _ = std::fs::remove_file(&out);
+        tool(
+            "timeout",
+            &["60", "nbdcopy", uri, &out.display().to_string()],
+        );
+        let got = std::fs::read(&out).unwrap();
+        assert!(got[..1 << 20] == data(seed, 1 << 20), "{uri}");
+    }
+    // Each array has its own control socket, naming its moved members.
+    let ctl_of = |name: &str| {
+        let line = s.out.lock().unwrap().clone();
+        let i = line
+            .iter()
+            .position(|l| l.contains(&format!("array '{name}'")))
+            .unwrap();
+        line[i..]
+            .iter()
+            .find_map(|l| l.strip_prefix("raidkit: control socket "))
+            .unwrap()
+            .to_string()
+    };
+    for (name, n) in [("alpha", 3), ("beta", 2)] {
+        let st = status(&ctl_of(name));
+        assert_eq!(st["array"]["name"], name);
+        assert_eq!(st["state"], "optimal", "{st:#}");
+        let paths: Vec<&str> = st["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["path"].as_str())
+            .collect();
+        assert_eq!(paths.len(), n, "{st:#}");
+        assert!(paths.iter().all(|p| p.ends_with(".moved")), "{paths:?}");
+    }
+    assert_eq!(s.stop().code(), Some(0));
+    let log = s.log();
+    assert!(
+        log.contains("array 'alpha' is clean") && log.contains("array 'beta' is clean"),
+        "{log}"
+    );
+    // A config file naming an array that is nowhere, beside one that is:
+    // the one found is served, the other named in a warning.
+    let mut text = cfg_text.clone();
+    text.push_str("gamma = { uuid = \"0b6f5a0e-1111-4222-8333-944445555666\" }\n");
+    std::fs::write(&cfg, &text).unwrap();
+    let mut s = Served::start_config(dir.path(), &cfg, &[]);
+    s.line_with("serving 2 of the 3 arrays");
+    assert_eq!(s.stop().code(), Some(0));
+    assert!(s
+        .log()
+        .contains("0b6f5a0e-1111-4222-8333-944445555666 (gamma): no member found"));
+    // Bad files are refused, with no server started.
+    std::fs::write(&cfg, "[arrays]\nx = { uuid = \"nope\" }\n").unwrap();
+    fails(&["serve", "--config", &cfg.display().to_string()], "uuid");
+    std::fs::write(&cfg, "[arrays]\n").unwrap();
+    fails(
+        &["serve", "--config", &cfg.display().to_string()],
+        "no arrays",
+    );
+}
+
 /// Under systemd (Type=notify) the server says READY=1 once it listens,
 /// and STOPPING=1 when it stops.
 #[test]
@@ -702,6 +830,7 @@ fn the_systemd_units_verify() {
     let mut units = Vec::new();
     for (from, to) in [
         ("raidkit@.service", "raidkit@lab.service"),
+        ("raidkit.service", "raidkit.service"),
         ("raidkit-scrub@.service", "raidkit-scrub@lab.service"),
         ("raidkit-scrub@.timer", "raidkit-scrub@lab.timer"),
     ] {

@@ -97,8 +97,9 @@ fn start_connection(server: &Arc<Server>, s: Stream, peer: String) -> io::Result
         Stream::Tcp(t) => t.set_nonblocking(false)?,
         Stream::Unix(u) => u.set_nonblocking(false)?,
     }
-    // Which export it is for is not known before its handshake: a refusal
-    // counts in every export's counters (it is the server's).
+    // Which export it is for is not known before its handshake: a
+    // connection accepted or refused counts in every export's counters (as
+    // the server's; those active count only in the export they chose).
     let refused = || {
         for t in &server.targets {
             inc(&t.stats.connections_refused, 1);
@@ -140,6 +141,9 @@ fn start_connection(server: &Arc<Server>, s: Stream, peer: String) -> io::Result
             )));
         }
     };
+    for t in &server.targets {
+        inc(&t.stats.connections_total, 1);
+    }
     let mut conns = server.accepting.conns.locked();
     conns.retain(|(_, h)| !h.is_finished());
     conns.push((handle_copy, h));

@@ -34,7 +34,6 @@ pub(super) fn serve(server: &Arc<Server>, mut s: Stream, peer: &str) -> io::Resu
         return Ok(());
     };
     let stats = &target.stats;
-    inc(&stats.connections_total, 1);
     stats.connections_active.fetch_add(1, Ordering::AcqRel);
     stats.peers.locked().push(peer.to_string());
     target.on_client.call(peer, None);

@@ -158,7 +158,10 @@ pub struct Stats {
     /// while small writes queued up (`fastpath/hold.rs`).
     pub held_replies: AtomicU64,
     pub errors: AtomicU64,
+    /// Connections the server accepted and served, whatever export they
+    /// went on to choose: the server's, in each of its exports' counters.
     pub connections_total: AtomicU64,
+    /// Connections serving this export now.
     pub connections_active: AtomicU64,
     /// Connections closed unserved: over `max_connections`, or no thread
     /// could be had for them.
