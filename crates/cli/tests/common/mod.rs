@@ -257,40 +257,36 @@ impl Served {
     /// (`nbd://` or `nbd+unix://`).
     pub fn start_on(dir: &Path, members: &[String], listen: &[&str], extra: &[&str]) -> Served {
         let control = dir.join("control.sock");
-        let log = dir.join(format!("serve-{}.log", std::process::id()));
-        let logf = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .unwrap();
         let ctl = control.display().to_string();
         let mut a = vec!["serve"];
         a.extend_from_slice(listen);
         a.extend(["--control", ctl.as_str()]);
         a.extend_from_slice(extra);
         a.extend(members.iter().map(|s| s.as_str()));
-        Served::launch(&a, control.clone(), log, logf)
+        Served::launch(dir, &a, control.clone())
     }
 
     /// `raidkit serve --config FILE` on a free loopback port; `control`
     /// is the first array's control socket, as printed.
     pub fn start_config(dir: &Path, config: &Path, extra: &[&str]) -> Served {
+        let cfg = config.display().to_string();
+        let mut a = vec!["serve", "--listen", "127.0.0.1:0", "--config", cfg.as_str()];
+        a.extend_from_slice(extra);
+        let mut s = Served::launch(dir, &a, PathBuf::new());
+        let line = s.line_with("control socket ");
+        s.control = PathBuf::from(line.rsplit(' ').next().unwrap());
+        s
+    }
+
+    /// `raidkit` with `a`, its stderr appended to the test's server log in
+    /// `dir`, its stdout lines kept.
+    fn launch(dir: &Path, a: &[&str], control: PathBuf) -> Served {
         let log = dir.join(format!("serve-{}.log", std::process::id()));
         let logf = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)
             .unwrap();
-        let cfg = config.display().to_string();
-        let mut a = vec!["serve", "--listen", "127.0.0.1:0", "--config", cfg.as_str()];
-        a.extend_from_slice(extra);
-        let mut s = Served::launch(&a, PathBuf::new(), log, logf);
-        let line = s.line_with("control socket ");
-        s.control = PathBuf::from(line.rsplit(' ').next().unwrap());
-        s
-    }
-
-    fn launch(a: &[&str], control: PathBuf, log: PathBuf, logf: std::fs::File) -> Served {
         let mut child = Command::new(BIN)
             .args(a)
             .stdin(Stdio::null())
