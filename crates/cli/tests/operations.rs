@@ -695,7 +695,7 @@ fn a_config_file_made_by_scan_serves_both_arrays_from_one_server() {
     for m in a.iter().chain(&b) {
         std::fs::rename(m, format!("{m}.moved")).unwrap();
     }
-    let mut s = Served::start_config(dir.path(), &cfg, &[]);
+    let mut s = Served::start_config(dir.path(), &cfg, &["--http", "127.0.0.1:0"]);
     let alpha = s
         .line_with("/alpha")
         .rsplit(' ')
@@ -755,6 +755,25 @@ fn a_config_file_made_by_scan_serves_both_arrays_from_one_server() {
         assert_eq!(paths.len(), n, "{st:#}");
         assert!(paths.iter().all(|p| p.ends_with(".moved")), "{paths:?}");
     }
+    // One HTTP listener for both: metrics of each, the status of either.
+    let page = s.line_with("status page http://");
+    let base = page.split_whitespace().nth(3).unwrap().to_string();
+    let get = |path: &str| {
+        let o = tool("timeout", &["20", "curl", "-sf", &format!("{base}{path}")]);
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let metrics = get("metrics");
+    for name in ["alpha", "beta"] {
+        let line = format!("raidkit_md_state{{array=\"{name}\",state=\"optimal\"}} 1");
+        assert!(metrics.contains(&line), "{line} not in {metrics}");
+        let st: Value = serde_json::from_str(&get(&format!("api/status?array={name}"))).unwrap();
+        assert_eq!(st["array"]["name"], name);
+    }
+    assert_eq!(
+        metrics.matches("# TYPE raidkit_md_state ").count(),
+        1,
+        "one family for both arrays"
+    );
     assert_eq!(s.stop().code(), Some(0));
     let log = s.log();
     assert!(
