@@ -11,9 +11,16 @@
 //! with `read_adopting` instead: data and checksum may have been torn
 //! apart by the crash, so the data is taken and its checksum recomputed.
 //!
-//! Checksums live in memory once loaded (4 bytes per 4 KiB of data: 1 GiB
-//! of RAM per TiB of members) and go back to the member at every flush,
-//! before the member's own flush.
+//! Checksums are loaded a page at a time as blocks are read and written
+//! (4 bytes per 4 KiB of data), kept while used, and go back to the member
+//! at every flush, before the member's own flush. At most about
+//! `cache_pages()` pages stay loaded per member (16 MiB, the checksums of
+//! 16 GiB of data): past it, clean pages are dropped, oldest position
+//! first (a clock hand), and when too many are changed they are written
+//! back early. Writing checksums back before a flush is what every flush
+//! does anyway (they go out before the member's flush, beside data writes
+//! not yet durable): blocks written since the last flush are in the crash
+//! window, which recovery reads adopting.
 
 use crate::metadata::checksums::{self, BLOCK, PER_PAGE};
 use crate::scratch;
@@ -33,6 +40,22 @@ const MAX_GAP: usize = 16;
 /// Checksum pages read at once when one is first needed (128 KiB: the
 /// checksums of 128 MiB of data).
 const LOAD_AHEAD: usize = 32;
+/// Checksum pages kept loaded per member by default (16 MiB).
+const CACHE_PAGES: usize = 4096;
+
+/// Checksum pages kept loaded per member: `CACHE_PAGES`, or
+/// RAIDKIT_CHECKSUM_CACHE_PAGES (tests set it tiny, so that every path
+/// runs with pages coming and going).
+fn cache_pages() -> usize {
+    static PAGES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGES.get_or_init(|| {
+        std::env::var("RAIDKIT_CHECKSUM_CACHE_PAGES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n: &usize| n > 0)
+            .unwrap_or(CACHE_PAGES)
+    })
+}
 
 /// The block ranges being written: a write waits for those in flight
 /// that overlap it. Two writes of one block at once (NBD clients may send
@@ -104,7 +127,16 @@ pub(crate) struct Checked {
     pages: Box<[Mutex<Page>]>,
     /// One bit per page: changed since the last write-back.
     dirty: Box<[AtomicU64]>,
+    /// Held by a write-back, and by whoever drops pages: a page is dropped
+    /// only while no write-back is between taking its bytes and writing
+    /// them (it would be read back stale).
     writing_back: Mutex<()>,
+    /// Pages loaded now.
+    loaded: std::sync::atomic::AtomicUsize,
+    /// The page the next look for one to drop starts at.
+    hand: std::sync::atomic::AtomicUsize,
+    /// Pages kept loaded, at most (about).
+    cap: usize,
     writing: InFlight,
     /// Blocks found bad and not rewritten since: each is counted once.
     known_bad: Mutex<HashSet<u64>>,
@@ -155,6 +187,9 @@ impl Checked {
             pages: (0..n).map(|_| Mutex::new(Page::default())).collect(),
             dirty: (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             writing_back: Mutex::new(()),
+            loaded: Default::default(),
+            hand: Default::default(),
+            cap: cache_pages(),
             writing: InFlight::default(),
             known_bad: Mutex::new(HashSet::new()),
             mismatches: AtomicU64::new(0),
@@ -201,19 +236,62 @@ impl Checked {
             };
             let mut pages = raw.chunks_exact(PAGE_BYTES);
             page.sums = Some(decode(pages.next().expect("one page")));
+            let mut loaded = 1;
             for (k, b) in pages.enumerate() {
                 if let Ok(mut p) = self.pages[pg + 1 + k].try_lock() {
                     if p.sums.is_none() {
                         p.sums = Some(decode(b));
+                        loaded += 1;
                     }
                 }
             }
+            self.loaded.fetch_add(loaded, Ordering::AcqRel);
         }
         let r = f(&mut page, at);
         if page.dirty {
             self.mark(pg);
         }
+        drop(page);
+        if self.loaded.load(Ordering::Acquire) > self.cap {
+            self.shrink();
+        }
         Ok(r)
+    }
+
+    /// Drop clean pages until a quarter of the cache is free; when too
+    /// few are clean, write the changed ones back first. Skipped while a
+    /// write-back runs (the next load tries again).
+    fn shrink(&self) {
+        let Ok(_one) = self.writing_back.try_lock() else {
+            return;
+        };
+        let target = self.cap - self.cap / 4;
+        if !self.drop_clean(target) && self.write_back_locked().is_ok() {
+            self.drop_clean(target);
+        }
+    }
+
+    /// Drop clean pages, from the clock hand on, until at most `target`
+    /// are loaded or every page was looked at once. Pages that are busy,
+    /// changed, or have writes in flight stay. With `writing_back` held.
+    fn drop_clean(&self, target: usize) -> bool {
+        let n = self.pages.len();
+        for _ in 0..n {
+            if self.loaded.load(Ordering::Acquire) <= target {
+                return true;
+            }
+            let pg = self.hand.fetch_add(1, Ordering::Relaxed) % n;
+            if self.dirty[pg / 64].load(Ordering::Acquire) & (1 << (pg % 64)) != 0 {
+                continue;
+            }
+            if let Ok(mut p) = self.pages[pg].try_lock() {
+                if p.sums.is_some() && !p.dirty && p.pending.is_empty() {
+                    p.sums = None;
+                    self.loaded.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+        self.loaded.load(Ordering::Acquire) <= target
     }
 
     /// Check `data`, read from member offset `at` (block aligned), against
@@ -514,6 +592,11 @@ impl Checked {
         // (and flush the device) while another's page writes, which took
         // the marks, are still on their way.
         let _one = self.writing_back.locked();
+        self.write_back_locked()
+    }
+
+    /// `write_back`, with `writing_back` held.
+    fn write_back_locked(&self) -> Result<(), MemberError> {
         let mut marked = Vec::new();
         for (w, word) in self.dirty.iter().enumerate() {
             let mut bits = word.swap(0, Ordering::AcqRel);
@@ -544,8 +627,9 @@ impl Checked {
                 let mut p = self.pages[pg].locked();
                 p.dirty = false;
                 let Some(sums) = p.sums.as_ref() else {
-                    // Unloaded since the check above cannot happen (pages
-                    // are never unloaded); were it so, it is not written.
+                    // Pages are dropped only under `writing_back`, which
+                    // this write-back holds: the pages of its runs, found
+                    // loaded above, stay loaded.
                     unreachable!("a page in a write-back run is loaded");
                 };
                 bytes.extend(sums.iter().flat_map(|s| s.to_le_bytes()));
@@ -660,5 +744,83 @@ impl Member for Checked {
         let mut known = self.known_bad.locked();
         known.retain(|&o| o < a || o >= b);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use raidkit_member::MemMember;
+
+    /// 64 MiB of data (16 checksum pages) after a checksum area at 1 MiB.
+    fn checked(cap: usize) -> (Arc<MemMember>, Checked) {
+        let data_offset = 2 << 20;
+        let blocks = (64 << 20) / BLOCK;
+        let mem = Arc::new(MemMember::new("m", data_offset + (64 << 20)));
+        let area = ChecksumArea {
+            offset: 1 << 20,
+            size: blocks * checksums::ENTRY,
+        };
+        let mut c = Checked::new(mem.clone(), data_offset, area, true);
+        c.cap = cap;
+        (mem, c)
+    }
+
+    fn block(seed: u64) -> Vec<u8> {
+        (0..BLOCK).map(|i| (i * 7 + seed * 13) as u8).collect()
+    }
+
+    #[test]
+    fn pages_come_and_go_within_the_cache_and_no_checksum_is_lost() {
+        let (mem, c) = checked(2);
+        let at = |b: u64| c.data_offset + b * BLOCK;
+        // One block in every 4 MiB: every page changed, none flushed.
+        let blocks: Vec<u64> = (0..16).map(|p| p * PER_PAGE + p).collect();
+        for &b in &blocks {
+            c.write_at(&block(b), at(b)).unwrap();
+        }
+        // Changed pages are written back early rather than kept past the
+        // cache (each load overshoots it, and the shrink after it brings
+        // it back).
+        assert!(
+            c.loaded.load(Ordering::Relaxed) <= 2,
+            "{} pages loaded",
+            c.loaded.load(Ordering::Relaxed)
+        );
+        c.flush().unwrap();
+        // Reading everything back loads and drops pages again: all agree.
+        for &b in &blocks {
+            let mut got = vec![0u8; BLOCK as usize];
+            c.read_at(&mut got, at(b)).unwrap();
+            assert_eq!(got, block(b));
+        }
+        assert_eq!(c.mismatches.load(Ordering::Relaxed), 0);
+        // Rot in a block whose page was dropped is still caught: the
+        // checksum came back from the member.
+        let victim = blocks[3];
+        let mut raw = block(victim);
+        raw[100] ^= 0x10;
+        mem.write_at(&raw, at(victim)).unwrap();
+        for &b in blocks.iter().rev() {
+            let mut got = vec![0u8; BLOCK as usize];
+            let r = c.read_at(&mut got, at(b));
+            if b == victim {
+                assert!(r.as_ref().is_err_and(is_mismatch), "{r:?}");
+            } else {
+                r.unwrap();
+            }
+        }
+        // And a fresh open of the member (nothing cached) agrees with
+        // every block written.
+        let (_, again) = {
+            let mut c2 = Checked::new(mem.clone(), c.data_offset, c.area, true);
+            c2.cap = 2;
+            ((), c2)
+        };
+        for &b in &blocks {
+            let mut got = vec![0u8; BLOCK as usize];
+            let r = again.read_at(&mut got, at(b));
+            assert_eq!(r.is_err(), b == victim, "block {b}: {r:?}");
+        }
     }
 }
