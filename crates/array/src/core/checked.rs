@@ -199,6 +199,12 @@ impl Checked {
         }
     }
 
+    /// The member under the checks (for the fast paths, which verify
+    /// what they take from it themselves).
+    pub fn inner(&self) -> &Arc<dyn Member> {
+        &self.inner
+    }
+
     fn entries(&self) -> u64 {
         self.area.size / checksums::ENTRY
     }

@@ -28,19 +28,47 @@ impl Array {
         let pieces = self.core.geom.pieces(offset, len);
         let mut disks: Small<&Disk> = Small::new();
         let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
+        let mut mapped = Vec::new();
         for p in &pieces {
             // The copy `read` would try first, or the next one in sync.
             let (d, dev) = self
                 .copy_order(p)
                 .find_map(|(role, dev)| Core::readable(&v, role, dev, p.len).map(|d| (d, dev)))?;
-            let file = d.member.as_file()?;
-            push_extent(
-                &mut ext,
-                file,
-                d.member.as_mapper(),
-                d.data_offset + dev,
-                p.len,
-            );
+            let at = d.data_offset + dev;
+            let (file, mapper) = match &d.checked {
+                None => (d.member.as_file()?, d.member.as_mapper()),
+                Some(c) => {
+                    // Checked data: its cached pages are verified here,
+                    // whole blocks only; anything else (a block that
+                    // disagrees, a page not cached) is left to `read`,
+                    // which reads, verifies, heals and counts.
+                    if !(at.is_multiple_of(BLOCK) && p.len.is_multiple_of(BLOCK)) {
+                        return None;
+                    }
+                    let inner = c.inner();
+                    let (file, mapper) = (inner.as_file()?, inner.as_mapper()?);
+                    mapped.clear();
+                    if !mapper.cached(at, p.len, &mut mapped).ok()? {
+                        return None;
+                    }
+                    let mut pos = at;
+                    for r in &mapped {
+                        // SAFETY: the range is mapped (`r` holds the
+                        // mapping) and `r.len` bytes long; it is only read.
+                        // A write racing this read may change the bytes
+                        // meanwhile (as it may for any read racing a
+                        // write): a block torn by it disagrees with both
+                        // checksums and sends the read the ordinary way.
+                        let data = unsafe { std::slice::from_raw_parts(r.ptr, r.len) };
+                        if !c.agrees(data, pos).ok()? {
+                            return None;
+                        }
+                        pos += r.len as u64;
+                    }
+                    (file, Some(mapper))
+                }
+            };
+            push_extent(&mut ext, file, mapper, at, p.len);
             if !disks.iter().any(|x| std::ptr::eq(*x, &**d)) {
                 disks.push(d);
             }
