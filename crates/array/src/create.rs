@@ -427,6 +427,7 @@ pub fn create(
             checksums: area,
             scrub: None,
             roles: roles.clone(),
+            md: None,
         };
         write_superblock(m.as_ref(), &mut sb)?;
     }

@@ -335,6 +335,7 @@ fn cmd_examine(a: ExamineArgs) -> Result<()> {
                     "size": sb.checksums.size,
                 })),
                 "superblock_copies_valid": r.copies_valid,
+                "metadata": metadata_name(sb),
                 "roles": roles,
             }))?
         );
@@ -360,17 +361,31 @@ fn cmd_examine(a: ExamineArgs) -> Result<()> {
         sb.data_size,
         human(sb.data_size)
     );
-    println!(
-        "     Superblocks : copy A {}, copy B {} (seq {})",
-        if r.copies_valid[0] { "valid" } else { "BAD" },
-        if r.copies_valid[1] { "valid" } else { "BAD" },
-        sb.seq
-    );
+    match sb.md {
+        Some(_) => println!(
+            "        Metadata : {} (read; raidkit serves it --read-only)",
+            metadata_name(sb)
+        ),
+        None => println!(
+            "     Superblocks : copy A {}, copy B {} (seq {})",
+            if r.copies_valid[0] { "valid" } else { "BAD" },
+            if r.copies_valid[1] { "valid" } else { "BAD" },
+            sb.seq
+        ),
+    }
     println!("     Role table  :");
     for (i, e) in sb.roles.iter().enumerate() {
         println!("        {i:>4}  {}  {}", e.member_uuid, e.state.name());
     }
     Ok(())
+}
+
+/// Which metadata a member carries: "raidkit", or md's with its version.
+pub fn metadata_name(sb: &Superblock) -> String {
+    match sb.md {
+        Some(v) => format!("md {}", v.name()),
+        None => "raidkit".into(),
+    }
 }
 
 fn print_sb_common(sb: &Superblock) {

@@ -6,4 +6,5 @@
 pub mod bitmap;
 pub mod checksums;
 pub mod journal;
+pub mod md;
 pub mod superblock;

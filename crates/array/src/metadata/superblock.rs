@@ -165,6 +165,9 @@ pub struct Superblock {
     /// A scrub to resume: from this unit, and whether it only checks.
     pub scrub: Option<(u64, bool)>,
     pub roles: Vec<RoleEntry>,
+    /// Read from md's own superblock of this version (see `md`), not
+    /// from raidkit's: not written back by raidkit.
+    pub md: Option<crate::metadata::md::MdVersion>,
 }
 
 /// Where the checksum area lies on a member (see `checksums`).
@@ -455,6 +458,7 @@ impl Superblock {
             scrub: (get_u32(b, 20) & FLAG_SCRUB != 0)
                 .then(|| (get_u64(b, 304), get_u32(b, 20) & FLAG_SCRUB_CHECK_ONLY != 0)),
             roles,
+            md: None,
         }))
     }
 }
@@ -501,6 +505,13 @@ pub fn read_superblock(m: &dyn Member) -> Result<SuperblockRead> {
         [None, Some(b)] => b,
         [None, None] => {
             if !magic_seen {
+                // No raidkit superblock: perhaps md's own.
+                if let Some((sb, _)) = crate::metadata::md::read_md(m)? {
+                    return Ok(SuperblockRead {
+                        sb,
+                        copies_valid: [true, true],
+                    });
+                }
                 return Err(Error::NoSuperblock {
                     member: name.to_string(),
                 });
@@ -530,6 +541,13 @@ pub fn read_superblock(m: &dyn Member) -> Result<SuperblockRead> {
 
 /// Write a superblock to both copies (A, flush, B, flush), raising its sequence number.
 pub fn write_superblock(m: &dyn Member, sb: &mut Superblock) -> Result<()> {
+    if let Some(v) = sb.md {
+        return Err(Error::Invalid(format!(
+            "{}: the array has md {} metadata, which raidkit reads but does not write yet: serve it with --read-only (nothing was written)",
+            m.name(),
+            v.name()
+        )));
+    }
     sb.seq += 1;
     let block = sb.encode();
     for off in SB_OFFSETS {
@@ -597,6 +615,7 @@ mod tests {
                     data_size: 15 << 20,
                 })
                 .collect(),
+            md: None,
         }
     }
 

@@ -1,0 +1,596 @@
+//! Linux md's own metadata, read: the superblocks mdadm and the kernel
+//! write (v1.2, the default since mdadm 3.x, 4 KiB from the start; v1.1
+//! at the start; v1.0 near the end; v0.90, the raidtools era's, in the
+//! last 64 KiB-aligned 64 KiB), so that raidkit can serve the md arrays
+//! people already have. raidkit places every byte of data as md does, so
+//! an md member is read as a raidkit member whose superblock is md's,
+//! translated into raidkit's [`Superblock`]: identity, geometry, events,
+//! roles, data_offset and data_size, recovery and resync offsets.
+//!
+//! Formats: the kernel's `include/uapi/linux/raid/md_p.h` (struct
+//! mdp_superblock_1 and mdp_super_t), checksums as md.c's calc_sb_1_csum
+//! and calc_sb_csum. Everything is written by hand: no crate reads md
+//! metadata.
+//!
+//! What raidkit does not handle is refused with a message that names it:
+//! a reshape in progress, an md journal device or PPL, clustered md,
+//! layouts raidkit lacks (RAID-10 far/offset, RAID-6's rotating and
+//! "-6" variants), external metadata (IMSM, DDF: no md superblock at all).
+
+use super::superblock::{
+    ArrayState, BitmapArea, ChecksumArea, JournalArea, Role, RoleEntry, RoleState, Superblock,
+};
+use crate::error::{Error, Result};
+use raidkit_layout::{Geometry, Layout, Level};
+use raidkit_member::Member;
+use uuid::Uuid;
+
+pub const MD_MAGIC: u32 = 0xa92b_4efc;
+const SECTOR: u64 = 512;
+/// md's "no sector": in sync, nothing to resync.
+const MAX_SECTOR: u64 = u64::MAX;
+
+// feature_map bits (md_p.h).
+const FEATURE_BITMAP_OFFSET: u32 = 1;
+const FEATURE_RECOVERY_OFFSET: u32 = 2;
+const FEATURE_RESHAPE_ACTIVE: u32 = 4;
+const FEATURE_CLUSTERED: u32 = 256;
+const FEATURE_JOURNAL: u32 = 512;
+const FEATURE_PPL: u32 = 1024 | 2048;
+
+/// Which md superblock a member carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MdVersion {
+    V0_90,
+    V1_0,
+    V1_1,
+    V1_2,
+}
+
+impl MdVersion {
+    pub fn name(self) -> &'static str {
+        match self {
+            MdVersion::V0_90 => "0.90",
+            MdVersion::V1_0 => "1.0",
+            MdVersion::V1_1 => "1.1",
+            MdVersion::V1_2 => "1.2",
+        }
+    }
+}
+
+/// What an md superblock says that raidkit's own has no place for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MdInfo {
+    pub version: MdVersion,
+    /// Byte offset of the superblock on the member.
+    pub sb_offset: u64,
+    /// md's device number (v1: index into the role table; v0.90: the
+    /// descriptor's number).
+    pub dev_number: u32,
+    /// The internal write-intent bitmap's offset from the superblock, in
+    /// sectors (v1), if there is one.
+    pub bitmap_offset: Option<i32>,
+    /// The array name as md has it ("host:name").
+    pub md_name: String,
+}
+
+/// The offsets where each version's superblock would be on a member of
+/// `len` bytes.
+fn candidates(len: u64) -> Vec<(MdVersion, u64)> {
+    let sectors = len / SECTOR;
+    let mut out = vec![(MdVersion::V1_2, 8 * SECTOR), (MdVersion::V1_1, 0)];
+    if sectors >= 16 {
+        // md: (size in sectors - 8*2) & ~(4*2-1).
+        out.push((MdVersion::V1_0, ((sectors - 16) & !7) * SECTOR));
+    }
+    if len >= 128 << 10 {
+        out.push((MdVersion::V0_90, (len & !(65535)) - 65536));
+    }
+    out
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// md.c's calc_sb_1_csum: the sum of the little-endian words of the
+/// superblock and its role table, with the checksum field zero, folded.
+pub fn sb1_csum(b: &[u8]) -> u32 {
+    let max_dev = u32_at(b, 220) as usize;
+    let size = (256 + max_dev * 2).min(b.len());
+    let mut sum: u64 = 0;
+    let mut i = 0;
+    while i + 4 <= size {
+        if i != 216 {
+            sum += u64::from(u32_at(b, i));
+        }
+        i += 4;
+    }
+    if size - i == 2 {
+        sum += u64::from(u16_at(b, i));
+    }
+    ((sum & 0xffff_ffff) + (sum >> 32)) as u32
+}
+
+/// md.c's calc_sb_csum for v0.90: the 4 KiB superblock's words.
+pub fn sb0_csum(b: &[u8]) -> u32 {
+    let mut sum: u64 = 0;
+    for i in (0..4096).step_by(4) {
+        if i != 38 * 4 {
+            sum += u64::from(u32_at(b, i));
+        }
+    }
+    ((sum & 0xffff_ffff) + (sum >> 32)) as u32
+}
+
+/// The member uuid raidkit gives the holder of md device number `dev`:
+/// md names members by number, raidkit by uuid, and the role table must
+/// name the same member from every member's superblock.
+fn dev_uuid(array: Uuid, dev: u32) -> Uuid {
+    let mut b = *array.as_bytes();
+    for (i, x) in dev.to_le_bytes().iter().enumerate() {
+        b[12 + i] ^= x;
+    }
+    b[8] ^= 0x5a;
+    Uuid::from_bytes(b)
+}
+
+/// An md superblock read and translated; `None`: no md superblock there.
+pub fn read_md(m: &dyn Member) -> Result<Option<(Superblock, MdInfo)>> {
+    let name = m.name();
+    let mut found = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    for (version, at) in candidates(m.len()) {
+        if at + 4096 > m.len() {
+            continue;
+        }
+        m.read_at(&mut buf, at)?;
+        if u32_at(&buf, 0) != MD_MAGIC {
+            continue;
+        }
+        let major = u32_at(&buf, 4);
+        let parsed = match (version, major) {
+            (MdVersion::V0_90, 0) => decode0(&buf, at, m.len(), name)?,
+            (MdVersion::V0_90, _) | (_, 0) => continue,
+            (_, 1) => decode1(&buf, version, name)?,
+            (_, v) => {
+                return Err(Error::UnsupportedVersion {
+                    member: name.to_string(),
+                    version: v,
+                    supported: 1,
+                })
+            }
+        };
+        // A v1 superblock at a place its own offset field disagrees with
+        // is some other version's (1.1 read at 4 KiB...): skipped.
+        if parsed.1.sb_offset == at {
+            found.push(parsed);
+        }
+    }
+    // Two superblocks (a disk reused without zeroing): the most recently
+    // updated is the array's.
+    Ok(found.into_iter().max_by_key(|(sb, _)| sb.utime))
+}
+
+fn corrupt(member: &str, detail: String) -> Error {
+    Error::CorruptSuperblock {
+        member: member.to_string(),
+        detail,
+    }
+}
+
+fn unsupported(member: &str, what: String) -> Error {
+    Error::Invalid(format!(
+        "{member}: md array with {what}: not supported by raidkit (nothing was written)"
+    ))
+}
+
+/// Level, layout and chunk as raidkit has them, or why not.
+fn shape(member: &str, level_n: i32, layout_n: u32, chunk: u64) -> Result<(Level, Layout, u64)> {
+    let level = Level::from_md_number(level_n)
+        .ok_or_else(|| unsupported(member, format!("level {level_n}")))?;
+    let layout = match level {
+        // RAID-0's layout (multi-zone arrays of unequal members) and
+        // linear's do not matter for members of one size.
+        Level::Raid0 | Level::Linear | Level::Raid1 => Layout::None,
+        // md's RAID-4 is parity on the last member, layout 0 or 5.
+        Level::Raid4 if layout_n == 0 => {
+            Layout::Parity(raidkit_layout::ParityLayout::ParityLast)
+        }
+        _ => Layout::from_md_number(level, layout_n).ok_or_else(|| {
+            let what = if level == Level::Raid10 {
+                format!(
+                    "RAID-10 layout {layout_n:#x} (near {}, far {}{}; raidkit has near copies only)",
+                    layout_n & 0xff,
+                    (layout_n >> 8) & 0xff,
+                    if layout_n & 0x10000 != 0 { ", offset" } else { "" }
+                )
+            } else {
+                format!("{level} layout {layout_n}")
+            };
+            unsupported(member, what)
+        })?,
+    };
+    // Mirrors and linear arrays have no chunk in md; raidkit counts their
+    // units in 4 KiB.
+    let chunk = if chunk == 0 { 4096 } else { chunk };
+    Ok((level, layout, chunk))
+}
+
+fn decode1(b: &[u8], version: MdVersion, member: &str) -> Result<(Superblock, MdInfo)> {
+    let max_dev = u32_at(b, 220) as usize;
+    if 256 + max_dev * 2 > b.len() {
+        return Err(corrupt(
+            member,
+            format!("md role table of {max_dev} entries"),
+        ));
+    }
+    if u32_at(b, 216) != sb1_csum(b) {
+        return Err(corrupt(member, "md superblock checksum mismatch".into()));
+    }
+    let feature = u32_at(b, 8);
+    for (bit, what) in [
+        (FEATURE_RESHAPE_ACTIVE, "a reshape in progress"),
+        (FEATURE_JOURNAL, "an md journal"),
+        (FEATURE_PPL, "a partial parity log (PPL)"),
+        (FEATURE_CLUSTERED, "clustered md"),
+    ] {
+        if feature & bit != 0 {
+            return Err(unsupported(member, what.into()));
+        }
+    }
+    let array_uuid = Uuid::from_bytes(b[16..32].try_into().expect("16 bytes"));
+    let raw_name = &b[32..64];
+    let n = raw_name.iter().position(|&c| c == 0).unwrap_or(32);
+    let md_name = String::from_utf8_lossy(&raw_name[..n]).into_owned();
+    let level_n = u32_at(b, 72) as i32;
+    let (level, layout, chunk) = shape(
+        member,
+        level_n,
+        u32_at(b, 76),
+        u64::from(u32_at(b, 88)) * SECTOR,
+    )?;
+    let size = u64_at(b, 80) * SECTOR;
+    let raid_disks = u32_at(b, 92);
+    let sb_offset = u64_at(b, 144) * SECTOR;
+    let dev_number = u32_at(b, 160);
+    let roles_raw: Vec<u16> = (0..max_dev).map(|i| u16_at(b, 256 + 2 * i)).collect();
+    let my = *roles_raw.get(dev_number as usize).ok_or_else(|| {
+        corrupt(
+            member,
+            format!("md device number {dev_number} beyond the role table"),
+        )
+    })?;
+    let role = match my {
+        0xffff => Role::Spare,
+        0xfffe => Role::Spare,
+        0xfffd => return Err(unsupported(member, "an md journal device".into())),
+        r if u32::from(r) < raid_disks => Role::Active(u32::from(r)),
+        r => {
+            return Err(corrupt(
+                member,
+                format!("md role {r} beyond {raid_disks} members"),
+            ))
+        }
+    };
+    let faulty = my == 0xfffe;
+    let recovery = (feature & FEATURE_RECOVERY_OFFSET != 0).then(|| u64_at(b, 152) * SECTOR);
+    let mut roles: Vec<RoleEntry> = (0..raid_disks)
+        .map(|_| RoleEntry {
+            member_uuid: Uuid::nil(),
+            state: RoleState::Removed,
+            data_size: size,
+        })
+        .collect();
+    for (dev, &r) in roles_raw.iter().enumerate() {
+        if let Some(e) = roles.get_mut(usize::from(r)) {
+            e.member_uuid = dev_uuid(array_uuid, dev as u32);
+            e.state = RoleState::Active;
+        }
+    }
+    if let (Role::Active(r), Some(_)) = (role, recovery) {
+        roles[r as usize].state = RoleState::Rebuilding;
+    }
+    let resync = u64_at(b, 208);
+    let time = |v: u64| v & 0xff_ffff_ffff;
+    let sb = translated(Translated {
+        version,
+        member,
+        array_uuid,
+        member_uuid: if faulty {
+            // A member md failed holds no role: never taken as one.
+            Uuid::from_bytes(b[168..184].try_into().expect("16 bytes"))
+        } else {
+            dev_uuid(array_uuid, dev_number)
+        },
+        md_name: &md_name,
+        level,
+        layout,
+        chunk,
+        role,
+        ctime: time(u64_at(b, 64)),
+        utime: time(u64_at(b, 192)),
+        events: u64_at(b, 200),
+        data_offset: u64_at(b, 128) * SECTOR,
+        data_size: u64_at(b, 136) * SECTOR,
+        resync_sector: resync,
+        recovery,
+        roles,
+    })?;
+    let info = MdInfo {
+        version,
+        sb_offset,
+        dev_number,
+        bitmap_offset: (feature & FEATURE_BITMAP_OFFSET != 0).then(|| u32_at(b, 96) as i32),
+        md_name,
+    };
+    Ok((sb, info))
+}
+
+fn decode0(b: &[u8], at: u64, len: u64, member: &str) -> Result<(Superblock, MdInfo)> {
+    let w = |i: usize| u32_at(b, 4 * i);
+    if w(38) != sb0_csum(b) {
+        return Err(corrupt(
+            member,
+            "md 0.90 superblock checksum mismatch".into(),
+        ));
+    }
+    if w(2) != 90 {
+        return Err(Error::UnsupportedVersion {
+            member: member.to_string(),
+            version: w(2),
+            supported: 90,
+        });
+    }
+    let mut u = [0u8; 16];
+    for (k, i) in [5, 13, 14, 15].into_iter().enumerate() {
+        u[4 * k..4 * k + 4].copy_from_slice(&w(i).to_be_bytes());
+    }
+    let array_uuid = Uuid::from_bytes(u);
+    let level_n = w(7) as i32;
+    let (level, layout, chunk) = shape(member, level_n, w(64), u64::from(w(65)))?;
+    let size = u64::from(w(8)) * 1024;
+    let raid_disks = w(10);
+    // Descriptors: number, major, minor, raid_disk, state (faulty 1,
+    // active 2, sync 4, removed 8).
+    let desc = |i: usize| (w(i), w(i + 3), w(i + 4));
+    let (number, raid_disk, state) = desc(992);
+    let in_sync = state & 0b110 == 0b110 && state & 1 == 0;
+    let role = if in_sync && raid_disk < raid_disks {
+        Role::Active(raid_disk)
+    } else {
+        Role::Spare
+    };
+    let mut roles: Vec<RoleEntry> = (0..raid_disks)
+        .map(|_| RoleEntry {
+            member_uuid: Uuid::nil(),
+            state: RoleState::Removed,
+            data_size: size,
+        })
+        .collect();
+    for d in 0..27 {
+        let (num, rd, st) = desc(128 + 32 * d);
+        if st & 0b110 == 0b110 && st & 1 == 0 && rd < raid_disks {
+            roles[rd as usize] = RoleEntry {
+                member_uuid: dev_uuid(array_uuid, num),
+                state: RoleState::Active,
+                data_size: size,
+            };
+        }
+    }
+    let events = u64::from(w(39)) | (u64::from(w(40)) << 32);
+    let clean = w(33) & 1 != 0;
+    let sb = translated(Translated {
+        version: MdVersion::V0_90,
+        member,
+        array_uuid,
+        member_uuid: dev_uuid(array_uuid, number),
+        md_name: "",
+        level,
+        layout,
+        chunk,
+        role,
+        ctime: u64::from(w(6)),
+        utime: u64::from(w(32)),
+        events,
+        data_offset: 0,
+        data_size: at.min(len),
+        resync_sector: if clean { MAX_SECTOR } else { u64::from(w(43)) },
+        recovery: None,
+        roles,
+    })?;
+    Ok((
+        sb,
+        MdInfo {
+            version: MdVersion::V0_90,
+            sb_offset: at,
+            dev_number: number,
+            bitmap_offset: None,
+            md_name: String::new(),
+        },
+    ))
+}
+
+struct Translated<'a> {
+    version: MdVersion,
+    member: &'a str,
+    array_uuid: Uuid,
+    member_uuid: Uuid,
+    md_name: &'a str,
+    level: Level,
+    layout: Layout,
+    chunk: u64,
+    role: Role,
+    ctime: u64,
+    utime: u64,
+    events: u64,
+    data_offset: u64,
+    data_size: u64,
+    resync_sector: u64,
+    recovery: Option<u64>,
+    roles: Vec<RoleEntry>,
+}
+
+fn translated(t: Translated<'_>) -> Result<Superblock> {
+    let sizes: Vec<u64> = t.roles.iter().map(|r| r.data_size).collect();
+    let geometry = Geometry::new(t.level, t.layout, t.chunk, sizes)
+        .map_err(|e| corrupt(t.member, format!("md array shape: {e}")))?;
+    // md's "host:name" (mdadm's homehost prefix): the name part is the
+    // array's name; a 0.90 array has none, so its md minor's place is
+    // taken by its uuid's first part.
+    let name = match t.md_name.rsplit_once(':') {
+        Some((_, n)) if !n.is_empty() => n.to_string(),
+        _ if !t.md_name.is_empty() => t.md_name.to_string(),
+        _ => format!("md-{}", &t.array_uuid.simple().to_string()[..8]),
+    };
+    let unit = if t.level.is_parity() || t.level == Level::Raid10 || t.level == Level::Raid1 {
+        t.chunk
+    } else {
+        u64::MAX
+    };
+    let dirty = t.resync_sector != MAX_SECTOR;
+    Ok(Superblock {
+        seq: 0,
+        array_uuid: t.array_uuid,
+        member_uuid: t.member_uuid,
+        name,
+        level: t.level,
+        layout: t.layout,
+        chunk: t.chunk,
+        role: t.role,
+        ctime: t.ctime,
+        utime: t.utime,
+        events: t.events,
+        data_offset: t.data_offset,
+        data_size: t.data_size,
+        array_size: geometry.capacity(),
+        state: if dirty {
+            ArrayState::Dirty
+        } else {
+            ArrayState::Clean
+        },
+        recovery_offset: t.recovery,
+        bitmap: BitmapArea::default(),
+        journal: JournalArea::default(),
+        resync: (dirty && t.level.has_redundancy())
+            .then(|| t.resync_sector.saturating_mul(SECTOR) / unit),
+        checksums: ChecksumArea::default(),
+        scrub: None,
+        roles: t.roles,
+        md: Some(t.version),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use raidkit_member::MemMember;
+
+    /// A v1.2 superblock as mdadm writes one (the fields read here).
+    pub(crate) fn sb12(level: i32, layout: u32, disks: u32, dev: u32, events: u64) -> Vec<u8> {
+        let mut b = vec![0u8; 4096];
+        let put32 =
+            |b: &mut Vec<u8>, at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        let put64 =
+            |b: &mut Vec<u8>, at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        put32(&mut b, 0, MD_MAGIC);
+        put32(&mut b, 4, 1);
+        b[16..32].copy_from_slice(&[7u8; 16]);
+        b[32..43].copy_from_slice(b"labhost:lab");
+        put32(&mut b, 72, level as u32);
+        put32(&mut b, 76, layout);
+        put64(&mut b, 80, 120 * 2048); // 120 MiB used per member
+        put32(&mut b, 88, 128); // 64 KiB chunk
+        put32(&mut b, 92, disks);
+        put64(&mut b, 128, 2048); // data at 1 MiB
+        put64(&mut b, 136, 120 * 2048);
+        put64(&mut b, 144, 8);
+        put32(&mut b, 160, dev);
+        put64(&mut b, 200, events);
+        put64(&mut b, 208, u64::MAX);
+        put32(&mut b, 220, disks);
+        for d in 0..disks {
+            b[256 + 2 * d as usize..258 + 2 * d as usize]
+                .copy_from_slice(&(d as u16).to_le_bytes());
+        }
+        let c = sb1_csum(&b);
+        put32(&mut b, 216, c);
+        b
+    }
+
+    fn member_with(sb: &[u8], at: u64) -> MemMember {
+        let m = MemMember::new("m", 128 << 20);
+        m.write_at(sb, at).unwrap();
+        m
+    }
+
+    #[test]
+    fn reads_a_v1_2_raid5_member_as_md_has_it() {
+        let m = member_with(&sb12(5, 2, 3, 1, 42), 4096);
+        let (sb, info) = read_md(&m).unwrap().expect("found");
+        assert_eq!(info.version, MdVersion::V1_2);
+        assert_eq!(info.md_name, "labhost:lab");
+        assert_eq!(sb.name, "lab");
+        assert_eq!(sb.level, Level::Raid5);
+        assert_eq!(
+            sb.layout,
+            Layout::Parity(raidkit_layout::ParityLayout::LeftSymmetric)
+        );
+        assert_eq!(
+            (sb.chunk, sb.role, sb.events),
+            (64 << 10, Role::Active(1), 42)
+        );
+        assert_eq!((sb.data_offset, sb.data_size), (1 << 20, 120 << 20));
+        assert_eq!(sb.array_size, 2 * (120 << 20));
+        assert_eq!(sb.state, ArrayState::Clean);
+        assert_eq!(sb.roles.len(), 3);
+        assert!(sb.roles.iter().all(|r| r.state == RoleState::Active));
+        assert_eq!(sb.roles[1].member_uuid, sb.member_uuid);
+    }
+
+    #[test]
+    fn a_bad_checksum_or_an_unsupported_shape_is_refused_by_name() {
+        let mut b = sb12(5, 2, 3, 0, 1);
+        b[200] ^= 1;
+        let e = read_md(&member_with(&b, 4096)).unwrap_err().to_string();
+        assert!(e.contains("checksum"), "{e}");
+        // RAID-10 far 2: refused, named.
+        let e = read_md(&member_with(&sb12(10, 0x201, 4, 0, 1), 4096))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("far 2"), "{e}");
+        // A reshape in progress.
+        let mut b = sb12(5, 2, 3, 0, 1);
+        b[8] = FEATURE_RESHAPE_ACTIVE as u8;
+        let c = sb1_csum(&b);
+        b[216..220].copy_from_slice(&c.to_le_bytes());
+        let e = read_md(&member_with(&b, 4096)).unwrap_err().to_string();
+        assert!(e.contains("reshape"), "{e}");
+        // Nothing md: None.
+        assert!(read_md(&MemMember::new("z", 8 << 20)).unwrap().is_none());
+    }
+
+    #[test]
+    fn v1_1_and_v1_0_are_found_where_md_puts_them() {
+        let mut b = sb12(1, 0, 2, 0, 3);
+        b[144..152].copy_from_slice(&0u64.to_le_bytes());
+        let c = sb1_csum(&b);
+        b[216..220].copy_from_slice(&c.to_le_bytes());
+        let (_, info) = read_md(&member_with(&b, 0)).unwrap().unwrap();
+        assert_eq!(info.version, MdVersion::V1_1);
+        let at = (((128u64 << 20) / 512 - 16) & !7) * 512;
+        let mut b = sb12(1, 0, 2, 0, 3);
+        b[144..152].copy_from_slice(&(at / 512).to_le_bytes());
+        let c = sb1_csum(&b);
+        b[216..220].copy_from_slice(&c.to_le_bytes());
+        let (sb, info) = read_md(&member_with(&b, at)).unwrap().unwrap();
+        assert_eq!(info.version, MdVersion::V1_0);
+        assert_eq!(sb.level, Level::Raid1);
+    }
+}
