@@ -183,6 +183,7 @@ pub fn scan(a: ScanArgs) -> Result<()> {
             }
         );
         list.push(json!({
+            "metadata": crate::commands::metadata_name(sb),
             "uuid": uuid,
             "name": sb.name,
             "level": sb.level.to_string(),
@@ -235,10 +236,11 @@ pub fn scan(a: ScanArgs) -> Result<()> {
     }
     for arr in &list {
         println!(
-            "ARRAY {} name={} level={} members={}/{} {}",
+            "ARRAY {} name={} level={} metadata={} members={}/{} {}",
             arr["uuid"].as_str().unwrap_or(""),
             arr["name"].as_str().unwrap_or(""),
             arr["level"].as_str().unwrap_or(""),
+            arr["metadata"].as_str().unwrap_or(""),
             arr["raid_disks"].as_u64().unwrap_or(0) as usize
                 - arr["missing_roles"].as_array().map_or(0, Vec::len),
             arr["raid_disks"],

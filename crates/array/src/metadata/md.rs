@@ -256,7 +256,12 @@ fn decode1(b: &[u8], version: MdVersion, member: &str) -> Result<(Superblock, Md
         u32_at(b, 76),
         u64::from(u32_at(b, 88)) * SECTOR,
     )?;
-    let size = u64_at(b, 80) * SECTOR;
+    // RAID-0 and linear arrays record no used size (md sizes them from
+    // each device): the data area is used, in whole chunks.
+    let size = match u64_at(b, 80) * SECTOR {
+        0 => u64_at(b, 136) * SECTOR,
+        s => s,
+    };
     let raid_disks = u32_at(b, 92);
     let sb_offset = u64_at(b, 144) * SECTOR;
     let dev_number = u32_at(b, 160);
@@ -355,7 +360,11 @@ fn decode0(b: &[u8], at: u64, len: u64, member: &str) -> Result<(Superblock, MdI
     let array_uuid = Uuid::from_bytes(u);
     let level_n = w(7) as i32;
     let (level, layout, chunk) = shape(member, level_n, w(64), u64::from(w(65)))?;
-    let size = u64::from(w(8)) * 1024;
+    // No recorded size (RAID-0, linear): up to the superblock.
+    let size = match u64::from(w(8)) * 1024 {
+        0 => at.min(len),
+        s => s,
+    };
     let raid_disks = w(10);
     // Descriptors: number, major, minor, raid_disk, state (faulty 1,
     // active 2, sync 4, removed 8).
