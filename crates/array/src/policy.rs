@@ -33,6 +33,15 @@ pub struct PolicyChange {
 /// what that member missed, and a journal dropped before it was replayed
 /// would lose the stripes it protects.
 pub fn set_policy(asm: &Assembly, to: Policy, region: Option<u64>) -> Result<PolicyChange> {
+    if let Some(m) = &asm.sb.md {
+        // md keeps its own bitmap and journal formats; raidkit's would be
+        // invisible to the kernel, and md's superblock has no place for them.
+        return Err(Error::Invalid(format!(
+            "array '{}' has md {} metadata: its consistency policy is md's to change (mdadm --grow --bitmap=...); nothing was written",
+            asm.sb.name,
+            m.version.name()
+        )));
+    }
     let sb = &asm.sb;
     let from = Policy::of(sb);
     let name = &sb.name;

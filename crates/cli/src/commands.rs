@@ -361,10 +361,14 @@ fn cmd_examine(a: ExamineArgs) -> Result<()> {
         sb.data_size,
         human(sb.data_size)
     );
-    match sb.md {
-        Some(_) => println!(
-            "        Metadata : {} (read; raidkit serves it --read-only)",
-            metadata_name(sb)
+    match &sb.md {
+        Some(m) => println!(
+            "        Metadata : {}{}",
+            metadata_name(sb),
+            match raidkit_array::metadata::md::unwritable(m) {
+                Some(why) => format!(" (read-only: {why})"),
+                None => String::new(),
+            }
         ),
         None => println!(
             "     Superblocks : copy A {}, copy B {} (seq {})",
@@ -382,8 +386,8 @@ fn cmd_examine(a: ExamineArgs) -> Result<()> {
 
 /// Which metadata a member carries: "raidkit", or md's with its version.
 pub fn metadata_name(sb: &Superblock) -> String {
-    match sb.md {
-        Some(v) => format!("md {}", v.name()),
+    match &sb.md {
+        Some(m) => format!("md {}", m.version.name()),
         None => "raidkit".into(),
     }
 }

@@ -66,6 +66,9 @@ impl Core {
                 sb.data_size = own.data_size;
                 sb.recovery_offset = rebuilding.then(|| own.recovery_offset.unwrap_or(0));
                 sb.seq = own.seq;
+                // md's superblock of this member (its device number, its
+                // fields as md wrote them), not the template's.
+                sb.md = own.md.clone();
                 match write_superblock(d.member.as_ref(), &mut sb) {
                     Ok(()) => {
                         *own = sb;

@@ -21,13 +21,16 @@ impl Array {
 
     /// Start an array with options (see [`OpenOptions`]).
     pub fn open_with(asm: Assembly, name: &str, opts: OpenOptions) -> Result<Array> {
-        if let (Some(v), false) = (asm.sb.md, opts.read_only) {
+        if let (Some(why), false) = (
+            asm.sb.md.as_ref().and_then(crate::metadata::md::unwritable),
+            opts.read_only,
+        ) {
             // Every change of state writes superblocks, which raidkit
-            // cannot yet write in md's format: refused before anything is
-            // written, rather than failing each member at its first update.
+            // cannot write for this array as md would: refused before
+            // anything is written, rather than failing each member at its
+            // first update.
             return Err(Error::Invalid(format!(
-                "array '{name}' has md {} metadata, which raidkit reads but does not write yet: open it read-only (serve --read-only; read, check and examine never write)",
-                v.name()
+                "array '{name}' has {why}: open it read-only (serve --read-only; read, check and examine never write)"
             )));
         }
         // The thread pools, made now rather than in the middle of a request

@@ -58,6 +58,22 @@ impl MdVersion {
     }
 }
 
+/// An md member's superblock as read, kept so that raidkit's updates
+/// change only the fields that follow the array's state (events, update
+/// time, resync offset, roles, recovery offset) and leave the rest as md
+/// wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MdMeta {
+    pub version: MdVersion,
+    /// Byte offset of the superblock on the member.
+    pub sb_offset: u64,
+    pub dev_number: u32,
+    /// Whether md keeps an internal write-intent bitmap for the array.
+    pub bitmap: bool,
+    /// The superblock's 4 KiB as read.
+    pub raw: Vec<u8>,
+}
+
 /// What an md superblock says that raidkit's own has no place for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MdInfo {
@@ -305,7 +321,13 @@ fn decode1(b: &[u8], version: MdVersion, member: &str) -> Result<(Superblock, Md
     let resync = u64_at(b, 208);
     let time = |v: u64| v & 0xff_ffff_ffff;
     let sb = translated(Translated {
-        version,
+        meta: MdMeta {
+            version,
+            sb_offset,
+            dev_number,
+            bitmap: feature & FEATURE_BITMAP_OFFSET != 0,
+            raw: b.to_vec(),
+        },
         member,
         array_uuid,
         member_uuid: if faulty {
@@ -396,7 +418,13 @@ fn decode0(b: &[u8], at: u64, len: u64, member: &str) -> Result<(Superblock, MdI
     let events = u64::from(w(39)) | (u64::from(w(40)) << 32);
     let clean = w(33) & 1 != 0;
     let sb = translated(Translated {
-        version: MdVersion::V0_90,
+        meta: MdMeta {
+            version: MdVersion::V0_90,
+            sb_offset: at,
+            dev_number: number,
+            bitmap: false,
+            raw: b.to_vec(),
+        },
         member,
         array_uuid,
         member_uuid: dev_uuid(array_uuid, number),
@@ -427,7 +455,7 @@ fn decode0(b: &[u8], at: u64, len: u64, member: &str) -> Result<(Superblock, MdI
 }
 
 struct Translated<'a> {
-    version: MdVersion,
+    meta: MdMeta,
     member: &'a str,
     array_uuid: Uuid,
     member_uuid: Uuid,
@@ -492,8 +520,118 @@ fn translated(t: Translated<'_>) -> Result<Superblock> {
         checksums: ChecksumArea::default(),
         scrub: None,
         roles: t.roles,
-        md: Some(t.version),
+        md: Some(t.meta),
     })
+}
+
+/// Why raidkit cannot keep this md array's metadata as md would, if it
+/// cannot: then the array is opened read-only or not at all.
+pub fn unwritable(meta: &MdMeta) -> Option<String> {
+    if meta.version == MdVersion::V0_90 {
+        return Some("md 0.90 metadata, which raidkit reads but does not write".into());
+    }
+    if meta.bitmap {
+        return Some(
+            "an md internal write-intent bitmap, which raidkit reads past but does not keep up to date"
+                .into(),
+        );
+    }
+    None
+}
+
+/// The md device number behind a member uuid `dev_uuid` gave, if it is one.
+fn dev_of(array: Uuid, member: Uuid) -> Option<u32> {
+    let (a, m) = (array.as_bytes(), member.as_bytes());
+    let same = (0..16)
+        .filter(|&i| !(8..9).contains(&i) && !(12..16).contains(&i))
+        .all(|i| a[i] == m[i]);
+    if !same || a[8] ^ 0x5a != m[8] {
+        return None;
+    }
+    let mut d = [0u8; 4];
+    for i in 0..4 {
+        d[i] = a[12 + i] ^ m[12 + i];
+    }
+    Some(u32::from_le_bytes(d))
+}
+
+/// Write `sb`'s state into the member's md v1 superblock, md's way: the
+/// superblock as read with events, update time, resync offset (clean: in
+/// sync, or where a pending resync stands; dirty: 0, as md records an
+/// array in use), the role table (faulty members 0xfffe) and the recovery
+/// offset changed, its checksum recomputed.
+pub fn write_md(m: &dyn Member, sb: &Superblock) -> Result<()> {
+    let meta = sb.md.as_ref().expect("an md member");
+    if let Some(why) = unwritable(meta) {
+        return Err(Error::Invalid(format!(
+            "{}: the array has {why}: open it read-only (nothing was written)",
+            m.name()
+        )));
+    }
+    if dev_of(sb.array_uuid, sb.member_uuid) != Some(meta.dev_number) {
+        return Err(Error::Invalid(format!(
+            "{}: adding a member to an md array is not supported yet (nothing was written)",
+            m.name()
+        )));
+    }
+    let mut b = meta.raw.clone();
+    let put32 =
+        |b: &mut Vec<u8>, at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    let put64 =
+        |b: &mut Vec<u8>, at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    put64(&mut b, 200, sb.events);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    put64(&mut b, 192, now & 0xff_ffff_ffff);
+    let unit = if sb.level.is_parity() || sb.level == Level::Raid10 || sb.level == Level::Raid1 {
+        sb.chunk
+    } else {
+        0
+    };
+    let resync = match (sb.state, sb.resync) {
+        (ArrayState::Dirty, _) => 0,
+        (ArrayState::Clean, None) => MAX_SECTOR,
+        (ArrayState::Clean, Some(u)) => u.saturating_mul(unit) / SECTOR,
+    };
+    put64(&mut b, 208, resync);
+    let mut feature = u32_at(&b, 8);
+    match sb.recovery_offset {
+        Some(off) => {
+            feature |= FEATURE_RECOVERY_OFFSET;
+            put64(&mut b, 152, off / SECTOR);
+        }
+        None => {
+            feature &= !FEATURE_RECOVERY_OFFSET;
+            put64(&mut b, 152, 0);
+        }
+    }
+    put32(&mut b, 8, feature);
+    let max_dev = u32_at(&b, 220) as usize;
+    let set_role = |b: &mut Vec<u8>, dev: u32, v: u16| {
+        if (dev as usize) < max_dev {
+            let at = 256 + 2 * dev as usize;
+            b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    };
+    for (r, e) in sb.roles.iter().enumerate() {
+        let Some(dev) = dev_of(sb.array_uuid, e.member_uuid) else {
+            continue;
+        };
+        match e.state {
+            RoleState::Active | RoleState::Rebuilding => set_role(&mut b, dev, r as u16),
+            RoleState::Faulty | RoleState::Removed => set_role(&mut b, dev, 0xfffe),
+        }
+    }
+    match sb.role {
+        Role::Active(r) => set_role(&mut b, meta.dev_number, r as u16),
+        Role::Spare => set_role(&mut b, meta.dev_number, 0xffff),
+    }
+    let c = sb1_csum(&b);
+    put32(&mut b, 216, c);
+    m.write_at(&b, meta.sb_offset)?;
+    m.flush()?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -591,8 +729,9 @@ mod tests {
         b[144..152].copy_from_slice(&0u64.to_le_bytes());
         let c = sb1_csum(&b);
         b[216..220].copy_from_slice(&c.to_le_bytes());
-        let (_, info) = read_md(&member_with(&b, 0)).unwrap().unwrap();
+        let (sb, info) = read_md(&member_with(&b, 0)).unwrap().unwrap();
         assert_eq!(info.version, MdVersion::V1_1);
+        assert_eq!(dev_of(sb.array_uuid, sb.member_uuid), Some(0));
         let at = (((128u64 << 20) / 512 - 16) & !7) * 512;
         let mut b = sb12(1, 0, 2, 0, 3);
         b[144..152].copy_from_slice(&(at / 512).to_le_bytes());

@@ -167,7 +167,7 @@ pub struct Superblock {
     pub roles: Vec<RoleEntry>,
     /// Read from md's own superblock of this version (see `md`), not
     /// from raidkit's: not written back by raidkit.
-    pub md: Option<crate::metadata::md::MdVersion>,
+    pub md: Option<crate::metadata::md::MdMeta>,
 }
 
 /// Where the checksum area lies on a member (see `checksums`).
@@ -541,12 +541,9 @@ pub fn read_superblock(m: &dyn Member) -> Result<SuperblockRead> {
 
 /// Write a superblock to both copies (A, flush, B, flush), raising its sequence number.
 pub fn write_superblock(m: &dyn Member, sb: &mut Superblock) -> Result<()> {
-    if let Some(v) = sb.md {
-        return Err(Error::Invalid(format!(
-            "{}: the array has md {} metadata, which raidkit reads but does not write yet: serve it with --read-only (nothing was written)",
-            m.name(),
-            v.name()
-        )));
+    if sb.md.is_some() {
+        sb.seq += 1;
+        return crate::metadata::md::write_md(m, sb);
     }
     sb.seq += 1;
     let block = sb.encode();
