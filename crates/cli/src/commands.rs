@@ -516,6 +516,7 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
                 "events": sb.events,
                 "resync_offset": sb.resync,
                 "consistency_policy": Policy::of(sb).name(),
+                "metadata": metadata_name(sb),
                 "members": rows,
                 "warnings": asm.warnings,
             }))?
@@ -523,6 +524,16 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
     } else {
         print_sb_common(sb);
         println!("           State : {}", health.name());
+        if let Some(m) = &sb.md {
+            // What md metadata cannot carry is off for such arrays.
+            println!(
+                "        Metadata : md {} (no raidkit journal, checksums or bitmap: md's superblock has no place for them){}",
+                m.version.name(),
+                raidkit_array::metadata::md::unwritable(m)
+                    .map(|w| format!("; read-only: {w}"))
+                    .unwrap_or_default()
+            );
+        }
         if let Some(at) = sb.resync {
             println!(
                 "          Resync : pending from unit {at} of {} (redundancy not yet consistent there)",

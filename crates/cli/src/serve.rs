@@ -860,6 +860,7 @@ fn status_fields(array: &Array, stats: &Stats, served: &Served) -> Map<String, V
             "size": array.capacity(),
             "events": sb.events,
             "consistency_policy": raidkit_array::create::Policy::of(&sb).name(),
+            "metadata": crate::commands::metadata_name(&sb),
         },
         "members": array.members_status(),
         "recovery": array.recovery_status(),
