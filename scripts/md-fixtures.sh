@@ -12,6 +12,8 @@
 #   r10-12  1.2       RAID-10 near=2   3      64K
 #   r0-11   1.1       RAID-0           2      64K
 #   r5-090  0.90      RAID-5 left-sym  3      64K
+#   r5ra-12 1.2       RAID-5 right-asym 3     64K
+#   r5f-12  1.2       RAID-5 left-sym  3      64K  (member 2 failed by md, then the payload written)
 #
 # Writes OUTDIR/<array>-<n>.img (n from 0), OUTDIR/payload.img (4 MiB,
 # deterministic: AES-128-CTR keystream of a fixed all-zero key/IV), the first
@@ -39,7 +41,11 @@ r1-10  1.0  1   2 --assume-clean:--bitmap=none                                  
 r10-12 1.2  10  3 --chunk=64:--layout=n2:--assume-clean:--bitmap=none              5a5a0004:00000000:00000000:00000012
 r0-11  1.1  0   2 --chunk=64                                                       5a5a0005:00000000:00000000:00000011
 r5-090 0.90 5   3 --chunk=64:--layout=left-symmetric:--assume-clean:--bitmap=none  5a5a0006:00000000:00000000:00000090
+r5ra-12 1.2 5   3 --chunk=64:--layout=right-asymmetric:--assume-clean:--bitmap=none 5a5a0007:00000000:00000000:00000012
+r5f-12 1.2  5   3 --chunk=64:--layout=left-symmetric:--assume-clean:--bitmap=none:FAIL 5a5a0008:00000000:00000000:00000012
 '
+# FAIL: the last member is failed (mdadm --fail) before the payload is
+# written, so the array is left degraded with that member stale.
 
 # Deterministic payload: no seed file, no RNG library version to drift.
 openssl enc -aes-128-ctr -nosalt -K 00000000000000000000000000000000 \
@@ -68,8 +74,14 @@ while read -r name meta level n opts uuid; do
     idx=$((idx + 1))
   done
   first=${devs# }; first=${first%% *}
+  last=${devs##* }
+  fail=''
+  case "$opts" in
+    *:FAIL) opts=${opts%:FAIL}; fail="run mdadm /dev/md$md --fail $last" ;;
+  esac
   cat >> "$vmscript" <<EOF
 run mdadm --create /dev/md$md --run --metadata=$meta --level=$level --raid-devices=$n ${opts//:/ } --uuid=$uuid$devs
+$fail
 run dd if=/dev/PAYLOAD of=/dev/md$md bs=1M count=4 conv=fsync
 echo "MDFIX-MD5 $name \$(dd if=/dev/md$md bs=1M count=4 2>/dev/null | md5sum | cut -d' ' -f1)"
 cat /proc/mdstat

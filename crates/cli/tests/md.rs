@@ -12,8 +12,9 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The arrays the fixture script makes: name, members, metadata, level.
-const ARRAYS: [(&str, usize, &str, &str); 6] = [
+const ARRAYS: [(&str, usize, &str, &str); 7] = [
     ("r5-12", 3, "md 1.2", "raid5"),
+    ("r5ra-12", 3, "md 1.2", "raid5"),
     ("r6-12", 4, "md 1.2", "raid6"),
     ("r1-10", 2, "md 1.0", "raid1"),
     ("r10-12", 3, "md 1.2", "raid10"),
@@ -74,7 +75,9 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
     let payload = std::fs::read(dir.path().join("payload.img")).unwrap();
     let all: Vec<String> = ARRAYS
         .iter()
-        .flat_map(|(name, n, _, _)| members(dir.path(), name, *n))
+        .map(|(name, n, _, _)| (*name, *n))
+        .chain([("r5f-12", 3)])
+        .flat_map(|(name, n)| members(dir.path(), name, n))
         .collect();
     let before = digest(&all);
 
@@ -82,7 +85,7 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
     let o = ok(&["scan", "--json", &dir.path().display().to_string()]);
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     let found = v["arrays"].as_array().unwrap();
-    assert_eq!(found.len(), ARRAYS.len(), "{v:#}");
+    assert_eq!(found.len(), ARRAYS.len() + 1, "{v:#}");
 
     for (name, n, metadata, level) in ARRAYS {
         let ms = members(dir.path(), name, n);
@@ -93,6 +96,7 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
         if let Some(md) = md_array_size(dir.path(), name) {
             assert_eq!(size, md, "{name}: array size as md has it");
         }
+        agrees_with_mdadm(name, &ms[0], &e);
         let s = found
             .iter()
             .find(|a| a["uuid"] == e["array_uuid"])
@@ -158,30 +162,109 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
             );
         }
     }
+
+    // A member md failed (and the payload written after): raidkit knows
+    // the role as missing, the member as stale, and reads the payload.
+    let ms = members(dir.path(), "r5f-12", 3);
+    let d: Value = serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
+    assert_eq!(d["state"], "degraded", "{d:#}");
+    let row = d["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["path"].as_str() == Some(ms[2].as_str()))
+        .unwrap_or_else(|| panic!("{d:#}"))
+        .clone();
+    assert_ne!(row["state"], "active", "{d:#}");
+    let out = dir.path().join("read.bin");
+    ok(&args(
+        &[
+            "read",
+            "-o",
+            "0",
+            "-n",
+            "4M",
+            "--out",
+            &out.display().to_string(),
+        ],
+        &ms,
+    ));
+    assert!(
+        std::fs::read(&out).unwrap() == payload,
+        "r5f-12: read differs"
+    );
     assert_eq!(digest(&all), before, "a member file changed");
 
-    // raidkit writes an md array; the kernel assembles what it left.
-    let ms = members(dir.path(), "r5-12", 3);
+    // raidkit writes each md v1 array; the kernel assembles what it left,
+    // reads raidkit's data, and its own check finds nothing to repair.
     let p2 = dir.path().join("p2.img");
     let p2_data: Vec<u8> = (0..4u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
     std::fs::write(&p2, &p2_data).unwrap();
-    ok(&args(
-        &["write", "-o", "1M", "--in", &p2.display().to_string()],
-        &ms,
+    let mut disks: Vec<String> = Vec::new();
+    let mut script = String::new();
+    let writable: Vec<(&str, usize)> = ARRAYS
+        .iter()
+        .filter(|a| a.2 != "md 0.90")
+        .map(|a| (a.0, a.1))
+        .collect();
+    let letter = |i: usize| (b'a' + i as u8) as char;
+    for (k, (name, n)) in writable.iter().enumerate() {
+        let ms = members(dir.path(), name, *n);
+        ok(&args(
+            &["write", "-o", "1M", "--in", &p2.display().to_string()],
+            &ms,
+        ));
+        let devs: Vec<String> = (0..*n)
+            .map(|i| format!("/dev/vd{}", letter(disks.len() + i)))
+            .collect();
+        disks.extend(ms);
+        script.push_str(&format!(
+            "mdadm --assemble /dev/md{k} {devs} || exit 3\n\
+             echo \"ARRAY {name} $(grep -A1 '^md{k} ' /proc/mdstat | tail -1)\"\n\
+             echo \"SUM {name} $(dd if=/dev/md{k} bs=1M skip=1 count=4 2>/dev/null | md5sum | cut -d' ' -f1)\"\n\
+             if [ {name} != r0-11 ]; then\n\
+               echo check > /sys/block/md{k}/md/sync_action\n\
+               sleep 1; while [ \"$(cat /sys/block/md{k}/md/sync_action)\" != idle ]; do sleep 1; done\n\
+               echo \"MISMATCH {name} $(cat /sys/block/md{k}/md/mismatch_cnt)\"\n\
+             fi\n\
+             mdadm --stop /dev/md{k}\n",
+            devs = devs.join(" ")
+        ));
+    }
+    script.push_str(&format!(
+        "echo \"SUM payload $(dd if=/dev/vd{} bs=1M count=4 2>/dev/null | md5sum | cut -d' ' -f1)\"\n",
+        letter(disks.len())
     ));
-    let out = in_vm(
-        dir.path(),
-        "mdadm --assemble /dev/md0 /dev/vda /dev/vdb /dev/vdc || exit 3\n\
-         cat /proc/mdstat\n\
-         dd if=/dev/md0 bs=1M skip=1 count=4 2>/dev/null | md5sum\n\
-         dd if=/dev/vdd bs=1M count=4 2>/dev/null | md5sum\n\
-         mdadm --stop /dev/md0\n",
-        &[&ms[0], &ms[1], &ms[2], &p2.display().to_string()],
-    );
-    assert!(out.contains("[3/3] [UUU]"), "{out}");
-    assert_two_equal_sums(&out);
+    disks.push(p2.display().to_string());
+    let refs: Vec<&str> = disks.iter().map(String::as_str).collect();
+    let out = in_vm(dir.path(), &script, &refs);
+    let field = |tag: &str, name: &str| -> String {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{tag} {name} ")))
+            .unwrap_or_else(|| panic!("no {tag} for {name}: {out}"))
+            .trim()
+            .to_string()
+    };
+    let want = field("SUM", "payload");
+    for (name, n) in &writable {
+        assert_eq!(
+            field("SUM", name),
+            want,
+            "{name}: md reads other data than raidkit wrote: {out}"
+        );
+        if *name != "r0-11" {
+            let ups = "U".repeat(*n);
+            assert!(
+                field("ARRAY", name).contains(&format!("[{ups}]")),
+                "{name}: {out}"
+            );
+            assert_eq!(field("MISMATCH", name), "0", "{name}: {out}");
+        }
+    }
+    let ms = members(dir.path(), "r5-12", 3);
+    let p2_data = p2_data;
 
     // Degraded: a member failed through raidkit, data written after; the
     // kernel starts the array without the stale member and reads the new
@@ -220,6 +303,76 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
     );
     assert!(out.contains("[3/2] [UU_]"), "{out}");
     assert_two_equal_sums(&out);
+}
+
+/// `mdadm --examine` of the member on this host (mdadm reads superblocks
+/// without the md driver) says what `raidkit examine` says, field by field.
+fn agrees_with_mdadm(name: &str, member: &str, e: &Value) {
+    let o = tool("timeout", &["60", "mdadm", "--examine", member]);
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let get = |key: &str| -> Option<String> {
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(" : ")?;
+            (k.trim() == key).then(|| v.trim().to_string())
+        })
+    };
+    let hex = |s: &str| {
+        s.chars()
+            .filter(char::is_ascii_hexdigit)
+            .collect::<String>()
+    };
+    let uuid = get("Array UUID").or_else(|| get("UUID")).expect("a uuid");
+    assert_eq!(
+        hex(&uuid),
+        hex(e["array_uuid"].as_str().unwrap()),
+        "{name}: {text}"
+    );
+    assert_eq!(
+        get("Raid Level").as_deref(),
+        e["level"].as_str(),
+        "{name}: {text}"
+    );
+    assert_eq!(
+        get("Raid Devices").and_then(|v| v.parse::<u64>().ok()),
+        e["raid_disks"].as_u64(),
+        "{name}: {text}"
+    );
+    if let Some(c) = get("Chunk Size") {
+        let kib: u64 = c.trim_end_matches('K').parse().unwrap();
+        assert_eq!(kib * 1024, e["chunk"].as_u64().unwrap(), "{name}: {text}");
+    }
+    if let Some(l) = get("Layout") {
+        let theirs = l.replace("near=", "n");
+        assert_eq!(theirs, e["layout"].as_str().unwrap_or(""), "{name}: {text}");
+    }
+    if let Some(ev) = get("Events") {
+        // 0.90 prints "0.N"; 1.x the count.
+        let n: u64 = ev.rsplit('.').next().unwrap().parse().unwrap();
+        assert_eq!(n, e["events"].as_u64().unwrap(), "{name}: {text}");
+    }
+    if let Some(d) = get("Data Offset") {
+        let sectors: u64 = d.split_whitespace().next().unwrap().parse().unwrap();
+        assert_eq!(
+            sectors * 512,
+            e["data_offset"].as_u64().unwrap(),
+            "{name}: {text}"
+        );
+    }
+    if let Some(r) = get("Device Role") {
+        let ours = match e["role"].as_str() {
+            Some(s) => s.to_string(),
+            None => e["role"].to_string(),
+        };
+        assert!(
+            r.ends_with(&format!("device {ours}")),
+            "{name}: role {r} vs {ours}: {text}"
+        );
+    }
+    if let Some(n) = get("Name") {
+        let short = n.split_whitespace().next().unwrap();
+        let short = short.rsplit(':').next().unwrap();
+        assert_eq!(short, e["name"].as_str().unwrap(), "{name}: {text}");
+    }
 }
 
 /// Run `script` in the md VM with `disks`; its output.
