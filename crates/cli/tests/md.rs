@@ -264,7 +264,6 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
         }
     }
     let ms = members(dir.path(), "r5-12", 3);
-    let p2_data = p2_data;
 
     // Degraded: a member failed through raidkit, data written after; the
     // kernel starts the array without the stale member and reads the new
