@@ -289,6 +289,10 @@ impl Served {
             .unwrap();
         let mut child = Command::new(BIN)
             .args(a)
+            // Default control sockets (raidkit-<uuid>.ctl in the temp
+            // directory) land in the test's directory, removed with it
+            // even when a failing test kills the server.
+            .env("TMPDIR", dir)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(logf))
