@@ -40,6 +40,9 @@ pub struct CreateOptions {
     /// Keep a checksum of every 4 KiB block of every member (see
     /// `checksums`): reads verified, bad blocks rebuilt from redundancy.
     pub checksums: bool,
+    /// Write md's metadata (v1.2) instead of raidkit's, so that the Linux
+    /// kernel assembles the array (see `metadata::md`).
+    pub md: bool,
 }
 
 /// How redundancy is kept consistent across crashes, as md's
@@ -247,9 +250,34 @@ pub fn create(
             }
         }
     }
+    if opts.md {
+        // md's superblock has no place for raidkit's checksums, bitmap or
+        // journal, nor for a role created empty.
+        if opts.checksums || opts.policy != Policy::None {
+            return Err(Error::Invalid(format!(
+                "md metadata keeps no raidkit checksums, bitmap or journal: create with --checksums off and --consistency-policy none (asked: checksums {}, policy {})",
+                if opts.checksums { "on" } else { "off" },
+                opts.policy.name()
+            )));
+        }
+        if n_missing > 0 {
+            return Err(Error::Invalid(
+                "md metadata: 'missing' members are not supported by raidkit's md create".into(),
+            ));
+        }
+    }
     let layouts: Vec<(u64, ChecksumArea)> = sizes
         .iter()
-        .map(|&s| member_layout(s, opts.checksums))
+        .map(|&s| {
+            if opts.md {
+                (
+                    crate::metadata::md::md_data_offset(s),
+                    ChecksumArea::default(),
+                )
+            } else {
+                member_layout(s, opts.checksums)
+            }
+        })
         .collect();
     let offsets: Vec<u64> = layouts.iter().map(|l| l.0).collect();
     for ((p, &s), &o) in prepared.iter().zip(&sizes).zip(&offsets) {
@@ -359,8 +387,15 @@ pub fn create(
     let now = crate::core::unix_now();
     let member_uuids: Vec<Uuid> = members
         .iter()
-        .map(|m| m.as_ref().map_or(Uuid::nil(), |_| Uuid::new_v4()))
+        .enumerate()
+        .map(|(i, m)| match m {
+            None => Uuid::nil(),
+            // md names members by device number.
+            Some(_) if opts.md => crate::metadata::md::member_uuid(uuid, i as u32),
+            Some(_) => Uuid::new_v4(),
+        })
         .collect();
+    let devices = members.len() as u32;
     let spare_members: Vec<Arc<dyn Member>> = members.split_off(n).into_iter().flatten().collect();
     let roles: Vec<RoleEntry> = member_uuids[..n]
         .iter()
@@ -427,7 +462,22 @@ pub fn create(
             checksums: area,
             scrub: None,
             roles: roles.clone(),
-            md: None,
+            md: opts.md.then(|| {
+                crate::metadata::md::new_v12(&crate::metadata::md::NewMember {
+                    array_uuid: uuid,
+                    name: &opts.name,
+                    level: opts.level,
+                    layout: opts.layout,
+                    chunk: opts.chunk,
+                    raid_disks: n as u32,
+                    devices,
+                    used: geom.member_sizes[0],
+                    dev_number: i as u32,
+                    data_offset: offsets[i],
+                    data_size: sizes[i] - offsets[i],
+                    ctime: now,
+                })
+            }),
         };
         write_superblock(m.as_ref(), &mut sb)?;
     }

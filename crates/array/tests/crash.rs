@@ -75,6 +75,7 @@ fn template(level: Level, n: usize, policy: Policy) -> Vec<Vec<u8>> {
         policy,
         spares: Vec::new(),
         checksums: CHECKSUMS.with(|c| c.get()),
+        md: false,
     };
     let specs: Vec<Spec> = paths.iter().map(|p| Spec::File(p.clone())).collect();
     raidkit_open::create(&specs, &[], &opts, |_, _| {}).unwrap();

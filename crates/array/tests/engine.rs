@@ -81,6 +81,7 @@ fn make(level: Level, layout: Layout, paths: &[PathBuf]) {
         policy: raidkit_array::create::Policy::None,
         spares: Vec::new(),
         checksums: false,
+        md: false,
     };
     raidkit_open::create(&specs(paths), &[], &opts, |_, _| {}).unwrap();
 }
@@ -423,6 +424,7 @@ fn raid50_nests_arrays_as_members() {
             policy: raidkit_array::create::Policy::None,
             spares: Vec::new(),
             checksums: false,
+            md: false,
         };
         raidkit_open::create(&specs(ps), &[], &opts, |_, _| {}).unwrap();
     }
@@ -440,6 +442,7 @@ fn raid50_nests_arrays_as_members() {
         policy: raidkit_array::create::Policy::None,
         spares: Vec::new(),
         checksums: false,
+        md: false,
     };
     raidkit_open::create(&outer, &[], &opts, |_, _| {}).unwrap();
     let top = Spec::Array(outer.clone());
@@ -510,6 +513,7 @@ fn full_stripe_writes_with_large_chunks() {
             policy: raidkit_array::create::Policy::None,
             spares: Vec::new(),
             checksums: false,
+            md: false,
         };
         raidkit_open::create(&specs(&ps), &[], &opts, |_, _| {}).unwrap();
         let a = open(&without(&ps, &[])).unwrap();

@@ -43,6 +43,7 @@ fn make(dir: &Path, level: Level, n: usize, spares: usize) -> Vec<String> {
         policy: raidkit_array::create::Policy::Bitmap,
         spares: Vec::new(),
         checksums: false,
+        md: false,
     };
     let spares: Vec<Spec> = (0..spares)
         .map(|i| Spec::File(path(dir, &format!("s{i}.img"))))

@@ -382,8 +382,16 @@ pub struct CreateArgs {
     /// changed on a disk is rebuilt from redundancy and the member named;
     /// beyond redundancy the read fails rather than return wrong data.
     /// Takes 0.1% of each member.
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
-    pub checksums: bool,
+    /// Default on (off with --metadata md, whose superblock has no place
+    /// for them).
+    #[arg(long, value_name = "on|off", value_parser = on_off, action = clap::ArgAction::Set)]
+    pub checksums: Option<bool>,
+    /// The superblock format: raidkit (default), or md (Linux md's v1.2,
+    /// as mdadm --create writes it, with mdadm's data offset), so that the
+    /// kernel's md driver assembles the array. md metadata has no raidkit
+    /// checksums, bitmap or journal: the consistency policy is none.
+    #[arg(long, value_name = "FORMAT", default_value = "raidkit")]
+    pub metadata: String,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,

@@ -80,6 +80,11 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
         None => level.default_layout(),
     };
     let specs = parse_specs(&a.members.members)?;
+    let md = match a.metadata.as_str() {
+        "md" | "1.2" => true,
+        "raidkit" => false,
+        other => bail!("--metadata {other}: expected raidkit or md (md's v1.2)"),
+    };
     let opts = CreateOptions {
         level,
         layout,
@@ -95,10 +100,14 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
         bitmap_region: a.bitmap_region,
         policy: match &a.consistency_policy {
             Some(p) => raidkit_array::create::Policy::parse(p)?,
+            None if md => raidkit_array::create::Policy::None,
             None => raidkit_array::create::Policy::Journal,
         },
         spares: Vec::new(),
-        checksums: a.checksums,
+        // md's superblock has no place for them: off unless asked (and
+        // then refused) with md metadata.
+        checksums: a.checksums.unwrap_or(!md),
+        md,
     };
     let spares = a
         .spare

@@ -61,6 +61,7 @@ fn specs_open_in_the_process_io_mode() {
         policy: Policy::Journal,
         spares: Vec::new(),
         checksums: false,
+        md: false,
     };
     raidkit_open::create(&members, &[], &opts, |_, _| {}).unwrap();
     let nested = format!("array[{}]", files.join(","));

@@ -106,6 +106,7 @@ fn file_array(
         policy,
         spares: Vec::new(),
         checksums: false,
+        md: false,
     };
     let new: Vec<CreateMember> = members
         .iter()

@@ -44,6 +44,7 @@ fn build(a: &BenchEngineArgs, level: Level, tag: &str) -> Result<(Bench, Vec<Str
         policy: raidkit_array::create::Policy::parse(&a.policy)?,
         spares: Vec::new(),
         checksums: false,
+        md: false,
     };
     raidkit_open::create(&specs, &[], &opts, |_, _| {})
         .with_context(|| format!("creating the {level} array"))?;

@@ -124,6 +124,7 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
                     policy: Policy::None,
                     spares: Vec::new(),
                     checksums: false,
+                    md: false,
                 };
                 let files: Vec<Spec> = paths.iter().map(|p| Spec::File(p.clone())).collect();
                 raidkit_open::create(&files, &[], &opts, |_, _| {})
