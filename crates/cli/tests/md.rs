@@ -105,23 +105,7 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
         assert_eq!(s["metadata"], metadata, "{name}");
 
         // Offline read: the payload md was given.
-        let out = dir.path().join("read.bin");
-        ok(&args(
-            &[
-                "read",
-                "-o",
-                "0",
-                "-n",
-                "4M",
-                "--out",
-                &out.display().to_string(),
-            ],
-            &ms,
-        ));
-        assert!(
-            std::fs::read(&out).unwrap() == payload,
-            "{name}: read differs"
-        );
+        assert!(read_4m(dir.path(), &ms) == payload, "{name}: read differs");
         // check: redundancy agrees with the data as md left it.
         let o = ok(&args(&["check"], &ms));
         let text = String::from_utf8_lossy(&o.stdout);
@@ -176,23 +160,7 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
         .unwrap_or_else(|| panic!("{d:#}"))
         .clone();
     assert_ne!(row["state"], "active", "{d:#}");
-    let out = dir.path().join("read.bin");
-    ok(&args(
-        &[
-            "read",
-            "-o",
-            "0",
-            "-n",
-            "4M",
-            "--out",
-            &out.display().to_string(),
-        ],
-        &ms,
-    ));
-    assert!(
-        std::fs::read(&out).unwrap() == payload,
-        "r5f-12: read differs"
-    );
+    assert!(read_4m(dir.path(), &ms) == payload, "r5f-12: read differs");
     assert_eq!(digest(&all), before, "a member file changed");
 
     // raidkit writes each md v1 array; the kernel assembles what it left,
@@ -302,6 +270,14 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
     );
     assert!(out.contains("[3/2] [UU_]"), "{out}");
     assert_two_equal_sums(&out);
+}
+
+/// The array's first 4 MiB, read offline by `raidkit read`.
+fn read_4m(dir: &Path, ms: &[String]) -> Vec<u8> {
+    let out = dir.join("read.bin");
+    let o = out.display().to_string();
+    ok(&args(&["read", "-o", "0", "-n", "4M", "--out", &o], ms));
+    std::fs::read(&out).unwrap()
 }
 
 /// `mdadm --examine` of the member on this host (mdadm reads superblocks

@@ -105,6 +105,12 @@ fn candidates(len: u64) -> Vec<(MdVersion, u64)> {
     out
 }
 
+fn put32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn put64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
 fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
 }
@@ -192,6 +198,17 @@ pub fn read_md(m: &dyn Member) -> Result<Option<(Superblock, MdInfo)>> {
     // Two superblocks (a disk reused without zeroing): the most recently
     // updated is the array's.
     Ok(found.into_iter().max_by_key(|(sb, _)| sb.utime))
+}
+
+/// A role table of `n` roles nobody holds yet (filled from md's table).
+fn unheld_roles(n: u32, size: u64) -> Vec<RoleEntry> {
+    (0..n)
+        .map(|_| RoleEntry {
+            member_uuid: Uuid::nil(),
+            state: RoleState::Removed,
+            data_size: size,
+        })
+        .collect()
 }
 
 fn corrupt(member: &str, detail: String) -> Error {
@@ -302,13 +319,7 @@ fn decode1(b: &[u8], version: MdVersion, member: &str) -> Result<(Superblock, Md
     };
     let faulty = my == 0xfffe;
     let recovery = (feature & FEATURE_RECOVERY_OFFSET != 0).then(|| u64_at(b, 152) * SECTOR);
-    let mut roles: Vec<RoleEntry> = (0..raid_disks)
-        .map(|_| RoleEntry {
-            member_uuid: Uuid::nil(),
-            state: RoleState::Removed,
-            data_size: size,
-        })
-        .collect();
+    let mut roles = unheld_roles(raid_disks, size);
     for (dev, &r) in roles_raw.iter().enumerate() {
         if let Some(e) = roles.get_mut(usize::from(r)) {
             e.member_uuid = dev_uuid(array_uuid, dev as u32);
@@ -398,13 +409,7 @@ fn decode0(b: &[u8], at: u64, len: u64, member: &str) -> Result<(Superblock, MdI
     } else {
         Role::Spare
     };
-    let mut roles: Vec<RoleEntry> = (0..raid_disks)
-        .map(|_| RoleEntry {
-            member_uuid: Uuid::nil(),
-            state: RoleState::Removed,
-            data_size: size,
-        })
-        .collect();
+    let mut roles = unheld_roles(raid_disks, size);
     for d in 0..27 {
         let (num, rd, st) = desc(128 + 32 * d);
         if st & 0b110 == 0b110 && st & 1 == 0 && rd < raid_disks {
@@ -562,10 +567,6 @@ pub struct NewMember<'a> {
 /// state fields are written by `write_md` from the raidkit superblock).
 pub fn new_v12(m: &NewMember<'_>) -> MdMeta {
     let mut b = vec![0u8; 4096];
-    let put32 =
-        |b: &mut Vec<u8>, at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-    let put64 =
-        |b: &mut Vec<u8>, at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_le_bytes());
     put32(&mut b, 0, MD_MAGIC);
     put32(&mut b, 4, 1);
     b[16..32].copy_from_slice(m.array_uuid.as_bytes());
@@ -661,10 +662,6 @@ pub fn write_md(m: &dyn Member, sb: &Superblock) -> Result<()> {
         )));
     }
     let mut b = meta.raw.clone();
-    let put32 =
-        |b: &mut Vec<u8>, at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-    let put64 =
-        |b: &mut Vec<u8>, at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_le_bytes());
     put64(&mut b, 200, sb.events);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -728,10 +725,6 @@ mod tests {
     /// A v1.2 superblock as mdadm writes one (the fields read here).
     pub(crate) fn sb12(level: i32, layout: u32, disks: u32, dev: u32, events: u64) -> Vec<u8> {
         let mut b = vec![0u8; 4096];
-        let put32 =
-            |b: &mut Vec<u8>, at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-        let put64 =
-            |b: &mut Vec<u8>, at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_le_bytes());
         put32(&mut b, 0, MD_MAGIC);
         put32(&mut b, 4, 1);
         b[16..32].copy_from_slice(&[7u8; 16]);
