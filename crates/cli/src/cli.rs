@@ -44,6 +44,10 @@ pub enum Command {
     Write(WriteArgs),
     /// Assemble the array and serve it over NBD until SIGTERM or SIGINT.
     Serve(ServeArgs),
+    /// Serve one file or block device as a plain NBD export (no array
+    /// metadata), for arrays whose members are on other hosts
+    /// (nbd://HOST:PORT/EXPORT members), until SIGTERM or SIGINT.
+    Export(ExportArgs),
     /// Ask a running server for the array's state, members and I/O counters.
     Status(StatusArgs),
     /// Every raidkit server running on this machine, one line each: array,
@@ -611,6 +615,30 @@ pub struct ServeArgs {
     /// The options given on the command line (not defaults), by id.
     #[arg(skip)]
     pub given: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The file or block device to export.
+    pub path: PathBuf,
+    /// TCP address to listen on (port 0 picks a free port, printed at
+    /// start-up). Default 127.0.0.1:10809, unless only --socket is given.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+    /// Also (or, without --listen, only) listen on this Unix socket.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Export name (default: the file's name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Serve read-only: writes are refused and the file is never written.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Connections served at once.
+    #[arg(long, value_name = "N", default_value_t = raidkit_nbd::DEFAULT_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    #[command(flatten)]
+    pub io: IoArgs,
 }
 
 /// The members of the array `serve` serves (none with --config).

@@ -25,6 +25,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Read(a) => cmd_read(a),
         Command::Write(a) => cmd_write(a),
         Command::Serve(a) => crate::serve::serve(a),
+        Command::Export(a) => crate::export::export(a),
         Command::Status(a) => crate::admin::status(a),
         Command::List(a) => crate::admin::list(a),
         Command::Stop(a) => crate::admin::stop(a),

@@ -8,6 +8,7 @@ mod cli;
 mod commands;
 mod config;
 mod events;
+mod export;
 mod http;
 mod monitor;
 mod say;

@@ -58,7 +58,7 @@ fn start_daemon() -> Result<()> {
 /// An export name or socket path as a part of an NBD URI: percent-encoded
 /// (the NBD URI specification, RFC 3986), so that a name such as `a b/c`
 /// reaches the server as it is.
-fn uri_part(s: &str) -> String {
+pub(crate) fn uri_part(s: &str) -> String {
     use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
     const KEEP: &percent_encoding::AsciiSet = &NON_ALPHANUMERIC
         .remove(b'-')
@@ -165,7 +165,7 @@ impl Settings {
 
 /// The TCP address to listen on, if any: the one given, else the default
 /// unless only a Unix socket is.
-fn listen_of(listen: Option<&String>, socket: Option<&PathBuf>) -> Option<String> {
+pub(crate) fn listen_of(listen: Option<&String>, socket: Option<&PathBuf>) -> Option<String> {
     match (listen, socket) {
         (Some(l), _) => Some(l.clone()),
         (None, Some(_)) => None,
@@ -275,14 +275,14 @@ struct Started {
 
 /// The listeners of one server: the arrays that share a listen address
 /// and socket are the exports of one NBD server.
-struct Listeners {
+pub(crate) struct Listeners {
     key: (Option<String>, Option<PathBuf>),
-    tcp: Option<TcpListener>,
-    unix: Option<UnixListener>,
+    pub(crate) tcp: Option<TcpListener>,
+    pub(crate) unix: Option<UnixListener>,
     arrays: Vec<usize>,
 }
 
-fn bind(listen: &Option<String>, socket: &Option<PathBuf>) -> Result<Listeners> {
+pub(crate) fn bind(listen: &Option<String>, socket: &Option<PathBuf>) -> Result<Listeners> {
     let tcp = match listen {
         Some(addr) => {
             Some(TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?)

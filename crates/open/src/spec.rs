@@ -18,6 +18,9 @@ use std::sync::Arc;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Spec {
     File(String),
+    /// An NBD export on another host or socket: `nbd://HOST[:PORT]/EXPORT`
+    /// or `nbd+unix:///EXPORT?socket=PATH` (the NBD URI specification).
+    Nbd(String),
     Array(Vec<Spec>),
     Fault(Box<Spec>, FaultConfig, String),
     Sim(Box<Spec>, SimConfig, String),
@@ -66,6 +69,14 @@ impl Spec {
                     .collect::<Result<_>>()?,
             ));
         }
+        if t.starts_with("nbds://") || t.starts_with("nbds+unix://") {
+            return Err(Error::Invalid(format!(
+                "member spec '{s}': NBD over TLS is not supported yet (use nbd:// on a trusted network, or a tunnel)"
+            )));
+        }
+        if t.starts_with("nbd://") || t.starts_with("nbd+unix://") {
+            return Ok(Spec::Nbd(t.to_string()));
+        }
         if t.is_empty() {
             return Err(Error::Invalid("empty member name".into()));
         }
@@ -83,6 +94,7 @@ impl Spec {
                     .unwrap_or(p),
             ),
             Spec::Array(v) => Spec::Array(v.into_iter().map(Spec::absolute).collect()),
+            Spec::Nbd(u) => Spec::Nbd(u),
             Spec::Fault(inner, c, q) => Spec::Fault(Box::new(inner.absolute()), c, q),
             Spec::Sim(inner, c, q) => Spec::Sim(Box::new(inner.absolute()), c, q),
         }
@@ -92,7 +104,7 @@ impl Spec {
     pub fn path(&self) -> Option<&str> {
         match self {
             Spec::File(p) => Some(p),
-            Spec::Array(_) | Spec::Fault(..) | Spec::Sim(..) => None,
+            Spec::Array(_) | Spec::Nbd(_) | Spec::Fault(..) | Spec::Sim(..) => None,
         }
     }
 
@@ -100,6 +112,7 @@ impl Spec {
     pub fn files(&self) -> Vec<&str> {
         match self {
             Spec::File(p) => vec![p.as_str()],
+            Spec::Nbd(_) => Vec::new(),
             Spec::Array(v) => v.iter().flat_map(|x| x.files()).collect(),
             Spec::Fault(inner, ..) | Spec::Sim(inner, ..) => inner.files(),
         }
@@ -109,7 +122,7 @@ impl Spec {
 impl std::fmt::Display for Spec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Spec::File(p) => f.write_str(p),
+            Spec::File(p) | Spec::Nbd(p) => f.write_str(p),
             Spec::Fault(inner, _, query) => write!(f, "fault:{inner}?{query}"),
             Spec::Sim(inner, _, query) => write!(f, "sim:{inner}?{query}"),
             Spec::Array(v) => {
@@ -167,6 +180,17 @@ pub fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn Member>> {
             tracing::debug!("member {p}: {o}");
             crate::note_opened(p, o.to_string());
             o.member
+        }
+        Spec::Nbd(uri) => {
+            let c = raidkit_nbd::NbdClient::connect(uri)
+                .map_err(|e| Error::Invalid(format!("member {uri}: {e}")))?;
+            if c.read_only() && !read_only {
+                return Err(Error::Invalid(format!(
+                    "member {uri}: the export is read-only"
+                )));
+            }
+            crate::note_opened(uri, format!("NBD export, {} bytes", c.len()));
+            Arc::new(c)
         }
         Spec::Array(_) => Arc::new(open_array(spec, read_only)?),
         Spec::Fault(inner, config, _) => {

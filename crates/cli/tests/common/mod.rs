@@ -305,7 +305,13 @@ impl Served {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 lines.lock().unwrap().push(line.clone());
-                if let Some(i) = line.find("nbd://").or_else(|| line.find("nbd+unix://")) {
+                // The endpoints (not members, which may be NBD URIs too).
+                let endpoint = line.contains("listening on ");
+                if let Some(i) = line
+                    .find("nbd://")
+                    .or_else(|| line.find("nbd+unix://"))
+                    .filter(|_| endpoint)
+                {
                     let _ = tx.send(line[i..].split_whitespace().next().unwrap().to_string());
                 }
             }
