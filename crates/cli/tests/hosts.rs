@@ -79,16 +79,7 @@ fn an_array_of_exports_serves_and_survives_a_storage_host_going_away() {
     hosts[1].0.kill();
     let got = read_back("b.raw");
     assert!(got[..data.len()] == data[..], "degraded read differs");
-    let st: serde_json::Value = serde_json::from_slice(
-        &ok(&[
-            "status",
-            "--json",
-            "--control",
-            &s.control.display().to_string(),
-        ])
-        .stdout,
-    )
-    .unwrap();
+    let st = s.status();
     assert_eq!(st["state"], "degraded", "{st:#}");
     assert_eq!(st["members"][1]["state"], "faulty", "{st:#}");
     assert_eq!(s.stop().code(), Some(0));

@@ -583,18 +583,25 @@ fn a_start_that_cannot_run_names_every_unavailable_role() {
     assert!(err.contains("role 3 (") && err.contains(&ms[3]), "{err}");
 }
 
+/// A `disks` directory apart from the test's own files (server logs), and
+/// the paths of two arrays' members in it: three, then two.
+fn two_arrays_of_disks(dir: &Path) -> (PathBuf, Vec<String>, Vec<String>) {
+    let disks = dir.join("disks");
+    std::fs::create_dir(&disks).unwrap();
+    let p = |n: &str| disks.join(n).display().to_string();
+    let a = ["a0.img", "a1.img", "a2.img"].map(p).to_vec();
+    let b = ["b0.img", "b1.img"].map(p).to_vec();
+    (disks, a, b)
+}
+
 /// `raidkit scan` over a directory of mixed files finds both arrays by
 /// UUID, names the stale member and the role it leaves open, ignores the
 /// rest, and the command it prints for each serves it.
 #[test]
 fn scan_finds_two_arrays_among_mixed_files() {
     let dir = tmp();
-    // The disks apart from the test's own files (server logs).
-    let disks = dir.path().join("disks");
-    std::fs::create_dir(&disks).unwrap();
+    let (disks, a, b) = two_arrays_of_disks(dir.path());
     let p = |n: &str| disks.join(n).display().to_string();
-    let a: Vec<String> = ["a0.img", "a1.img", "a2.img"].map(p).to_vec();
-    let b: Vec<String> = ["b0.img", "b1.img"].map(p).to_vec();
     create("5", &a, "16M");
     create("1", &b, "8M");
     std::fs::write(p("notes.txt"), b"not a member").unwrap();
@@ -660,11 +667,8 @@ fn scan_finds_two_arrays_among_mixed_files() {
 #[test]
 fn a_config_file_made_by_scan_serves_both_arrays_from_one_server() {
     let dir = tmp();
-    let disks = dir.path().join("disks");
-    std::fs::create_dir(&disks).unwrap();
+    let (disks, a, b) = two_arrays_of_disks(dir.path());
     let p = |n: &str| disks.join(n).display().to_string();
-    let a: Vec<String> = ["a0.img", "a1.img", "a2.img"].map(p).to_vec();
-    let b: Vec<String> = ["b0.img", "b1.img"].map(p).to_vec();
     ok(&args(
         &["create", "-l", "5", "--size", "16M", "--name", "alpha"],
         &a,

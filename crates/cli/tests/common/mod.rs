@@ -365,6 +365,12 @@ impl Served {
         let _ = child.wait();
     }
 
+    /// `raidkit status --json` of this server.
+    pub fn status(&self) -> serde_json::Value {
+        let ctl = self.control.display().to_string();
+        serde_json::from_slice(&ok(&["status", "--json", "--control", &ctl]).stdout).unwrap()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
