@@ -574,6 +574,13 @@ pub struct ServeArgs {
     /// without completing anything is failed.
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
     pub member_timeout: f64,
+    /// A member on another host (nbd://) whose connection is lost is
+    /// `disconnected`: the array serves without it while it is tried again
+    /// in the background (at least every 5 seconds). Back within this many
+    /// seconds, it rejoins by itself and is resynced only where writes
+    /// went while it was away; away longer, it is failed for good.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub rejoin_timeout: f64,
     /// Run this program for every event, as mdadm --monitor's PROGRAM:
     /// `PATH EVENT ARRAY [MEMBER]`, the event as JSON in RAIDKIT_EVENT.
     /// One at a time, never holding up I/O; killed after

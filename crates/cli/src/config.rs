@@ -58,6 +58,7 @@ struct File {
     program_timeout: Option<f64>,
     events_log: Option<PathBuf>,
     member_timeout: Option<f64>,
+    rejoin_timeout: Option<f64>,
     rebuild_min: Option<Rate>,
     rebuild_max: Option<Rate>,
     io: Option<String>,
@@ -102,6 +103,7 @@ pub struct Config {
     pub program_timeout: Option<f64>,
     pub events_log: Option<PathBuf>,
     pub member_timeout: Option<f64>,
+    pub rejoin_timeout: Option<f64>,
     pub rebuild_min: Option<u64>,
     pub rebuild_max: Option<u64>,
     pub io: Option<raidkit_open::IoMode>,
@@ -144,6 +146,7 @@ fn parse(text: &str, path: &Path) -> Result<Config> {
     for (key, v) in [
         ("program_timeout", f.program_timeout),
         ("member_timeout", f.member_timeout),
+        ("rejoin_timeout", f.rejoin_timeout),
     ] {
         if let Some(v) = v {
             if !(v > 0.0 && v.is_finite()) {
@@ -163,6 +166,7 @@ fn parse(text: &str, path: &Path) -> Result<Config> {
         program_timeout: f.program_timeout,
         events_log: f.events_log,
         member_timeout: f.member_timeout,
+        rejoin_timeout: f.rejoin_timeout,
         rebuild_min: f.rebuild_min.map(|r| r.bytes("rebuild_min")).transpose()?,
         rebuild_max: f.rebuild_max.map(|r| r.bytes("rebuild_max")).transpose()?,
         io: f

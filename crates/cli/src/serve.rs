@@ -100,6 +100,7 @@ struct Settings {
     program_timeout: f64,
     events_log: Option<PathBuf>,
     member_timeout: f64,
+    rejoin_timeout: f64,
     rebuild_min: u64,
     rebuild_max: u64,
     io: raidkit_open::IoMode,
@@ -142,6 +143,11 @@ impl Settings {
                 cli("member_timeout"),
                 a.member_timeout,
                 c.and_then(|c| c.member_timeout),
+            ),
+            rejoin_timeout: pick(
+                cli("rejoin_timeout"),
+                a.rejoin_timeout,
+                c.and_then(|c| c.rejoin_timeout),
             ),
             rebuild_min: pick(
                 cli("rebuild_min"),
@@ -401,6 +407,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if !(set.program_timeout > 0.0 && set.program_timeout.is_finite()) {
         bail!("--program-timeout must be a positive number of seconds");
     }
+    if !(set.rejoin_timeout >= 0.0 && set.rejoin_timeout.is_finite()) {
+        bail!("--rejoin-timeout must be a number of seconds (0: never rejoin by itself)");
+    }
     let plans = match &config {
         Some(c) => plans_of_config(&a, c)?,
         None => plan_of_args(&a)?,
@@ -411,6 +420,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     // Every member opened from here on, at start-up and by add or replace
     // later, gets this mode.
     raidkit_open::set_io_mode(set.io);
+    // A remote member's requests wait no longer than a local one may
+    // stall: past that its connection counts as lost.
+    raidkit_open::set_remote_timeout(Some(Duration::from_secs_f64(set.member_timeout)));
     let mut started: Vec<Started> = Vec::new();
     let mut not_started = 0usize;
     let total = config.as_ref().map_or(plans.len(), |c| c.arrays.len());
@@ -431,6 +443,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             force: plan.force,
             run: plan.run,
             events: Some(events),
+            rejoin_timeout: Duration::from_secs_f64(set.rejoin_timeout),
         };
         let array = match open_array_with(&plan.members, opts, plan.force) {
             Ok(a) => Arc::new(a),
@@ -664,6 +677,15 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 .spawn(move || array.recovery_loop())
                 .context("starting the recovery thread")?,
         );
+        // Remote members' links, on their own: an attempt to reach a host
+        // that does not answer takes seconds.
+        let array = s.array.clone();
+        recovery.push(
+            std::thread::Builder::new()
+                .name("links".into())
+                .spawn(move || array.links_loop())
+                .context("starting the link watch thread")?,
+        );
     }
     // Housekeeping: stalled members every 200 ms, bitmap bits of idle
     // regions every 2 s.
@@ -675,6 +697,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             if ticks.is_multiple_of(4) {
                 s.array.check_stalls();
             }
+
             if ticks.is_multiple_of(40) {
                 s.array.housekeeping();
             }

@@ -231,6 +231,10 @@ impl Member for FaultMember {
         self.enter(Op::Flush, 0, 0)?;
         self.inner.flush()
     }
+
+    fn remote(&self) -> Option<&dyn crate::Remote> {
+        self.inner.remote()
+    }
 }
 
 #[cfg(test)]

@@ -235,6 +235,25 @@ pub trait Member: Send + Sync + fmt::Debug {
         }
         self.with_file_extents(offset, len, f)
     }
+    /// A member reached over a network (an NBD export): its link, which
+    /// can drop and be made again. None for local members; wrappers that
+    /// only check or delay what passes give their inner member's.
+    fn remote(&self) -> Option<&dyn Remote> {
+        None
+    }
+}
+
+/// The link to a member on another host.
+pub trait Remote: Send + Sync {
+    /// Why the connection is down, if it is: requests fail at once until
+    /// [`Remote::reconnect`] succeeds.
+    fn lost(&self) -> Option<String>;
+    /// Drop the connection (a request got no answer in time): requests in
+    /// flight fail now instead of waiting for the network to say so.
+    fn cut(&self, why: &str);
+    /// Connect again, giving up after `timeout`. The export must be the
+    /// same size; what is on it is for the caller to check.
+    fn reconnect(&self, timeout: std::time::Duration) -> std::io::Result<()>;
 }
 
 /// `len` bytes at `offset` in `file`: where a piece of a member's contents

@@ -163,6 +163,10 @@ impl Member for SimDisk {
     fn close(&self) -> Result<()> {
         self.inner.close()
     }
+
+    fn remote(&self) -> Option<&dyn crate::Remote> {
+        self.inner.remote()
+    }
 }
 
 #[cfg(test)]

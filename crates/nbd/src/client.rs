@@ -15,7 +15,8 @@
 
 use crate::proto::*;
 use crate::stream::Stream;
-use raidkit_member::{check_range, Member, MemberError, Op, Result};
+use arc_swap::ArcSwap;
+use raidkit_member::{check_range, Member, MemberError, Op, Remote, Result};
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, IoSlice, Read, Write};
@@ -162,6 +163,13 @@ struct Waiter {
 unsafe impl Send for Waiter {}
 
 struct Shared {
+    /// What the server said of the export on this connection.
+    flags: u16,
+    max_request: usize,
+    /// A handle on the socket for shutting it down without a lock.
+    ctl: Stream,
+    /// How long a reply may take (None: as long as the network lets it).
+    timeout: Option<Duration>,
     writer: Mutex<Stream>,
     /// The receiving half; held by the one caller reading replies.
     rx: Mutex<Stream>,
@@ -174,12 +182,27 @@ struct Shared {
 }
 
 impl Shared {
+    /// Why a read or write on the connection failed, in words: a timeout
+    /// (the socket's own, set to the request timeout) is a server that did
+    /// not answer in time.
+    fn lost_because(&self, e: &io::Error) -> String {
+        match (e.kind(), self.timeout) {
+            (io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut, Some(t)) => {
+                format!("no answer within {:.1}s", t.as_secs_f64())
+            }
+            _ => format!("connection lost: {e}"),
+        }
+    }
+
     fn fail_all(&self, why: &str) {
         let mut b = self.broken.lock().unwrap_or_else(|e| e.into_inner());
         if b.is_none() {
             *b = Some(why.to_string());
         }
         drop(b);
+        // Whoever is still sending or reading stops now, nothing queued
+        // is sent later, and the server sees the connection go.
+        self.ctl.abort();
         let drained: Vec<Waiter> = self
             .pending
             .lock()
@@ -198,8 +221,7 @@ impl Shared {
     /// Read one reply and complete its request.
     fn read_reply(&self, s: &mut Stream) -> std::result::Result<(), String> {
         let mut h = [0u8; 16];
-        s.read_exact(&mut h)
-            .map_err(|e| format!("connection closed: {e}"))?;
+        s.read_exact(&mut h).map_err(|e| self.lost_because(&e))?;
         let magic = u32::from_be_bytes(h[0..4].try_into().expect("4"));
         if magic != SIMPLE_REPLY_MAGIC {
             return Err(format!("unexpected reply magic {magic:#x}"));
@@ -225,7 +247,7 @@ impl Shared {
             if let Err(e) = s.read_exact(buf) {
                 w.slot
                     .complete(Err(io::Error::new(e.kind(), e.to_string())));
-                return Err(format!("connection closed mid-reply: {e}"));
+                return Err(self.lost_because(&e));
             }
         }
         w.slot.complete(Ok(()));
@@ -276,9 +298,9 @@ impl Shared {
 pub struct NbdClient {
     name: String,
     size: u64,
-    flags: u16,
-    max_request: usize,
-    shared: Arc<Shared>,
+    /// The connection; replaced whole when the client connects again.
+    shared: ArcSwap<Shared>,
+    timeout: Option<Duration>,
     closed: AtomicBool,
 }
 
@@ -287,7 +309,7 @@ impl fmt::Debug for NbdClient {
         f.debug_struct("NbdClient")
             .field("name", &self.name)
             .field("size", &self.size)
-            .field("flags", &self.flags)
+            .field("flags", &self.flags())
             .finish()
     }
 }
@@ -426,13 +448,34 @@ pub type FillWrite<'a> = dyn FnMut(u64, &mut [u8]) + 'a;
 
 impl NbdClient {
     /// Connect to `uri` (see [`Address::parse`]) and negotiate the export.
+    /// Requests wait for their replies as long as the network lets them.
     pub fn connect(uri: &str) -> io::Result<NbdClient> {
+        Self::connect_with(uri, None)
+    }
+
+    /// As `connect`, with a limit on how long connecting and every
+    /// request may take: a server that does not answer in time (a cut
+    /// link, where TCP would wait for minutes) loses the connection, and
+    /// the requests in flight fail.
+    pub fn connect_with(uri: &str, timeout: Option<Duration>) -> io::Result<NbdClient> {
+        let (shared, size) = Self::open(uri, timeout)?;
+        Ok(NbdClient {
+            name: uri.to_string(),
+            size,
+            shared: ArcSwap::from_pointee(shared),
+            timeout,
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// A new connection to `uri`, negotiated: its state and the export's size.
+    fn open(uri: &str, timeout: Option<Duration>) -> io::Result<(Shared, u64)> {
         let addr =
             Address::parse(uri).map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
         let mut s =
             match &addr.endpoint {
                 Endpoint::Tcp(hp) => {
-                    let t = TcpStream::connect(hp.as_str()).map_err(|e| {
+                    let t = connect_tcp(hp, timeout).map_err(|e| {
                         io::Error::new(e.kind(), format!("{uri}: connecting to {hp}: {e}"))
                     })?;
                     t.set_nodelay(true)?;
@@ -443,75 +486,72 @@ impl NbdClient {
                 })?),
             };
         // A server that never answers must not hang us at the handshake.
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let handshake_limit = Duration::from_secs(30);
+        s.set_read_timeout(Some(
+            timeout.map_or(handshake_limit, |t| t.min(handshake_limit)),
+        ))?;
         let info = handshake(&mut s, &addr.export)
             .map_err(|e| io::Error::new(e.kind(), format!("{uri}: {e}")))?;
-        s.set_read_timeout(None)?;
-        let shared = Arc::new(Shared {
+        // From now on the request timeout: a read that waits longer for a
+        // reply, or a write for room to send, gives up.
+        s.set_read_timeout(timeout)?;
+        s.set_write_timeout(timeout)?;
+        if let Some(t) = timeout {
+            s.keepalive(t / 2);
+        }
+        let shared = Shared {
+            flags: info.flags,
+            max_request: info.max_request,
+            ctl: s.try_clone()?,
+            timeout,
             writer: Mutex::new(s.try_clone()?),
             rx: Mutex::new(s),
             reading: AtomicBool::new(false),
             pending: Mutex::new(HashMap::new()),
             broken: Mutex::new(None),
             next: AtomicU64::new(1),
-        });
-        Ok(NbdClient {
-            name: uri.to_string(),
-            size: info.size,
-            flags: info.flags,
-            max_request: info.max_request,
-            shared,
-            closed: AtomicBool::new(false),
-        })
+        };
+        Ok((shared, info.size))
     }
 
     /// The transmission flags the server advertised.
     pub fn flags(&self) -> u16 {
-        self.flags
+        self.shared.load().flags
     }
 
     /// Whether the server said writes are refused.
     pub fn read_only(&self) -> bool {
-        self.flags & TF_READ_ONLY != 0
+        self.flags() & TF_READ_ONLY != 0
     }
 
     /// One request and its reply. `read_into` receives a read's data;
     /// `payload` is a write's.
     fn request(
         &self,
+        sh: &Shared,
         cmd: u16,
         offset: u64,
         len: u32,
         read_into: Option<&mut [u8]>,
         payload: &[u8],
     ) -> io::Result<()> {
-        if let Some(why) = self
-            .shared
-            .broken
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
+        if let Some(why) = sh.broken.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             return Err(io::Error::new(io::ErrorKind::BrokenPipe, why.clone()));
         }
-        let handle = self.shared.next.fetch_add(1, Ordering::Relaxed);
+        let handle = sh.next.fetch_add(1, Ordering::Relaxed);
         let slot = Arc::new(Slot::default());
         let (buf, blen) = match read_into {
             Some(b) => (b.as_mut_ptr(), b.len()),
             None => (std::ptr::null_mut(), 0),
         };
-        self.shared
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                handle,
-                Waiter {
-                    buf,
-                    len: blen,
-                    slot: slot.clone(),
-                },
-            );
+        sh.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            handle,
+            Waiter {
+                buf,
+                len: blen,
+                slot: slot.clone(),
+            },
+        );
         let mut h = [0u8; REQUEST_LEN];
         h[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
         h[4..6].copy_from_slice(&0u16.to_be_bytes());
@@ -520,15 +560,15 @@ impl NbdClient {
         h[16..24].copy_from_slice(&offset.to_be_bytes());
         h[24..28].copy_from_slice(&len.to_be_bytes());
         let sent = {
-            let mut w = self.shared.writer.lock().unwrap_or_else(|e| e.into_inner());
+            let mut w = sh.writer.lock().unwrap_or_else(|e| e.into_inner());
             write_all_vectored(&mut w, &mut [IoSlice::new(&h), IoSlice::new(payload)])
         };
         if let Err(e) = sent {
-            self.shared.fail_all(&format!("sending a request: {e}"));
+            sh.fail_all(&format!("sending a request: {e}"));
         }
         // Whatever happened, the waiter is completed exactly once (by a
         // reply or by fail_all): only then may the caller's buffer go.
-        self.shared.wait_for(&slot)
+        sh.wait_for(&slot)
     }
 
     /// Keep `qd` requests of `len` bytes in flight from this one thread
@@ -545,7 +585,7 @@ impl NbdClient {
         deadline: std::time::Instant,
         mut next: impl FnMut() -> u64,
     ) -> io::Result<u64> {
-        let sh = &self.shared;
+        let sh = &*self.shared.load_full();
         if sh
             .reading
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -636,7 +676,8 @@ impl NbdClient {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
-        let mut w = self.shared.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let sh = self.shared.load_full();
+        let mut w = sh.writer.lock().unwrap_or_else(|e| e.into_inner());
         let mut h = [0u8; REQUEST_LEN];
         h[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
         h[6..8].copy_from_slice(&CMD_DISC.to_be_bytes());
@@ -678,10 +719,11 @@ impl Member for NbdClient {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         check_range(&self.name, Op::Read, offset, buf.len() as u64, self.size)?;
+        let sh = self.shared.load_full();
         let mut off = offset;
-        for piece in buf.chunks_mut(self.max_request) {
+        for piece in buf.chunks_mut(sh.max_request) {
             let n = piece.len();
-            self.request(CMD_READ, off, n as u32, Some(piece), &[])
+            self.request(&sh, CMD_READ, off, n as u32, Some(piece), &[])
                 .map_err(|e| self.io_err(Op::Read, off, n as u64, e))?;
             off += n as u64;
         }
@@ -690,7 +732,8 @@ impl Member for NbdClient {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         check_range(&self.name, Op::Write, offset, buf.len() as u64, self.size)?;
-        if self.read_only() {
+        let sh = self.shared.load_full();
+        if sh.flags & TF_READ_ONLY != 0 {
             return Err(self.io_err(
                 Op::Write,
                 offset,
@@ -699,8 +742,8 @@ impl Member for NbdClient {
             ));
         }
         let mut off = offset;
-        for piece in buf.chunks(self.max_request) {
-            self.request(CMD_WRITE, off, piece.len() as u32, None, piece)
+        for piece in buf.chunks(sh.max_request) {
+            self.request(&sh, CMD_WRITE, off, piece.len() as u32, None, piece)
                 .map_err(|e| self.io_err(Op::Write, off, piece.len() as u64, e))?;
             off += piece.len() as u64;
         }
@@ -708,13 +751,79 @@ impl Member for NbdClient {
     }
 
     fn flush(&self) -> Result<()> {
-        if self.flags & TF_SEND_FLUSH == 0 {
+        let sh = self.shared.load_full();
+        if sh.flags & TF_SEND_FLUSH == 0 {
             // The server says writes are durable when acknowledged.
             return Ok(());
         }
-        self.request(CMD_FLUSH, 0, 0, None, &[])
+        self.request(&sh, CMD_FLUSH, 0, 0, None, &[])
             .map_err(|e| self.io_err(Op::Flush, 0, 0, e))
     }
+
+    fn remote(&self) -> Option<&dyn Remote> {
+        Some(self)
+    }
+}
+
+impl Remote for NbdClient {
+    fn lost(&self) -> Option<String> {
+        let sh = self.shared.load();
+        if let Some(why) = sh.broken.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Some(why);
+        }
+        // Nothing is sent or read on an idle connection, so a server that
+        // went away would go unnoticed until the next request: look.
+        let why = sh.ctl.gone()?;
+        sh.fail_all(&why);
+        Some(why)
+    }
+
+    fn cut(&self, why: &str) {
+        self.shared.load().fail_all(why);
+    }
+
+    fn reconnect(&self, timeout: Duration) -> io::Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(io::Error::other("the client was closed"));
+        }
+        if self.lost().is_none() {
+            return Ok(());
+        }
+        let limit = Some(self.timeout.map_or(timeout, |t| t.min(timeout)));
+        let (shared, size) = Self::open(&self.name, limit)?;
+        // The request timeout again, not the (maybe shorter) connect one.
+        shared.ctl.set_read_timeout(self.timeout)?;
+        shared.ctl.set_write_timeout(self.timeout)?;
+        if size != self.size {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: the export is {size} bytes now, {} before",
+                    self.name, self.size
+                ),
+            ));
+        }
+        self.shared.store(Arc::new(shared));
+        Ok(())
+    }
+}
+
+/// A TCP connection to `host:port`, trying each address it resolves to,
+/// each for at most `timeout` (an unreachable host otherwise takes the
+/// kernel's SYN retries, about two minutes).
+fn connect_tcp(hostport: &str, timeout: Option<Duration>) -> io::Result<TcpStream> {
+    use std::net::ToSocketAddrs;
+    let Some(t) = timeout else {
+        return TcpStream::connect(hostport);
+    };
+    let mut last = None;
+    for a in hostport.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, t) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address")))
 }
 
 #[cfg(test)]

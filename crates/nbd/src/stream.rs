@@ -44,6 +44,64 @@ impl Stream {
         )
     }
 
+    /// Whether the peer has closed the connection or it has failed (a TCP
+    /// keepalive that went unanswered), seen without reading or waiting:
+    /// for a connection with nothing in flight, which nobody reads.
+    pub(crate) fn gone(&self) -> Option<String> {
+        use nix::errno::Errno;
+        use nix::sys::socket::{recv, MsgFlags};
+        use std::os::fd::AsRawFd;
+        let mut probe = [0u8; 1];
+        match recv(
+            self.as_fd().as_raw_fd(),
+            &mut probe,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+        ) {
+            Ok(0) => Some("the server closed the connection".into()),
+            Ok(_) | Err(Errno::EAGAIN) | Err(Errno::EINTR) => None,
+            Err(e) => Some(format!("connection lost: {e}")),
+        }
+    }
+
+    /// End the connection for good, now: a TCP connection is reset (a
+    /// connect to AF_UNSPEC, which std and nix do not offer), which drops
+    /// whatever is still queued to send, so that writes given up on can
+    /// never reach the server later, when a cut link comes back, after the
+    /// data they carried was written again by other means. Then shut
+    /// down, which wakes every thread blocked on it.
+    pub(crate) fn abort(&self) {
+        use std::os::fd::AsRawFd;
+        if let Stream::Tcp(t) = self {
+            let sa = libc::sockaddr {
+                sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+                sa_data: [0; 14],
+            };
+            // SAFETY: a valid socket descriptor and a sockaddr of the
+            // length given; the call only changes the socket's state.
+            unsafe {
+                libc::connect(
+                    t.as_raw_fd(),
+                    &sa,
+                    std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+                );
+            }
+        }
+        self.shutdown(Shutdown::Both);
+    }
+
+    /// TCP keepalive probes after `idle`, so that a link cut while no
+    /// request is in flight is noticed within seconds, not hours.
+    pub(crate) fn keepalive(&self, idle: Duration) {
+        use nix::sys::socket::{setsockopt, sockopt};
+        if let Stream::Tcp(t) = self {
+            let secs = idle.as_secs().clamp(1, 3600) as u32;
+            let _ = setsockopt(t, sockopt::KeepAlive, &true);
+            let _ = setsockopt(t, sockopt::TcpKeepIdle, &secs);
+            let _ = setsockopt(t, sockopt::TcpKeepInterval, &secs.div_ceil(2));
+            let _ = setsockopt(t, sockopt::TcpKeepCount, &3);
+        }
+    }
+
     /// Peek at `buf.len()` bytes that arrive `skip` bytes after what the
     /// next read returns, if they are there already (never waits): with
     /// `SO_PEEK_OFF` (Unix sockets; TCP since Linux 6.9), which nix does
@@ -142,6 +200,12 @@ impl Stream {
         matches!(self, Stream::Tcp(_))
     }
 
+    pub(crate) fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
     pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t),

@@ -53,6 +53,25 @@ pub(crate) fn note_opened(name: &str, how: String) {
         .push((name.to_string(), how));
 }
 
+/// How long a request to a remote member (an NBD export) may wait for its
+/// reply, in milliseconds; 0: as long as the network lets it.
+static REMOTE_TIMEOUT_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(30_000);
+
+/// How long connecting to a remote member and every request to it may take
+/// before the connection counts as lost (default 30 s; `serve` sets its
+/// member timeout). None: no limit.
+pub fn set_remote_timeout(t: Option<std::time::Duration>) {
+    let ms = t.map_or(0, |t| (t.as_millis() as u64).max(1));
+    REMOTE_TIMEOUT_MS.store(ms, Ordering::Relaxed);
+}
+
+pub(crate) fn remote_timeout() -> Option<std::time::Duration> {
+    match REMOTE_TIMEOUT_MS.load(Ordering::Relaxed) {
+        0 => None,
+        ms => Some(std::time::Duration::from_millis(ms)),
+    }
+}
+
 /// The mode [`set_io_mode`] set (buffered if none was).
 pub fn io_mode() -> IoMode {
     match IO_MODE.load(Ordering::Relaxed) {

@@ -182,7 +182,7 @@ pub fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn Member>> {
             o.member
         }
         Spec::Nbd(uri) => {
-            let c = raidkit_nbd::NbdClient::connect(uri)
+            let c = raidkit_nbd::NbdClient::connect_with(uri, crate::remote_timeout())
                 .map_err(|e| Error::Invalid(format!("member {uri}: {e}")))?;
             if c.read_only() && !read_only {
                 return Err(Error::Invalid(format!(

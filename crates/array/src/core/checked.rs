@@ -729,6 +729,10 @@ impl Member for Checked {
         self.inner.buffered()
     }
 
+    fn remote(&self) -> Option<&dyn raidkit_member::Remote> {
+        self.inner.remote()
+    }
+
     fn discard(&self, off: u64, len: u64) -> Result<(), MemberError> {
         let Some((lo, hi)) = self.data_part(off, len) else {
             return self.inner.discard(off, len);

@@ -160,15 +160,33 @@ impl Core {
                 (x, Some(r))
             }
         };
-        tracing::warn!(member = disk.name(), role, "member failed: {why}");
-        self.emit(
-            NewEvent::new(
-                if spare { "FailSpare" } else { "Fail" },
-                Severity::Warning,
-                format!("failed: {why}"),
-            )
-            .member(disk.name(), role),
-        );
+        match self.note_lost(&disk, !spare) {
+            Some(lost) if !spare => {
+                tracing::warn!(member = disk.name(), role, "member disconnected: {why}");
+                self.emit(
+                    NewEvent::new(
+                        "Disconnected",
+                        Severity::Warning,
+                        format!(
+                            "connection lost ({lost}): the array serves without it; it rejoins by itself if it is back within {}s",
+                            self.rejoin_timeout().as_secs()
+                        ),
+                    )
+                    .member(disk.name(), role),
+                );
+            }
+            _ => {
+                tracing::warn!(member = disk.name(), role, "member failed: {why}");
+                self.emit(
+                    NewEvent::new(
+                        if spare { "FailSpare" } else { "Fail" },
+                        Severity::Warning,
+                        format!("failed: {why}"),
+                    )
+                    .member(disk.name(), role),
+                );
+            }
+        }
         v.failed.push((disk, role, why.to_string()));
         let failed = !self.geom.survives(&v.degraded_roles());
         if failed {
@@ -248,13 +266,29 @@ impl Core {
     }
 
     /// Record a new set of members: superblocks written (events raised).
-    fn commit(&self, meta: &mut Meta, v: View) -> Result<()> {
+    pub(super) fn commit(&self, meta: &mut Meta, v: View) -> Result<()> {
         self.view.store(Arc::new(v));
         self.write_superblocks(meta)
     }
 
+    /// The regions a member coming back with superblock `msb` missed, if
+    /// the bitmap knows them: it was in sync when it left, and every write
+    /// since then is still marked (no bit was cleared after it left).
+    /// None: it must be rebuilt in full.
+    pub(super) fn missed_writes(
+        &self,
+        meta: &Meta,
+        msb: &Superblock,
+    ) -> Option<crate::bitmap::RegionSet> {
+        let b = self.bitmap.as_ref()?;
+        (msb.recovery_offset.is_none()
+            && meta.sb.bitmap.events_cleared > 0
+            && msb.events >= meta.sb.bitmap.events_cleared)
+            .then(|| b.snapshot())
+    }
+
     /// Put `disk` into role `r` to be rebuilt (fully, or only `dirty` regions).
-    fn enter_role(
+    pub(super) fn enter_role(
         &self,
         meta: &mut Meta,
         v: &mut View,
@@ -498,16 +532,7 @@ impl Core {
             if let Role::Active(r) = msb.role {
                 let r = r as usize;
                 if v.roles[r].disk.is_none() && meta.sb.roles[r].member_uuid == msb.member_uuid {
-                    let dirty = match &self.bitmap {
-                        Some(b)
-                            if msb.recovery_offset.is_none()
-                                && meta.sb.bitmap.events_cleared > 0
-                                && msb.events >= meta.sb.bitmap.events_cleared =>
-                        {
-                            Some(b.snapshot())
-                        }
-                        _ => None,
-                    };
+                    let dirty = self.missed_writes(&meta, msb);
                     let resync = dirty.is_some();
                     let disk = Arc::new(Disk::new(m, msb.clone(), true));
                     let name = disk.name().to_string();

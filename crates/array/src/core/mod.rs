@@ -11,10 +11,12 @@
 pub(crate) mod checked;
 mod io;
 mod membership;
+mod remote;
 mod status;
 
 pub use io::{MemberIo, LATENCY_BOUNDS_US};
 pub use membership::Added;
+pub use remote::DEFAULT_REJOIN_TIMEOUT;
 pub use status::{MemberStatus, Slow};
 
 use crate::assemble::{Absence, Health};
@@ -60,6 +62,8 @@ pub(crate) struct Disk {
     pub io: io::IoCounters,
     /// When (array clock, ns) its last ChecksumError event went out.
     checksum_event_at: AtomicU64,
+    /// Set while it is failed because its link was lost, and may rejoin.
+    pub away: Mutex<Option<remote::Away>>,
 }
 
 impl Disk {
@@ -88,6 +92,7 @@ impl Disk {
             progress_at: AtomicU64::new(0),
             io: io::IoCounters::default(),
             checksum_event_at: AtomicU64::new(0),
+            away: Mutex::new(None),
         }
     }
 
@@ -278,6 +283,8 @@ pub(crate) struct Core {
     pub corrected: AtomicU64,
     epoch: Instant,
     timeout_ns: AtomicU64,
+    /// How long a disconnected member may be away and still rejoin.
+    rejoin_ns: AtomicU64,
     /// Cleared when the array fails: no member is written after that.
     pub alive: AtomicBool,
     /// The background worker's wake-up.
@@ -365,6 +372,7 @@ impl Core {
             corrected: AtomicU64::new(0),
             epoch: Instant::now(),
             timeout_ns: AtomicU64::new(member_timeout.as_nanos() as u64),
+            rejoin_ns: AtomicU64::new(opts.rejoin_timeout.as_nanos() as u64),
             alive: AtomicBool::new(true),
             wake: Wake::default(),
             window: CrashWindow::default(),
@@ -507,6 +515,11 @@ impl Core {
                     "no operation completed for {:.1}s (member timeout)",
                     limit as f64 / 1e9
                 );
+                // A remote member's connection is dropped, so that the
+                // requests waiting on it fail now (and it may come back).
+                if let Some(link) = d.member.remote() {
+                    link.cut(&why);
+                }
                 self.fail_disk_by_ptr(&d, &why);
                 failed.push(d.name().to_string());
             }

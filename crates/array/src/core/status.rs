@@ -10,7 +10,8 @@ pub struct MemberStatus {
     pub path: Option<String>,
     /// The role number; None for a spare.
     pub role: Option<usize>,
-    /// active, rebuilding, faulty, spare or missing.
+    /// active, rebuilding, faulty, disconnected (a remote member whose
+    /// link is down, which may rejoin), spare or missing.
     pub state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -31,6 +32,16 @@ pub struct MemberStatus {
 pub struct Slow {
     pub latency_us: u64,
     pub peers_us: u64,
+}
+
+/// A failed member's state: disconnected while it may still come back.
+fn failed_state(d: &super::Disk) -> &'static str {
+    use raidkit_member::Locked;
+    if d.away.locked().is_some() {
+        "disconnected"
+    } else {
+        "faulty"
+    }
 }
 
 impl Core {
@@ -59,7 +70,7 @@ impl Core {
                         MemberStatus {
                             path: Some(d.name().to_string()),
                             role: Some(role),
-                            state: "faulty",
+                            state: failed_state(d),
                             reason: Some(why.clone()),
                             errors: Some(d.errors()),
                             slow: d.slow(),
@@ -119,7 +130,7 @@ impl Core {
             out.push(MemberStatus {
                 path: Some(d.name().to_string()),
                 role: None,
-                state: "faulty",
+                state: failed_state(d),
                 reason: Some(why.clone()),
                 errors: Some(d.errors()),
                 slow: d.slow(),

@@ -147,6 +147,9 @@ pub struct OpenOptions {
     /// Where the array's events go (a server's arrays share one); none:
     /// its own.
     pub events: Option<Arc<crate::events::Events>>,
+    /// How long a remote member whose connection was lost may stay away
+    /// and still rejoin by itself (resynced by bitmap).
+    pub rejoin_timeout: Duration,
 }
 
 impl Default for OpenOptions {
@@ -158,6 +161,7 @@ impl Default for OpenOptions {
             force: false,
             run: false,
             events: None,
+            rejoin_timeout: crate::core::DEFAULT_REJOIN_TIMEOUT,
         }
     }
 }
@@ -245,6 +249,26 @@ impl Array {
     /// completing, for longer than the member timeout. Returns their names.
     pub fn check_stalls(&self) -> Vec<String> {
         self.core.check_stalls()
+    }
+
+    /// Remote members' links: dropped ones noticed, disconnected members
+    /// tried again and rejoined, those away too long failed for good.
+    /// Called every half second or so by whoever runs the array.
+    pub fn watch_links(&self) {
+        self.core.watch_links()
+    }
+
+    /// `watch_links` every half second until the array is stopped
+    /// (`stop_background`).
+    pub fn links_loop(&self) {
+        while !self.core.wake.stopped() {
+            std::thread::sleep(Duration::from_millis(500));
+            self.core.watch_links();
+        }
+    }
+
+    pub fn set_rejoin_timeout(&self, t: Duration) {
+        self.core.set_rejoin_timeout(t)
     }
 
     /// Whether some member in service waits on a device for its I/O

@@ -1,0 +1,285 @@
+//! Members on other hosts whose connection comes and goes. A member in
+//! sync whose link is lost is failed as any other (the array serves
+//! degraded at once, the superblocks of the others record it) but is
+//! remembered as `disconnected`: the client connects again in the
+//! background, and a member that comes back within the rejoin time, with
+//! the superblock it had when it left, takes its role again and is resynced
+//! only where the write-intent bitmap says writes went while it was away.
+//! One that answers with anything else (another array's superblock, an
+//! older or newer event count, another member's) is refused and stays
+//! failed; one away longer is failed for good and waits for `add` or a
+//! spare.
+
+use super::{Core, Disk, View};
+use crate::events::{NewEvent, Severity};
+use crate::superblock::{probe, Role};
+use raidkit_member::{Locked, Member};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Default time a disconnected member may stay away and still rejoin by
+/// itself (the bitmap keeps what it missed meanwhile).
+pub const DEFAULT_REJOIN_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long one attempt to connect again may take.
+const CONNECT_LIMIT: Duration = Duration::from_secs(3);
+
+/// The longest wait between two attempts (the first come sooner).
+const MAX_BACKOFF: Duration = Duration::from_secs(4);
+
+/// A disconnected member's time away.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Away {
+    pub since: Instant,
+    next_try: Instant,
+    tries: u32,
+}
+
+impl Away {
+    fn new() -> Away {
+        let now = Instant::now();
+        Away {
+            since: now,
+            next_try: now + Duration::from_millis(500),
+            tries: 0,
+        }
+    }
+
+    /// After a failed attempt: 1 s, 2 s, then every `MAX_BACKOFF`.
+    fn retry_later(&mut self) {
+        self.tries += 1;
+        let wait = Duration::from_secs(1 << self.tries.min(3)) / 2;
+        self.next_try = Instant::now() + wait.min(MAX_BACKOFF);
+    }
+}
+
+/// What an attempt to bring a member back came to.
+enum Attempt {
+    /// Not reachable yet (or not readable): tried again later.
+    NotYet(String),
+    /// It answers, but not as the member that left: never trusted.
+    Refused(String),
+    Rejoined {
+        resync: bool,
+    },
+}
+
+impl Core {
+    /// Called as `d` is failed: if its link is what was lost, it is
+    /// remembered as away (and may come back). Returns why the link is
+    /// down, if it is.
+    pub(crate) fn note_lost(&self, d: &Disk, in_sync: bool) -> Option<String> {
+        let why = d.member.remote()?.lost()?;
+        if in_sync {
+            *d.away.locked() = Some(Away::new());
+        }
+        Some(why)
+    }
+
+    pub fn set_rejoin_timeout(&self, t: Duration) {
+        self.rejoin_ns.store(t.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    pub(super) fn rejoin_timeout(&self) -> Duration {
+        Duration::from_nanos(self.rejoin_ns.load(Ordering::Relaxed))
+    }
+
+    /// One round of link upkeep (called every half second or so): members
+    /// in service whose idle connection has dropped are failed as
+    /// disconnected; disconnected members due for it are tried again, at
+    /// once (each attempt bounded); those away too long are failed for
+    /// good.
+    pub fn watch_links(&self) {
+        let v = self.view.load_full();
+        for d in v.writable() {
+            if let Some(why) = d.member.remote().and_then(|r| r.lost()) {
+                self.fail_disk_by_ptr(&d, &format!("connection lost: {why}"));
+            }
+        }
+        if self.read_only || !self.alive.load(Ordering::Acquire) {
+            return;
+        }
+        let v = self.view.load_full();
+        let limit = self.rejoin_timeout();
+        let mut due = Vec::new();
+        for (d, role, _) in &v.failed {
+            let Some(role) = *role else { continue };
+            let Some(away) = *d.away.locked() else {
+                continue;
+            };
+            if away.since.elapsed() > limit {
+                self.give_up(d, limit);
+            } else if Instant::now() >= away.next_try {
+                due.push((d.clone(), role));
+            }
+        }
+        // Attempts at once: a host that does not answer must not hold up
+        // the others' return.
+        std::thread::scope(|sc| {
+            for (d, role) in &due {
+                let attempt = move || self.attempt(d, *role);
+                if std::thread::Builder::new()
+                    .name("reconnect".into())
+                    .spawn_scoped(sc, attempt)
+                    .is_err()
+                {
+                    attempt();
+                }
+            }
+        });
+    }
+
+    fn give_up(&self, d: &Arc<Disk>, limit: Duration) {
+        if d.away.locked().take().is_none() {
+            return;
+        }
+        let why = format!(
+            "disconnected for longer than {}s: failed for good (raidkit add brings it or another member back)",
+            limit.as_secs()
+        );
+        let mut v = View::clone(&self.view.load());
+        let role = v.failed.iter_mut().find_map(|f| {
+            std::ptr::eq(Arc::as_ptr(&f.0), Arc::as_ptr(d)).then(|| {
+                f.2 = why.clone();
+                f.1
+            })
+        });
+        self.view.store(Arc::new(v));
+        tracing::warn!(member = d.name(), "{why}");
+        self.emit(NewEvent::new("Fail", Severity::Warning, why).member(d.name(), role.flatten()));
+    }
+
+    fn attempt(&self, d: &Arc<Disk>, role: usize) {
+        let outcome = self.try_rejoin(d, role);
+        let mut away = d.away.locked();
+        let Some(a) = away.as_mut() else { return };
+        match outcome {
+            Attempt::NotYet(why) => {
+                tracing::debug!(member = d.name(), "not back yet: {why}");
+                a.retry_later();
+            }
+            Attempt::Refused(why) => {
+                let since = a.since;
+                *away = None;
+                drop(away);
+                self.refuse(d, role, since, &why);
+            }
+            Attempt::Rejoined { resync } => {
+                let since = a.since;
+                *away = None;
+                drop(away);
+                self.emit(
+                    NewEvent::new(
+                        "MemberReturned",
+                        Severity::Info,
+                        format!(
+                            "reconnected after {:.1}s and back in role {role}: {}",
+                            since.elapsed().as_secs_f64(),
+                            if resync {
+                                "only the regions written while it was away are resynced"
+                            } else {
+                                "rebuilt in full"
+                            }
+                        ),
+                    )
+                    .member(d.name(), Some(role)),
+                );
+                self.wake.kick();
+            }
+        }
+    }
+
+    fn refuse(&self, d: &Arc<Disk>, role: usize, since: Instant, why: &str) {
+        let why = format!(
+            "came back after {:.1}s but {why}: refused, failed for good",
+            since.elapsed().as_secs_f64()
+        );
+        let mut v = View::clone(&self.view.load());
+        for f in v.failed.iter_mut() {
+            if std::ptr::eq(Arc::as_ptr(&f.0), Arc::as_ptr(d)) {
+                f.2 = why.clone();
+            }
+        }
+        self.view.store(Arc::new(v));
+        if let Some(r) = d.member.remote() {
+            r.cut("refused");
+        }
+        tracing::error!(member = d.name(), "{why}");
+        self.emit(
+            NewEvent::new("RejoinRefused", Severity::Warning, why).member(d.name(), Some(role)),
+        );
+    }
+
+    /// Connect again and, if it is the member that left, put it back.
+    fn try_rejoin(&self, d: &Arc<Disk>, role: usize) -> Attempt {
+        let Some(link) = d.member.remote() else {
+            return Attempt::Refused("it is not a remote member".into());
+        };
+        if let Err(e) = link.reconnect(CONNECT_LIMIT) {
+            return Attempt::NotYet(e.to_string());
+        }
+        // The member itself, under the checksum layer: its superblock.
+        let raw: Arc<dyn Member> = match &d.checked {
+            Some(c) => c.inner().clone(),
+            None => d.member.clone(),
+        };
+        let msb = match probe(raw.as_ref()) {
+            Err(e) => return Attempt::NotYet(e.to_string()),
+            Ok(None) => {
+                return Attempt::Refused("it has no superblock: another disk answers there".into())
+            }
+            Ok(Some(Err(e))) => {
+                return Attempt::Refused(format!("its superblock is unreadable ({e})"))
+            }
+            Ok(Some(Ok(m))) => m,
+        };
+        let mut meta = self.meta.locked();
+        if msb.array_uuid != meta.sb.array_uuid {
+            return Attempt::Refused(format!(
+                "it answers with the superblock of another array ({})",
+                msb.array_uuid
+            ));
+        }
+        if msb.member_uuid != d.uuid || msb.role != Role::Active(role as u32) {
+            return Attempt::Refused(format!(
+                "it answers with the superblock of another member ({})",
+                msb.member_uuid
+            ));
+        }
+        let left_at = d.sb.locked().events;
+        if msb.events != left_at {
+            return Attempt::Refused(format!(
+                "its superblock is {} (events {}, it had {} when it left)",
+                if msb.events < left_at {
+                    "stale"
+                } else {
+                    "newer than ours: written elsewhere meanwhile"
+                },
+                msb.events,
+                left_at
+            ));
+        }
+        let mut v = View::clone(&self.view.load());
+        let still_away = v
+            .failed
+            .iter()
+            .any(|f| std::ptr::eq(Arc::as_ptr(&f.0), Arc::as_ptr(d)));
+        if !still_away {
+            return Attempt::Refused("it was removed meanwhile".into());
+        }
+        if v.roles[role].disk.is_some() || meta.sb.roles[role].member_uuid != d.uuid {
+            return Attempt::Refused(format!("role {role} was taken by another member meanwhile"));
+        }
+        let dirty = self.missed_writes(&meta, &msb);
+        let resync = dirty.is_some();
+        let back = Arc::new(Disk::new(raw, msb, true));
+        let r = self
+            .enter_role(&mut meta, &mut v, role, back, dirty)
+            .and_then(|()| self.commit(&mut meta, v));
+        match r {
+            Ok(()) => Attempt::Rejoined { resync },
+            Err(e) => Attempt::NotYet(e.to_string()),
+        }
+    }
+}
