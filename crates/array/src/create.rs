@@ -43,6 +43,9 @@ pub struct CreateOptions {
     /// Write md's metadata (v1.2) instead of raidkit's, so that the Linux
     /// kernel assembles the array (see `metadata::md`).
     pub md: bool,
+    /// Each member's failure domain label, in member order (spares after
+    /// the roles); empty or shorter: none given for the rest.
+    pub domains: Vec<String>,
 }
 
 /// How redundancy is kept consistent across crashes, as md's
@@ -307,6 +310,41 @@ pub fn create(
         .map(|(s, o)| (s - o) / opts.chunk * opts.chunk)
         .collect();
     let geom = Geometry::new(opts.level, opts.layout, opts.chunk, data_sizes.clone())?;
+    // Spread over hosts: no one host may hold more than the level can lose.
+    let domains: Vec<Option<String>> = prepared[..n]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            (!matches!(p, Prepared::Missing)).then(|| {
+                crate::domains::domain_of(
+                    opts.domains.get(i).map_or("", String::as_str),
+                    &prepared_name(p),
+                )
+            })
+        })
+        .collect();
+    for (d, roles) in crate::domains::crowded(&geom, &domains) {
+        let what = format!(
+            "failure domain '{d}' holds roles {roles:?}: {} cannot lose them all at once, so losing '{d}' would lose the array",
+            opts.level
+        );
+        if !opts.force {
+            return Err(Error::Invalid(format!(
+                "{what}; spread the members (--domain labels them) or use --force"
+            )));
+        }
+        tracing::warn!("{what} (created anyway: --force)");
+    }
+    if opts
+        .domains
+        .iter()
+        .any(|d| d.len() > crate::superblock::MAX_DOMAIN)
+    {
+        return Err(Error::Invalid(format!(
+            "a failure domain label takes at most {} bytes",
+            crate::superblock::MAX_DOMAIN
+        )));
+    }
     let biggest = data_sizes.iter().copied().max().unwrap_or(0);
     for i in n..prepared.len() {
         if sizes[i] < offsets[i] + biggest {
@@ -461,6 +499,7 @@ pub fn create(
             resync: needs_sync.then_some(0),
             checksums: area,
             scrub: None,
+            domain: opts.domains.get(i).cloned().unwrap_or_default(),
             roles: roles.clone(),
             md: opts.md.then(|| {
                 crate::metadata::md::new_v12(&crate::metadata::md::NewMember {

@@ -23,6 +23,7 @@ mod background;
 mod consistency;
 mod core;
 pub mod create;
+pub mod domains;
 mod engine;
 pub mod error;
 pub mod events;

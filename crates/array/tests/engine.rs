@@ -82,6 +82,7 @@ fn make(level: Level, layout: Layout, paths: &[PathBuf]) {
         spares: Vec::new(),
         checksums: false,
         md: false,
+        domains: Vec::new(),
     };
     raidkit_open::create(&specs(paths), &[], &opts, |_, _| {}).unwrap();
 }
@@ -425,6 +426,7 @@ fn raid50_nests_arrays_as_members() {
             spares: Vec::new(),
             checksums: false,
             md: false,
+            domains: Vec::new(),
         };
         raidkit_open::create(&specs(ps), &[], &opts, |_, _| {}).unwrap();
     }
@@ -443,6 +445,7 @@ fn raid50_nests_arrays_as_members() {
         spares: Vec::new(),
         checksums: false,
         md: false,
+        domains: Vec::new(),
     };
     raidkit_open::create(&outer, &[], &opts, |_, _| {}).unwrap();
     let top = Spec::Array(outer.clone());
@@ -514,6 +517,7 @@ fn full_stripe_writes_with_large_chunks() {
             spares: Vec::new(),
             checksums: false,
             md: false,
+            domains: Vec::new(),
         };
         raidkit_open::create(&specs(&ps), &[], &opts, |_, _| {}).unwrap();
         let a = open(&without(&ps, &[])).unwrap();

@@ -583,8 +583,13 @@ fn print_status(v: &Value, as_json: bool) -> Result<()> {
             })
             .collect();
         let slow = &m["slow"];
+        // Members elsewhere say where: their failure domain.
+        let domain = match m["domain"].as_str() {
+            Some(d) if d != raidkit_array::domains::LOCAL => format!(" [{d}]"),
+            _ => String::new(),
+        };
         println!(
-            "  {role:>4}  {:<10} {}{}{}{}",
+            "  {role:>4}  {:<12} {}{domain}{}{}{}",
             m["state"].as_str().unwrap_or("?"),
             m["path"].as_str().unwrap_or("-"),
             m["reason"]

@@ -370,6 +370,13 @@ pub struct CreateArgs {
     /// rebuilt, as soon as a member fails.
     #[arg(long, value_name = "PATH")]
     pub spare: Vec<String>,
+    /// Failure domain of each member, in order (spares last), comma
+    /// separated: what fails together (a host, a rack, a shelf). Without
+    /// it a member's domain is the host of its nbd:// URI, or this host.
+    /// An array whose members span several domains is refused where one
+    /// domain holds more members than the level can lose, unless --force.
+    #[arg(long, value_name = "LABEL,...", value_delimiter = ',')]
+    pub domain: Vec<String>,
     /// Write-intent bitmap region size: a member that drops out and comes
     /// back resyncs only the regions written meanwhile. 0 disables it.
     /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).

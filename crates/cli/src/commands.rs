@@ -81,6 +81,13 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
         None => level.default_layout(),
     };
     let specs = parse_specs(&a.members.members)?;
+    if !a.domain.is_empty() && a.domain.len() != specs.len() + a.spare.len() {
+        bail!(
+            "--domain gives {} labels for {} members: give one per member, in order (spares after the others)",
+            a.domain.len(),
+            specs.len() + a.spare.len()
+        );
+    }
     let md = match a.metadata.as_str() {
         "md" | "1.2" => true,
         "raidkit" => false,
@@ -109,6 +116,7 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
         // then refused) with md metadata.
         checksums: a.checksums.unwrap_or(!md),
         md,
+        domains: a.domain.clone(),
     };
     let spares = a
         .spare
@@ -439,28 +447,35 @@ fn print_sb_common(sb: &Superblock) {
 }
 
 fn member_rows(asm: &Assembly) -> Vec<Value> {
+    use raidkit_array::domains::domain_of;
+    let label = |sb: Option<&raidkit_array::superblock::Superblock>| {
+        sb.map_or(String::new(), |s| s.domain.clone())
+    };
     let mut rows: Vec<Value> = asm
         .slots
         .iter()
         .enumerate()
         .map(|(role, s)| match (&s.member, &s.absence) {
-            (Some(m), _) => match s.resume {
-                Some(at) => json!({"path": m.name(), "role": role, "state": "rebuilding",
-                                   "recovery_offset": at,
-                                   "reason": format!("rebuilt up to {at} bytes of its data area")}),
-                None => json!({"path": m.name(), "role": role, "state": "active"}),
-            },
-            (None, Some(Absence::Stale { member, reason })) => {
-                json!({"path": member, "role": role, "state": "stale", "reason": reason})
+            (Some(m), _) => {
+                let domain = domain_of(&label(s.sb.as_ref()), m.name());
+                match s.resume {
+                    Some(at) => json!({"path": m.name(), "role": role, "state": "rebuilding",
+                                       "domain": domain, "recovery_offset": at,
+                                       "reason": format!("rebuilt up to {at} bytes of its data area")}),
+                    None => json!({"path": m.name(), "role": role, "state": "active", "domain": domain}),
+                }
             }
-            (None, _) => json!({"path": null, "role": role, "state": "missing"}),
+            (None, Some(Absence::Stale { member, reason })) => {
+                let domain = domain_of(&label(s.stale.as_ref().map(|x| &x.1)), member);
+                json!({"path": member, "role": role, "state": "stale", "domain": domain, "reason": reason})
+            }
+            (None, _) => json!({"path": null, "role": role, "state": "missing", "domain": null}),
         })
         .collect();
-    rows.extend(
-        asm.spares
-            .iter()
-            .map(|(m, _)| json!({"path": m.name(), "role": "spare", "state": "spare"})),
-    );
+    rows.extend(asm.spares.iter().map(|(m, sb)| {
+        json!({"path": m.name(), "role": "spare", "state": "spare",
+               "domain": domain_of(&sb.domain, m.name())})
+    }));
     rows
 }
 
@@ -555,7 +570,7 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
             );
         }
         println!();
-        println!("    Role  State    Member");
+        println!("    Role  State    Domain        Member");
         for r in &rows {
             let role = match &r["role"] {
                 Value::String(s) => s.clone(),
@@ -567,8 +582,9 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
                 .map(|s| format!("  ({s})"))
                 .unwrap_or_default();
             println!(
-                "    {role:>4}  {:<8} {path}{reason}",
-                r["state"].as_str().unwrap_or("?")
+                "    {role:>4}  {:<8} {:<13} {path}{reason}",
+                r["state"].as_str().unwrap_or("?"),
+                r["domain"].as_str().unwrap_or("-")
             );
         }
         for w in &asm.warnings {

@@ -457,3 +457,77 @@ fn six_storage_hosts_lose_links_come_back_and_rejoin_by_bitmap() {
     drop(g6);
     drop(servers);
 }
+
+#[test]
+fn create_refuses_an_array_one_failure_domain_could_take_down() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    let blank = |m: &String| std::fs::read(m).map_or(true, |b| b.iter().all(|&x| x == 0));
+    let make = |level: &str, domains: &str, extra: &[&str]| -> Output {
+        let mut a = vec![
+            "create", "--level", level, "--size", "16M", "--domain", domains,
+        ];
+        a.extend_from_slice(extra);
+        a.extend(ms.iter().map(|s| s.as_str()));
+        raidkit_refused(&a)
+    };
+    // RAID-5 with two members in rack a: losing rack a loses the array.
+    let out = make("5", "a,a,b,c", &[]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(ms
+        .iter()
+        .all(|m| !std::path::Path::new(m).exists() || blank(m)));
+    // One label per member, no more, no less.
+    let out = make("6", "a,b", &[]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    // RAID-6 survives any two: the same placement is fine.
+    let out = make("6", "a,a,b,c", &[]);
+    assert!(out.status.success(), "{out:?}");
+    let d: serde_json::Value =
+        serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
+    let domains: Vec<&str> = d["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["domain"].as_str().unwrap())
+        .collect();
+    assert_eq!(domains, ["a", "a", "b", "c"], "{d:#}");
+    let text = String::from_utf8(ok(&args(&["detail"], &ms)).stdout).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains(" b ") && l.contains(&ms[2])),
+        "{text}"
+    );
+    // --force creates what is refused otherwise.
+    let out = make("5", "a,a,b,c", &["--force"]);
+    assert!(out.status.success(), "{out:?}");
+
+    // Without labels, a member's domain is the host of its URI: two local
+    // files and one export on 127.0.0.1 put two RAID-5 members here.
+    let f = dir.path().join("remote.img").display().to_string();
+    std::fs::File::create(&f)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let (_host, uri) = export(&f);
+    let local: Vec<String> = (0..2)
+        .map(|i| dir.path().join(format!("l{i}.img")).display().to_string())
+        .collect();
+    let mut a = vec!["create", "--level", "5", "--size", "16M"];
+    a.extend(local.iter().map(|s| s.as_str()));
+    a.push(&uri);
+    let out = raidkit_refused(&a);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(local
+        .iter()
+        .all(|m| !std::path::Path::new(m).exists() || blank(m)));
+    // RAID-1 of the three survives losing two.
+    a[2] = "1";
+    let out = raidkit_refused(&a);
+    assert!(out.status.success(), "{out:?}");
+    let d: serde_json::Value =
+        serde_json::from_slice(&ok(&["detail", "--json", &local[0], &local[1], &uri]).stdout)
+            .unwrap();
+    assert_eq!(d["members"][2]["domain"], "127.0.0.1", "{d:#}");
+    assert_eq!(d["members"][0]["domain"], "local", "{d:#}");
+}

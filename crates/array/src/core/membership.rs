@@ -61,6 +61,7 @@ impl Core {
             let write = |role: usize, d: &Arc<Disk>, mut sb: Superblock, rebuilding: bool| {
                 let mut own = d.sb.locked();
                 sb.member_uuid = own.member_uuid;
+                sb.domain = own.domain.clone();
                 sb.role = Role::Active(role as u32);
                 sb.data_offset = own.data_offset;
                 sb.data_size = own.data_size;
@@ -498,6 +499,7 @@ impl Core {
         let mut sb = meta.sb.clone();
         sb.seq = 0;
         sb.member_uuid = Uuid::new_v4();
+        sb.domain = String::new();
         sb.role = Role::Spare;
         (sb.data_offset, sb.checksums) = member_layout(m.len(), meta.sb.checksums.enabled());
         sb.data_size = meta.sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);

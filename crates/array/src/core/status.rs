@@ -15,6 +15,10 @@ pub struct MemberStatus {
     pub state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Its failure domain (see `domains`): its label, the host of its
+    /// URI, or `local`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
     /// Read, write and checksum errors seen on it (members that are open).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub errors: Option<ErrorCounts>,
@@ -32,6 +36,12 @@ pub struct MemberStatus {
 pub struct Slow {
     pub latency_us: u64,
     pub peers_us: u64,
+}
+
+/// A member's failure domain.
+fn domain(d: &super::Disk) -> Option<String> {
+    use raidkit_member::Locked;
+    Some(crate::domains::domain_of(&d.sb.locked().domain, d.name()))
 }
 
 /// A failed member's state: disconnected while it may still come back.
@@ -60,6 +70,7 @@ impl Core {
                         "active"
                     },
                     reason: None,
+                    domain: domain(d),
                     errors: Some(d.errors()),
                     slow: d.slow(),
                     io: Some(d.io.report()),
@@ -72,6 +83,7 @@ impl Core {
                             role: Some(role),
                             state: failed_state(d),
                             reason: Some(why.clone()),
+                            domain: domain(d),
                             errors: Some(d.errors()),
                             slow: d.slow(),
                             io: Some(d.io.report()),
@@ -82,6 +94,7 @@ impl Core {
                             role: Some(role),
                             state: "missing",
                             reason: Some(format!("stale: {reason}")),
+                            domain: Some(crate::domains::domain_of("", member)),
                             errors: None,
                             slow: None,
                             io: None,
@@ -92,6 +105,7 @@ impl Core {
                             role: Some(role),
                             state: "missing",
                             reason: None,
+                            domain: None,
                             errors: None,
                             slow: None,
                             io: None,
@@ -108,6 +122,7 @@ impl Core {
                         "replacing {}",
                         rv.disk.as_ref().map_or("-", |d| d.name())
                     )),
+                    domain: domain(d),
                     errors: Some(d.errors()),
                     slow: d.slow(),
                     io: Some(d.io.report()),
@@ -119,6 +134,7 @@ impl Core {
             role: None,
             state: "spare",
             reason: None,
+            domain: domain(d),
             errors: Some(d.errors()),
             slow: d.slow(),
             io: Some(d.io.report()),
@@ -132,6 +148,7 @@ impl Core {
                 role: None,
                 state: failed_state(d),
                 reason: Some(why.clone()),
+                domain: domain(d),
                 errors: Some(d.errors()),
                 slow: d.slow(),
                 io: Some(d.io.report()),

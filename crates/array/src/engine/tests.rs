@@ -107,6 +107,7 @@ fn file_array(
         spares: Vec::new(),
         checksums: false,
         md: false,
+        domains: Vec::new(),
     };
     let new: Vec<CreateMember> = members
         .iter()

@@ -524,6 +524,7 @@ fn translated(t: Translated<'_>) -> Result<Superblock> {
             .then(|| t.resync_sector.saturating_mul(SECTOR) / unit),
         checksums: ChecksumArea::default(),
         scrub: None,
+        domain: String::new(),
         roles: t.roles,
         md: Some(t.meta),
     })

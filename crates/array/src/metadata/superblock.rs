@@ -44,6 +44,8 @@
 //!     (4096), algorithm u32 (1: crc32c), format u32 (see `checksums`)
 //! 304 scrub_offset u64: with flag 2 set, a scrub to resume from this unit
 //!     (flag 4: it only checks)
+//! 312 domain [32]: this member's failure domain as given at create (a
+//!     host, a rack, an enclosure; UTF-8, zero padded; empty: none given)
 //! 1024 role table: raid_disks entries of 32 bytes:
 //!      member uuid [16], state u32, reserved u32, data_size u64
 //! ```
@@ -67,6 +69,8 @@ const ROLE_TABLE: usize = 1024;
 const ROLE_ENTRY: usize = 32;
 const SPARE: u32 = u32::MAX;
 const MIB: u64 = 1 << 20;
+/// Bytes a member's failure domain label may take.
+pub const MAX_DOMAIN: usize = 32;
 
 /// The data offset raidkit gives a member of `len` bytes.
 pub fn data_offset_for(len: u64) -> u64 {
@@ -164,6 +168,8 @@ pub struct Superblock {
     pub checksums: ChecksumArea,
     /// A scrub to resume: from this unit, and whether it only checks.
     pub scrub: Option<(u64, bool)>,
+    /// This member's failure domain as given at create (empty: none).
+    pub domain: String,
     pub roles: Vec<RoleEntry>,
     /// Read from md's own superblock of this version (see `md`), not
     /// from raidkit's: not written back by raidkit.
@@ -333,6 +339,9 @@ impl Superblock {
             put_u64(&mut b, 304, at);
         }
         put_u32(&mut b, 20, flags);
+        let domain = self.domain.as_bytes();
+        let n = domain.len().min(MAX_DOMAIN);
+        b[312..312 + n].copy_from_slice(&domain[..n]);
         if self.checksums.enabled() {
             use crate::metadata::checksums;
             put_u64(&mut b, 272, self.checksums.offset);
@@ -457,6 +466,9 @@ impl Superblock {
             checksums,
             scrub: (get_u32(b, 20) & FLAG_SCRUB != 0)
                 .then(|| (get_u64(b, 304), get_u32(b, 20) & FLAG_SCRUB_CHECK_ONLY != 0)),
+            domain: String::from_utf8_lossy(&b[312..312 + MAX_DOMAIN])
+                .trim_end_matches('\0')
+                .to_string(),
             roles,
             md: None,
         }))
@@ -601,6 +613,7 @@ mod tests {
                 size: 1 << 20,
             },
             scrub: Some((12, true)),
+            domain: "rack-2".into(),
             roles: (0..4)
                 .map(|i| RoleEntry {
                     member_uuid: Uuid::from_u128(i),

@@ -125,6 +125,7 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
                     spares: Vec::new(),
                     checksums: false,
                     md: false,
+                    domains: Vec::new(),
                 };
                 let files: Vec<Spec> = paths.iter().map(|p| Spec::File(p.clone())).collect();
                 raidkit_open::create(&files, &[], &opts, |_, _| {})
