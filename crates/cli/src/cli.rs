@@ -43,7 +43,7 @@ pub enum Command {
     /// Write to the array (offline) from stdin or a file.
     Write(WriteArgs),
     /// Assemble the array and serve it over NBD until SIGTERM or SIGINT.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Serve one file or block device as a plain NBD export (no array
     /// metadata), for arrays whose members are on other hosts
     /// (nbd://HOST:PORT/EXPORT members), until SIGTERM or SIGINT.
@@ -625,6 +625,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub io: IoArgs,
     #[command(flatten)]
+    pub access: AccessArgs,
+    #[command(flatten)]
     pub members: ServeMembers,
     /// The options given on the command line (not defaults), by id.
     #[arg(skip)]
@@ -653,6 +655,37 @@ pub struct ExportArgs {
     pub max_connections: u32,
     #[command(flatten)]
     pub io: IoArgs,
+    #[command(flatten)]
+    pub access: AccessArgs,
+}
+
+/// Who may connect to a server, and how (serve, export).
+#[derive(Debug, Args, Clone)]
+pub struct AccessArgs {
+    /// TLS (NBD_OPT_STARTTLS): off, on (offered; clients choose) or
+    /// require (clients must switch to TLS before anything else). on and
+    /// require need --tls-cert and --tls-key.
+    #[arg(long, value_name = "MODE", default_value = "off", value_parser = ["off", "on", "require"])]
+    pub tls: String,
+    /// The server's certificate chain (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The server's private key (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Require clients to show a certificate signed by this authority (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Pre-shared keys (nbdkit's --tls-psk format): not available, said
+    /// and refused (the TLS library, rustls, has no external PSKs); use
+    /// X.509 certificates.
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+    /// Let in only peers from these addresses or networks
+    /// (ADDR[/PREFIX],...); others are disconnected before the NBD
+    /// handshake. Unix socket clients are not affected.
+    #[arg(long, value_name = "CIDR,...")]
+    pub allow: Option<String>,
 }
 
 /// The members of the array `serve` serves (none with --config).

@@ -24,7 +24,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Policy(a) => cmd_policy(a),
         Command::Read(a) => cmd_read(a),
         Command::Write(a) => cmd_write(a),
-        Command::Serve(a) => crate::serve::serve(a),
+        Command::Serve(a) => crate::serve::serve(*a),
         Command::Export(a) => crate::export::export(a),
         Command::Status(a) => crate::admin::status(a),
         Command::List(a) => crate::admin::list(a),

@@ -37,6 +37,7 @@ pub fn export(a: ExportArgs) -> Result<()> {
             ..Config::default()
         },
     );
+    crate::serve::secure(&server, &a.access, listen.as_deref())?;
     let mut endpoints = Vec::new();
     if let Some(t) = l.tcp {
         endpoints.push(format!(

@@ -169,6 +169,53 @@ impl Settings {
     }
 }
 
+/// TLS and the peers let in, from the command line; a server listening
+/// beyond loopback without TLS is said to be so.
+pub(crate) fn secure(
+    server: &Server,
+    a: &crate::cli::AccessArgs,
+    listen: Option<&str>,
+) -> Result<()> {
+    if a.tls_psk.is_some() {
+        bail!("--tls-psk: pre-shared keys are not supported (the TLS library, rustls, has none); use X.509 certificates (--tls-cert, --tls-key)");
+    }
+    let tls = match a.tls.as_str() {
+        "off" => {
+            if a.tls_cert.is_some() || a.tls_key.is_some() || a.tls_ca.is_some() {
+                bail!("--tls-cert, --tls-key and --tls-ca need --tls on or --tls require");
+            }
+            None
+        }
+        mode => {
+            let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) else {
+                bail!("--tls {mode} needs --tls-cert FILE and --tls-key FILE (PEM)");
+            };
+            Some(
+                raidkit_nbd::ServerTls::x509(cert, key, a.tls_ca.as_deref(), mode == "require")
+                    .context("TLS")?,
+            )
+        }
+    };
+    let allow = match &a.allow {
+        Some(list) => raidkit_nbd::Allow::parse(list).map_err(anyhow::Error::msg)?,
+        None => raidkit_nbd::Allow::default(),
+    };
+    let beyond_loopback = listen
+        .and_then(|l| l.parse::<std::net::SocketAddr>().ok())
+        .is_some_and(|a| !a.ip().is_loopback());
+    if beyond_loopback && !tls.as_ref().is_some_and(|t| t.require) {
+        crate::say::warning(&format!(
+            "listening on {} without --tls require: anyone who can reach it reads and writes the data in clear{}",
+            listen.unwrap_or("?"),
+            if allow.is_empty() { ", from anywhere (no --allow)" } else { "" }
+        ));
+    }
+    server
+        .secure(raidkit_nbd::Security { tls, allow })
+        .context("setting up the server's access")?;
+    Ok(())
+}
+
 /// The TCP address to listen on, if any: the one given, else the default
 /// unless only a Unix socket is.
 pub(crate) fn listen_of(listen: Option<&String>, socket: Option<&PathBuf>) -> Option<String> {
@@ -544,6 +591,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 ));
             }
         }
+        secure(&server, &a.access, tcp.map(|t| t.to_string()).as_deref())?;
         if let Some(l) = g.tcp {
             server.serve_tcp(l)?;
         }

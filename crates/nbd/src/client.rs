@@ -26,12 +26,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-/// Where an export is: parsed from `nbd://HOST[:PORT][/EXPORT]` or
-/// `nbd+unix:///EXPORT?socket=PATH` (the NBD URI scheme).
+/// Where an export is: parsed from `nbd://HOST[:PORT][/EXPORT]`,
+/// `nbd+unix:///EXPORT?socket=PATH`, or their TLS forms `nbds://` and
+/// `nbds+unix://` (the NBD URI scheme). TLS settings ride in the query,
+/// as libnbd's: `tls-certificates=DIR` (DIR/ca-cert.pem to trust, and
+/// DIR/client-cert.pem with DIR/client-key.pem to show, if there),
+/// `tls-ca=FILE`, and `tls-hostname=NAME` (the name the server's
+/// certificate must carry; default the URI's host).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Address {
     pub endpoint: Endpoint,
     pub export: String,
+    /// Set for nbds:// and nbds+unix://.
+    pub tls: Option<TlsParams>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,31 +47,83 @@ pub enum Endpoint {
     Unix(String),
 }
 
+/// TLS settings of a URI.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TlsParams {
+    pub ca: Option<String>,
+    pub certificates: Option<String>,
+    pub hostname: Option<String>,
+}
+
+impl TlsParams {
+    /// The client's TLS configuration, expecting `host` unless the URI
+    /// names another.
+    fn client(&self, host: &str) -> io::Result<crate::tls::ClientTls> {
+        use std::path::PathBuf;
+        let dir = self.certificates.as_ref().map(PathBuf::from);
+        let ca = match (&self.ca, &dir) {
+            (Some(f), _) => PathBuf::from(f),
+            (None, Some(d)) => d.join("ca-cert.pem"),
+            (None, None) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "nbds:// needs a certificate authority to trust: ?tls-certificates=DIR (with ca-cert.pem) or ?tls-ca=FILE",
+                ))
+            }
+        };
+        let client = dir.and_then(|d| {
+            let (c, k) = (d.join("client-cert.pem"), d.join("client-key.pem"));
+            (c.exists() && k.exists()).then_some((c, k))
+        });
+        let name = self.hostname.as_deref().unwrap_or(host);
+        crate::tls::ClientTls::x509(
+            name,
+            &ca,
+            client.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
+        )
+    }
+}
+
 impl Address {
     pub fn parse(uri: &str) -> std::result::Result<Address, String> {
-        if let Some(rest) = uri.strip_prefix("nbd+unix://") {
-            let (path, query) = rest.split_once('?').ok_or_else(|| {
+        let not_nbd = || format!("{uri}: not an NBD URI (nbd://HOST[:PORT][/EXPORT])");
+        let (scheme, rest) = uri.split_once("://").ok_or_else(not_nbd)?;
+        let (unix, tls) = match scheme {
+            "nbd" => (false, false),
+            "nbds" => (false, true),
+            "nbd+unix" => (true, false),
+            "nbds+unix" => (true, true),
+            _ => return Err(not_nbd()),
+        };
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let param = |k: &str| {
+            query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        };
+        let tls = tls.then(|| TlsParams {
+            ca: param("tls-ca"),
+            certificates: param("tls-certificates"),
+            hostname: param("tls-hostname"),
+        });
+        if unix {
+            let socket = param("socket").ok_or_else(|| {
                 format!(
                     "{uri}: an nbd+unix URI needs ?socket=PATH (nbd+unix:///EXPORT?socket=PATH)"
                 )
             })?;
-            let socket = query
-                .split('&')
-                .find_map(|kv| kv.strip_prefix("socket="))
-                .filter(|s| !s.is_empty())
-                .ok_or_else(|| format!("{uri}: no socket=PATH in the query"))?;
             let export = path.strip_prefix('/').unwrap_or(path).to_string();
             return Ok(Address {
-                endpoint: Endpoint::Unix(socket.to_string()),
+                endpoint: Endpoint::Unix(socket),
                 export,
+                tls,
             });
         }
-        let rest = uri
-            .strip_prefix("nbd://")
-            .ok_or_else(|| format!("{uri}: not an NBD URI (nbd://HOST[:PORT][/EXPORT])"))?;
-        let (hostport, export) = match rest.split_once('/') {
+        let (hostport, export) = match path.split_once('/') {
             Some((h, e)) => (h, e.to_string()),
-            None => (rest, String::new()),
+            None => (path, String::new()),
         };
         if hostport.is_empty() {
             return Err(format!("{uri}: no host"));
@@ -86,7 +145,19 @@ impl Address {
         Ok(Address {
             endpoint: Endpoint::Tcp(hostport),
             export,
+            tls,
         })
+    }
+
+    /// The host a TLS server's certificate is checked against.
+    fn host(&self) -> &str {
+        match &self.endpoint {
+            Endpoint::Tcp(hp) => {
+                let h = hp.rsplit_once(':').map_or(hp.as_str(), |(h, _)| h);
+                h.trim_start_matches('[').trim_end_matches(']')
+            }
+            Endpoint::Unix(_) => "localhost",
+        }
     }
 }
 
@@ -168,6 +239,8 @@ struct Shared {
     max_request: usize,
     /// A handle on the socket for shutting it down without a lock.
     ctl: Stream,
+    /// The network connection: `ctl` itself, or what carries it (TLS).
+    raw: Stream,
     /// How long a reply may take (None: as long as the network lets it).
     timeout: Option<Duration>,
     writer: Mutex<Stream>,
@@ -202,6 +275,7 @@ impl Shared {
         drop(b);
         // Whoever is still sending or reading stops now, nothing queued
         // is sent later, and the server sees the connection go.
+        self.raw.abort();
         self.ctl.abort();
         let drained: Vec<Waiter> = self
             .pending
@@ -354,7 +428,11 @@ struct ExportInfo {
 
 /// Fixed newstyle handshake: NBD_OPT_GO (asking for block sizes), or
 /// NBD_OPT_EXPORT_NAME from a server that does not know GO.
-fn handshake(s: &mut Stream, export: &str) -> io::Result<ExportInfo> {
+fn handshake(
+    s: &mut Stream,
+    export: &str,
+    tls: Option<&crate::tls::ClientTls>,
+) -> io::Result<ExportInfo> {
     if read_u64(s)? != NBDMAGIC {
         return Err(bad("not an NBD server (no NBDMAGIC)"));
     }
@@ -370,6 +448,28 @@ fn handshake(s: &mut Stream, export: &str) -> io::Result<ExportInfo> {
     let no_zeroes = hflags & FLAG_NO_ZEROES != 0;
     let cflags = CLIENT_FIXED_NEWSTYLE | if no_zeroes { CLIENT_NO_ZEROES } else { 0 };
     s.write_all(&cflags.to_be_bytes())?;
+    if let Some(tls) = tls {
+        send_option(s, OPT_STARTTLS, &[])?;
+        if read_u64(s)? != OPT_REPLY_MAGIC {
+            return Err(bad("bad option reply magic"));
+        }
+        let (_opt, kind, len) = (read_u32(s)?, read_u32(s)?, read_u32(s)?);
+        if len > MAX_OPTION_LEN {
+            return Err(bad(format!("option reply of {len} bytes")));
+        }
+        let mut msg = vec![0u8; len as usize];
+        s.read_exact(&mut msg)?;
+        if kind != REP_ACK {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "the server does not offer TLS ({})",
+                    String::from_utf8_lossy(&msg)
+                ),
+            ));
+        }
+        *s = tls.connect(s)?;
+    }
 
     let mut go = Vec::new();
     go.extend_from_slice(&(export.len() as u32).to_be_bytes());
@@ -485,24 +585,35 @@ impl NbdClient {
                     io::Error::new(e.kind(), format!("{uri}: connecting to {p}: {e}"))
                 })?),
             };
+        if let Some(t) = timeout {
+            s.keepalive(t / 2);
+        }
+        let tls = match &addr.tls {
+            Some(p) => Some(
+                p.client(addr.host())
+                    .map_err(|e| io::Error::new(e.kind(), format!("{uri}: {e}")))?,
+            ),
+            None => None,
+        };
+        // The connection itself, under TLS if any: it is what a lost
+        // connection resets.
+        let raw = s.try_clone()?;
         // A server that never answers must not hang us at the handshake.
         let handshake_limit = Duration::from_secs(30);
         s.set_read_timeout(Some(
             timeout.map_or(handshake_limit, |t| t.min(handshake_limit)),
         ))?;
-        let info = handshake(&mut s, &addr.export)
+        let info = handshake(&mut s, &addr.export, tls.as_ref())
             .map_err(|e| io::Error::new(e.kind(), format!("{uri}: {e}")))?;
         // From now on the request timeout: a read that waits longer for a
         // reply, or a write for room to send, gives up.
         s.set_read_timeout(timeout)?;
         s.set_write_timeout(timeout)?;
-        if let Some(t) = timeout {
-            s.keepalive(t / 2);
-        }
         let shared = Shared {
             flags: info.flags,
             max_request: info.max_request,
             ctl: s.try_clone()?,
+            raw,
             timeout,
             writer: Mutex::new(s.try_clone()?),
             rx: Mutex::new(s),
@@ -836,7 +947,8 @@ mod tests {
             Address::parse("nbd://127.0.0.1:10900/disk").unwrap(),
             Address {
                 endpoint: Endpoint::Tcp("127.0.0.1:10900".into()),
-                export: "disk".into()
+                export: "disk".into(),
+                tls: None,
             }
         );
         assert_eq!(
@@ -847,9 +959,24 @@ mod tests {
             Address::parse("nbd+unix:///x?socket=/tmp/s").unwrap(),
             Address {
                 endpoint: Endpoint::Unix("/tmp/s".into()),
-                export: "x".into()
+                export: "x".into(),
+                tls: None,
             }
         );
+        // TLS settings from the query; the query is not the export's.
+        let a =
+            Address::parse("nbds://[::1]:1234/d?tls-certificates=/pki&tls-hostname=s1").unwrap();
+        assert_eq!(a.endpoint, Endpoint::Tcp("[::1]:1234".into()));
+        assert_eq!(a.export, "d");
+        assert_eq!(a.host(), "::1");
+        let t = a.tls.unwrap();
+        assert_eq!(t.certificates.as_deref(), Some("/pki"));
+        assert_eq!(t.hostname.as_deref(), Some("s1"));
+        assert_eq!(Address::parse("nbd://h/d?x=1").unwrap().export, "d");
+        assert!(Address::parse("nbds+unix:///d?socket=/s")
+            .unwrap()
+            .tls
+            .is_some());
         assert!(Address::parse("nbd://host:notaport/x").is_err());
         assert!(Address::parse("nbd+unix:///x").is_err());
         assert!(Address::parse("http://x").is_err());

@@ -11,6 +11,10 @@ pub mod client;
 pub mod proto;
 pub mod server;
 mod stream;
+pub mod tls;
 
 pub use client::NbdClient;
-pub use server::{Config, Export, Server, Stats, Target, ZeroCopy, DEFAULT_MAX_CONNECTIONS};
+pub use server::{
+    Config, Export, Security, Server, Stats, Target, ZeroCopy, DEFAULT_MAX_CONNECTIONS,
+};
+pub use tls::{Allow, ClientTls, ServerTls};

@@ -49,6 +49,7 @@ pub const REP_META_CONTEXT: u32 = 4;
 pub const REP_ERR_UNSUP: u32 = (1 << 31) | 1;
 pub const REP_ERR_POLICY: u32 = (1 << 31) | 2;
 pub const REP_ERR_INVALID: u32 = (1 << 31) | 3;
+pub const REP_ERR_TLS_REQD: u32 = (1 << 31) | 5;
 pub const REP_ERR_UNKNOWN: u32 = (1 << 31) | 6;
 pub const REP_ERR_TOO_BIG: u32 = (1 << 31) | 9;
 

@@ -69,12 +69,10 @@ impl Spec {
                     .collect::<Result<_>>()?,
             ));
         }
-        if t.starts_with("nbds://") || t.starts_with("nbds+unix://") {
-            return Err(Error::Invalid(format!(
-                "member spec '{s}': NBD over TLS is not supported yet (use nbd:// on a trusted network, or a tunnel)"
-            )));
-        }
-        if t.starts_with("nbd://") || t.starts_with("nbd+unix://") {
+        if ["nbd://", "nbd+unix://", "nbds://", "nbds+unix://"]
+            .iter()
+            .any(|p| t.starts_with(p))
+        {
             return Ok(Spec::Nbd(t.to_string()));
         }
         if t.is_empty() {

@@ -67,10 +67,21 @@ pub(super) fn spawn(server: &Arc<Server>, l: Listener) -> io::Result<()> {
 fn accept_loop(server: Arc<Server>, l: Listener) {
     while !server.accepting.stopping.load(Ordering::Acquire) {
         let accepted = match &l {
-            Listener::Tcp(t) => t.accept().map(|(s, peer)| {
-                let _ = s.set_nodelay(true);
-                (Stream::Tcp(s), peer.to_string())
-            }),
+            Listener::Tcp(t) => match t.accept() {
+                Ok((s, peer)) if !server.security().allow.admits(peer.ip()) => {
+                    // Refused before a byte of the protocol is sent.
+                    let _ = s.shutdown(Shutdown::Both);
+                    for t in &server.targets {
+                        inc(&t.stats.connections_refused, 1);
+                    }
+                    tracing::warn!("{peer}: refused, not in the allowed peers (--allow)");
+                    continue;
+                }
+                r => r.map(|(s, peer)| {
+                    let _ = s.set_nodelay(true);
+                    (Stream::Tcp(s), peer.to_string())
+                }),
+            },
             Listener::Unix(u) => u.accept().map(|(s, _)| (Stream::Unix(s), "unix".into())),
         };
         match accepted {

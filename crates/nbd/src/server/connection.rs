@@ -30,7 +30,8 @@ struct Conn {
 /// handshake has chosen an export, the connection counts in its counters
 /// and its hook hears of the client.
 pub(super) fn serve(server: &Arc<Server>, mut s: Stream, peer: &str) -> io::Result<()> {
-    let Some((target, neg)) = handshake(&mut s, &server.targets)? else {
+    let Some((target, neg)) = handshake(&mut s, &server.targets, server.security().tls.as_ref())?
+    else {
         return Ok(());
     };
     let stats = &target.stats;

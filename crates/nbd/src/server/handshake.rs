@@ -6,6 +6,7 @@
 use super::{Export, Target, MAX_PAYLOAD};
 use crate::proto::*;
 use crate::stream::Stream;
+use crate::tls::ServerTls;
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,9 +28,10 @@ pub(super) struct Negotiated {
 pub(super) fn handshake(
     s: &mut Stream,
     targets: &[Arc<Target>],
+    tls: Option<&ServerTls>,
 ) -> io::Result<Option<(Arc<Target>, Negotiated)>> {
     s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    let neg = options(s, targets)?;
+    let neg = options(s, targets, tls)?;
     if neg.is_some() {
         // Transmission waits for requests as long as the client likes.
         s.set_read_timeout(None)?;
@@ -72,6 +74,7 @@ fn tflags(export: &Export, neg: Negotiated) -> u16 {
 fn options(
     s: &mut Stream,
     targets: &[Arc<Target>],
+    tls: Option<&ServerTls>,
 ) -> io::Result<Option<(Arc<Target>, Negotiated)>> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
@@ -91,6 +94,7 @@ fn options(
     }
     let no_zeroes = cflags & CLIENT_NO_ZEROES != 0;
     let mut neg = Negotiated::default();
+    let mut secured = false;
     loop {
         let mut hb = [0u8; 16];
         s.read_exact(&mut hb)?;
@@ -107,6 +111,23 @@ fn options(
         let reply = |s: &mut Stream, kind: u32, payload: &[u8]| {
             s.write_all(&option_reply(h.option, kind, payload))
         };
+        // A server that requires TLS answers nothing but STARTTLS and
+        // ABORT before it (NBD's FORCEDTLS).
+        let tls_first = tls.is_some_and(|t| t.require) && !secured;
+        if tls_first && h.option != OPT_STARTTLS && h.option != OPT_ABORT {
+            if h.option == OPT_EXPORT_NAME {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "a client asked for an export without TLS, which is required",
+                ));
+            }
+            reply(
+                s,
+                REP_ERR_TLS_REQD,
+                b"TLS is required: NBD_OPT_STARTTLS first",
+            )?;
+            continue;
+        }
         match h.option {
             OPT_EXPORT_NAME => {
                 let name = String::from_utf8_lossy(&data);
@@ -220,7 +241,21 @@ fn options(
                 }
                 reply(s, REP_ACK, &[])?;
             }
-            OPT_STARTTLS => reply(s, REP_ERR_UNSUP, b"TLS is not supported")?,
+            OPT_STARTTLS => match tls {
+                None => reply(s, REP_ERR_UNSUP, b"TLS is not offered by this server")?,
+                Some(_) if secured => reply(s, REP_ERR_INVALID, b"TLS is already on")?,
+                Some(_) if !data.is_empty() => {
+                    reply(s, REP_ERR_INVALID, b"NBD_OPT_STARTTLS takes no data")?
+                }
+                Some(t) => {
+                    reply(s, REP_ACK, &[])?;
+                    *s = t.accept(s)?;
+                    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+                    secured = true;
+                    // Anything settled before TLS is forgotten (the spec).
+                    neg = Negotiated::default();
+                }
+            },
             _ => reply(s, REP_ERR_UNSUP, b"unsupported option")?,
         }
     }

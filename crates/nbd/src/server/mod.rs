@@ -234,6 +234,15 @@ pub struct Server {
     /// `max_connections` bound is the process's, not an export's).
     admitted: AtomicU64,
     accepting: Accepting,
+    /// TLS and the peers let in; set once, before serving.
+    security: std::sync::OnceLock<Security>,
+}
+
+/// Who may connect and how: TLS (offered or required) and the peers let in.
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    pub tls: Option<crate::tls::ServerTls>,
+    pub allow: crate::tls::Allow,
 }
 
 impl Server {
@@ -269,6 +278,7 @@ impl Server {
             max_connections,
             admitted: AtomicU64::new(0),
             accepting: Accepting::default(),
+            security: std::sync::OnceLock::new(),
         })
     }
 
@@ -295,6 +305,21 @@ impl Server {
     /// The default export.
     pub fn export(&self) -> &Export {
         &self.targets[0].export
+    }
+
+    /// Offer or require TLS and admit only some peers: once, before the
+    /// first listener is served.
+    pub fn secure(&self, security: Security) -> io::Result<()> {
+        self.security
+            .set(security)
+            .map_err(|_| io::Error::other("the server's security is already set"))
+    }
+
+    pub(crate) fn security(&self) -> &Security {
+        static NONE: std::sync::OnceLock<Security> = std::sync::OnceLock::new();
+        self.security
+            .get()
+            .unwrap_or_else(|| NONE.get_or_init(Security::default))
     }
 
     /// Serve clients arriving on a TCP listener, from a thread of its own.

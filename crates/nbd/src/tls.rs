@@ -1,0 +1,350 @@
+//! TLS on NBD connections (NBD_OPT_STARTTLS), with rustls, for the server
+//! (`serve`/`export --tls`) and the client (`nbds://` members), and the
+//! peers a server lets in (`--allow`).
+//!
+//! Once the handshake has switched to TLS, two threads carry the
+//! connection between the socket and one end of a local socket pair: the
+//! server's and the client's connection code keep working on a plain
+//! stream (the other end) that they can clone for their reader and writer
+//! threads, as they do on a socket. A rustls connection is one object for
+//! both directions, so sharing it directly would put a reader blocked on
+//! the network in the way of every writer. Records are produced and sent
+//! under one lock, so they leave in the order they were sealed; nothing
+//! blocks on the network while holding the connection's lock.
+//!
+//! Pre-shared keys (nbdkit's --tls-psk) are not offered: rustls has no
+//! external-PSK support.
+
+use crate::stream::Stream;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Shutdown};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// What a server does about TLS.
+#[derive(Clone)]
+pub struct ServerTls {
+    config: Arc<rustls::ServerConfig>,
+    /// Clients must switch to TLS before anything else (NBD's FORCEDTLS).
+    pub require: bool,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("require", &self.require)
+            .finish()
+    }
+}
+
+fn bad(what: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, what.to_string())
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn certs(path: &Path) -> io::Result<Vec<CertificateDer<'static>>> {
+    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| bad(format!("{}: {e}", path.display())))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(bad(format!("{}: no certificate in it", path.display())));
+    }
+    Ok(certs)
+}
+
+fn roots(ca: &Path) -> io::Result<rustls::RootCertStore> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certs(ca)? {
+        roots
+            .add(c)
+            .map_err(|e| bad(format!("{}: {e}", ca.display())))?;
+    }
+    Ok(roots)
+}
+
+impl ServerTls {
+    /// X.509: the server's certificate chain and key (PEM); with `ca`,
+    /// clients must show a certificate it signed.
+    pub fn x509(cert: &Path, key: &Path, ca: Option<&Path>, require: bool) -> io::Result<Self> {
+        let chain = certs(cert)?;
+        let key = PrivateKeyDer::from_pem_file(key)
+            .map_err(|e| bad(format!("{}: {e}", key.display())))?;
+        let builder = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(bad)?;
+        let builder = match ca {
+            Some(ca) => {
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots(ca)?),
+                    provider(),
+                )
+                .build()
+                .map_err(bad)?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let config = builder.with_single_cert(chain, key).map_err(bad)?;
+        Ok(ServerTls {
+            config: Arc::new(config),
+            require,
+        })
+    }
+
+    /// Switch `s` to TLS as the server (after NBD_OPT_STARTTLS was
+    /// acknowledged): the TLS handshake, then the plain side.
+    pub(crate) fn accept(&self, s: &Stream) -> io::Result<Stream> {
+        let conn = rustls::ServerConnection::new(self.config.clone()).map_err(bad)?;
+        carry(rustls::Connection::Server(conn), s)
+    }
+}
+
+/// What a client does about TLS: whom it trusts and whom it expects.
+#[derive(Clone)]
+pub struct ClientTls {
+    config: Arc<rustls::ClientConfig>,
+    name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl ClientTls {
+    /// Trusting the certificates in `ca` (PEM), expecting a server
+    /// certificate for `host` (a name or an address); with `cert` and
+    /// `key`, showing a client certificate.
+    pub fn x509(host: &str, ca: &Path, client: Option<(&Path, &Path)>) -> io::Result<ClientTls> {
+        let name = ServerName::try_from(host.to_string())
+            .map_err(|e| bad(format!("{host}: not a host name or address: {e}")))?;
+        let builder = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(bad)?
+            .with_root_certificates(roots(ca)?);
+        let config = match client {
+            Some((cert, key)) => builder
+                .with_client_auth_cert(
+                    certs(cert)?,
+                    PrivateKeyDer::from_pem_file(key)
+                        .map_err(|e| bad(format!("{}: {e}", key.display())))?,
+                )
+                .map_err(bad)?,
+            None => builder.with_no_client_auth(),
+        };
+        Ok(ClientTls {
+            config: Arc::new(config),
+            name,
+        })
+    }
+
+    /// Switch `s` to TLS as the client (after the server acknowledged
+    /// NBD_OPT_STARTTLS).
+    pub(crate) fn connect(&self, s: &Stream) -> io::Result<Stream> {
+        let conn =
+            rustls::ClientConnection::new(self.config.clone(), self.name.clone()).map_err(bad)?;
+        carry(rustls::Connection::Client(conn), s)
+    }
+}
+
+fn lock(c: &Mutex<rustls::Connection>) -> std::sync::MutexGuard<'_, rustls::Connection> {
+    c.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The TLS handshake on `net`, then two threads that carry the
+/// connection between `net` and a local socket pair; returns the pair's
+/// plain end. Each thread ends when its side does, and closes its
+/// direction on the other.
+fn carry(mut conn: rustls::Connection, net: &Stream) -> io::Result<Stream> {
+    let mut io = net.try_clone()?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut io)
+            .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake: {e}")))?;
+    }
+    let (mine, theirs) = UnixStream::pair()?;
+    let conn = Arc::new(Mutex::new(conn));
+    // Held while records are sealed and sent: they leave in order.
+    let sending = Arc::new(Mutex::new(()));
+    // Seal what the connection wants to send and send it, in order.
+    let flush = {
+        let (conn, sending) = (conn.clone(), sending.clone());
+        move |net: &mut Stream, plain: &[u8]| -> io::Result<()> {
+            let _order = sending.lock().unwrap_or_else(|e| e.into_inner());
+            let mut sealed = Vec::with_capacity(plain.len() + 64);
+            {
+                let mut c = lock(&conn);
+                if !plain.is_empty() {
+                    c.writer().write_all(plain)?;
+                }
+                while c.wants_write() {
+                    c.write_tls(&mut sealed)?;
+                }
+            }
+            net.write_all(&sealed)
+        }
+    };
+    // Network to plain side.
+    {
+        let (conn, flush) = (conn.clone(), flush.clone());
+        let (mut net, mut out) = (net.try_clone()?, mine.try_clone()?);
+        std::thread::Builder::new()
+            .name("tls-in".into())
+            .spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                let mut plain = vec![0u8; 64 << 10];
+                let r = (|| -> io::Result<()> {
+                    // The handshake may have taken in the first records of
+                    // data already: they are handed on before any wait.
+                    let mut n = 0;
+                    loop {
+                        let mut got = Vec::new();
+                        let (answer, closed) = {
+                            let mut c = lock(&conn);
+                            let mut rd = &buf[..n];
+                            let mut closed = false;
+                            // Taken in piece by piece, the plaintext drained
+                            // as it comes: rustls holds only so much.
+                            loop {
+                                loop {
+                                    match c.reader().read(&mut plain) {
+                                        Ok(0) => {
+                                            closed = true;
+                                            break;
+                                        }
+                                        Ok(k) => got.extend_from_slice(&plain[..k]),
+                                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                                        Err(e) => return Err(e),
+                                    }
+                                }
+                                if rd.is_empty() || closed {
+                                    break;
+                                }
+                                c.read_tls(&mut rd)?;
+                                c.process_new_packets().map_err(bad)?;
+                            }
+                            (c.wants_write(), closed)
+                        };
+                        if answer {
+                            flush(&mut net, &[])?;
+                        }
+                        out.write_all(&got)?;
+                        if closed {
+                            return Ok(());
+                        }
+                        n = net.read(&mut buf)?;
+                        if n == 0 {
+                            return Ok(());
+                        }
+                    }
+                })();
+                if let Err(e) = r {
+                    tracing::debug!("TLS connection ended: {e}");
+                    net.shutdown(Shutdown::Both);
+                }
+                // The plain side reads to its end, and may still reply.
+                let _ = out.shutdown(Shutdown::Write);
+            })?;
+    }
+    // Plain side to network.
+    {
+        let (mut net, mut inp) = (net.try_clone()?, mine);
+        std::thread::Builder::new()
+            .name("tls-out".into())
+            .spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                let r = (|| -> io::Result<()> {
+                    loop {
+                        let n = inp.read(&mut buf)?;
+                        if n == 0 {
+                            lock(&conn).send_close_notify();
+                            return flush(&mut net, &[]);
+                        }
+                        flush(&mut net, &buf[..n])?;
+                    }
+                })();
+                if let Err(e) = r {
+                    tracing::debug!("TLS connection ended: {e}");
+                }
+                net.shutdown(Shutdown::Both);
+                let _ = inp.shutdown(Shutdown::Both);
+            })?;
+    }
+    Ok(Stream::Unix(theirs))
+}
+
+/// The peers a server lets in: addresses and networks (CIDR). Empty:
+/// everyone.
+#[derive(Debug, Clone, Default)]
+pub struct Allow(Vec<ipnet::IpNet>);
+
+impl Allow {
+    /// `ADDR[/PREFIX],...`
+    pub fn parse(list: &str) -> Result<Allow, String> {
+        let mut nets = Vec::new();
+        for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let net = match item.parse::<ipnet::IpNet>() {
+                Ok(n) => n,
+                Err(_) => match item.parse::<IpAddr>() {
+                    Ok(a) => ipnet::IpNet::from(a),
+                    Err(_) => {
+                        return Err(format!(
+                            "--allow: '{item}' is neither an address nor a network (ADDR/PREFIX)"
+                        ))
+                    }
+                },
+            };
+            nets.push(net);
+        }
+        if nets.is_empty() {
+            return Err("--allow: no address or network given".into());
+        }
+        Ok(Allow(nets))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether `peer` may connect. An IPv4 peer on an IPv6 socket
+    /// (::ffff:a.b.c.d) counts as its IPv4 address.
+    pub fn admits(&self, peer: IpAddr) -> bool {
+        if self.0.is_empty() {
+            return true;
+        }
+        let peer = match peer {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
+            v4 => v4,
+        };
+        self.0.iter().any(|n| n.contains(&peer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_lists() {
+        let a = Allow::parse("10.1.0.0/16, 192.168.5.7,fd00::/8").unwrap();
+        assert!(a.admits("10.1.200.3".parse().unwrap()));
+        assert!(a.admits("::ffff:10.1.0.1".parse().unwrap()));
+        assert!(a.admits("192.168.5.7".parse().unwrap()));
+        assert!(a.admits("fd12::1".parse().unwrap()));
+        assert!(!a.admits("10.2.0.1".parse().unwrap()));
+        assert!(!a.admits("192.168.5.8".parse().unwrap()));
+        assert!(Allow::parse("10.0.0.0/33").is_err());
+        assert!(Allow::parse("example.org").is_err());
+        assert!(Allow::parse(" , ").is_err());
+        assert!(Allow::default().admits("8.8.8.8".parse().unwrap()));
+    }
+}
