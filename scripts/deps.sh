@@ -7,7 +7,7 @@
 # cpio; openssl makes md-fixtures.sh's payload). Does nothing when they are all
 # present.
 set -euo pipefail
-pkgs=(gcc libc6-dev libnbd-bin python3-libnbd qemu-utils fio nbdkit e2fsprogs fuse3 util-linux procps strace curl chromium python3-prometheus-client qemu-system-x86 linux-image-amd64 mdadm busybox-static kmod cpio openssl iproute2)
+pkgs=(gcc g++ libc6-dev libnbd-bin python3-libnbd qemu-utils fio nbdkit e2fsprogs fuse3 util-linux procps strace curl chromium python3-prometheus-client qemu-system-x86 linux-image-amd64 mdadm busybox-static kmod cpio openssl iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

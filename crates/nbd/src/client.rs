@@ -543,6 +543,60 @@ fn handshake(
     })
 }
 
+/// For the fuzzer: what a hostile server could send a client, as bytes:
+/// the handshake's greeting and option replies, then replies to four reads
+/// of up to 4 KiB in flight. Never panics, never hangs (the bytes end).
+#[doc(hidden)]
+pub fn fuzz_server_bytes(data: &[u8]) {
+    let Ok((ours, theirs)) = UnixStream::pair() else {
+        return;
+    };
+    let mut theirs = Stream::Unix(theirs);
+    let data = &data[..data.len().min(64 << 10)];
+    if theirs.write_all(data).is_err() {
+        return;
+    }
+    theirs.shutdown(Shutdown::Write);
+    let mut s = Stream::Unix(ours.try_clone().expect("clone"));
+    if handshake(&mut s, "fuzz", None).is_err() {
+        return;
+    }
+    let _ = ours.set_read_timeout(Some(Duration::from_secs(1)));
+    let Ok(ctl) = s.try_clone() else { return };
+    let shared = Shared {
+        flags: 0,
+        max_request: 4096,
+        ctl,
+        raw: Stream::Unix(ours),
+        timeout: None,
+        writer: Mutex::new(theirs),
+        rx: Mutex::new(s.try_clone().expect("clone")),
+        reading: AtomicBool::new(true),
+        pending: Mutex::new(HashMap::new()),
+        broken: Mutex::new(None),
+        next: AtomicU64::new(1),
+    };
+    let mut bufs = vec![vec![0u8; 4096]; 4];
+    let slots: Vec<Arc<Slot>> = (0..4).map(|_| Arc::new(Slot::default())).collect();
+    for (i, b) in bufs.iter_mut().enumerate() {
+        shared.pending.lock().expect("pending").insert(
+            i as u64 + 1,
+            Waiter {
+                buf: b.as_mut_ptr(),
+                len: b.len() >> i,
+                slot: slots[i].clone(),
+            },
+        );
+    }
+    while !slots.iter().all(|s| s.is_done()) {
+        if let Err(why) = shared.read_reply(&mut s) {
+            // Every waiter completed before its buffer goes.
+            shared.fail_all(&why);
+            break;
+        }
+    }
+}
+
 /// Fills in a write's data (the buffer) for its offset.
 pub type FillWrite<'a> = dyn FnMut(u64, &mut [u8]) + 'a;
 

@@ -260,3 +260,39 @@ fn options(
         }
     }
 }
+
+/// For the fuzzer: a client's bytes through the whole handshake of a
+/// server with one small export. Never panics, never hangs (the bytes end).
+#[doc(hidden)]
+pub fn fuzz_client_bytes(data: &[u8]) {
+    use std::os::unix::net::UnixStream;
+    let Ok((ours, theirs)) = UnixStream::pair() else {
+        return;
+    };
+    let mut theirs = Stream::Unix(theirs);
+    let data = &data[..data.len().min(64 << 10)];
+    if theirs.write_all(data).is_err() {
+        return;
+    }
+    theirs.shutdown(std::net::Shutdown::Write);
+    let server = super::Server::new(
+        Export {
+            name: "fuzz".into(),
+            description: "fuzzed".into(),
+            device: Arc::new(raidkit_member::MemMember::new("fuzz", 1 << 20)),
+            read_only: false,
+            preferred_block: super::PREFERRED_BLOCK,
+        },
+        super::Config::default(),
+    );
+    // A reply bigger than the socket's buffer would wait for a reader:
+    // someone drains them.
+    let drain = std::thread::spawn(move || {
+        let mut sink = [0u8; 4096];
+        while matches!(theirs.read(&mut sink), Ok(n) if n > 0) {}
+    });
+    let mut s = Stream::Unix(ours);
+    let _ = handshake(&mut s, &server.targets, None);
+    s.shutdown(std::net::Shutdown::Both);
+    let _ = drain.join();
+}

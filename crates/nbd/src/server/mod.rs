@@ -30,6 +30,8 @@ mod connection;
 mod execute;
 mod fastpath;
 mod handshake;
+#[doc(hidden)]
+pub use handshake::fuzz_client_bytes;
 mod reply;
 mod request;
 
