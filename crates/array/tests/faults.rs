@@ -481,3 +481,39 @@ fn replace_copies_a_member_while_it_serves() {
     check(&b, &model);
     done(b);
 }
+
+/// md's failfast for mirrors: once a copy's member is much slower than its
+/// peers (a remote member behind a congested link, a dying disk), reads go
+/// to the other copy while it is fine, instead of waiting on the slow one.
+#[test]
+fn mirror_reads_skip_a_slow_copy_while_another_is_fine() {
+    let dir = tmp();
+    let ms = make(dir.path(), Level::Raid1, 2, 0);
+    let slow = format!("fault:{}?delay=5ms", ms[1]);
+    let array = open(&[ms[0].clone(), slow]);
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + 3) as u8).collect();
+    array.write(&data, 0).unwrap();
+    let read_all = || {
+        let mut got = vec![0u8; CHUNK as usize];
+        for (i, want) in data.chunks(CHUNK as usize).enumerate() {
+            array.read(&mut got, i as u64 * CHUNK).unwrap();
+            assert!(got == want, "chunk {i} read wrong");
+        }
+    };
+    let reads = |role: usize| array.members_status()[role].io.as_ref().unwrap().read_ops;
+    // Copies alternate chunk by chunk: both serve the first pass.
+    read_all();
+    assert!(reads(1) > 8, "{}", reads(1));
+    array.housekeeping();
+    assert!(
+        array.members_status()[1].slow.is_some(),
+        "{:?}",
+        array.members_status()[1]
+    );
+    // Now the fast copy serves every read, right.
+    let (fast, slowed) = (reads(0), reads(1));
+    read_all();
+    assert_eq!(reads(1), slowed, "a read waited on the slow copy");
+    assert!(reads(0) >= fast + (1 << 20) / CHUNK);
+    array.close().unwrap();
+}

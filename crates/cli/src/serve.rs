@@ -756,9 +756,6 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     for server in &servers {
         server.shutdown();
     }
-    for mut c in controls {
-        c.stop();
-    }
     for s in &started {
         s.array.stop_background();
     }
@@ -783,6 +780,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 );
             }
         }
+    }
+    // The control sockets go last: `raidkit stop` waits for them to, and
+    // then finds the arrays closed and marked clean.
+    for mut c in controls {
+        c.stop();
     }
     match failed {
         Some(e) => Err(e),

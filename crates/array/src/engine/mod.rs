@@ -261,8 +261,13 @@ impl Array {
     /// `watch_links` every half second until the array is stopped
     /// (`stop_background`).
     pub fn links_loop(&self) {
-        while !self.core.wake.stopped() {
-            std::thread::sleep(Duration::from_millis(500));
+        'watch: loop {
+            for _ in 0..5 {
+                if self.core.wake.stopped() {
+                    break 'watch;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
             self.core.watch_links();
         }
     }

@@ -203,12 +203,36 @@ impl Array {
         self.copy_order(p).next().expect("a piece has a copy").0
     }
 
+    /// The copies in the order a read tries them: `copy_order`, except
+    /// that a copy on a slow member (one much slower than its peers, such
+    /// as a remote member behind a congested link) goes last while another
+    /// is fine, as md's failfast: a read is not made to wait on it. Not
+    /// where copies may still differ (the first one is the truth there).
+    fn read_order(&self, v: &View, p: &Piece) -> Small<(usize, u64)> {
+        let order: Small<(usize, u64)> = self.copy_order(p).collect();
+        if self.unsynced(p.logical / self.core.geom.chunk) {
+            return order;
+        }
+        let slow = |&(role, _): &(usize, u64)| {
+            v.roles[role]
+                .disk
+                .as_ref()
+                .is_some_and(|d| d.slow().is_some())
+        };
+        if !order.iter().any(slow) || order.iter().all(slow) {
+            return order;
+        }
+        let (mut fine, late): (Small<_>, Small<_>) = order.into_iter().partition(|c| !slow(c));
+        fine.extend(late);
+        fine
+    }
+
     pub(crate) fn read_copies(&self, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()> {
         let mut bad: Small<usize> = Small::new();
         let mut mismatched: Small<usize> = Small::new();
         let mut last_err = None;
         let mut done = false;
-        for (role, dev) in self.copy_order(p) {
+        for &(role, dev) in self.read_order(v, p).iter() {
             match self.core.member_read(v, role, dst, dev) {
                 Some(Ok(())) => {
                     done = true;
