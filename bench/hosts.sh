@@ -13,7 +13,8 @@
 #     by fio (nbd engine) over the same link: what the client costs.
 # Medians (with min-max) of ROUNDS rounds, and the ratios.
 #
-# usage: [RAIDKIT=path/to/raidkit] bench/hosts.sh [ROUNDS] [RATE_MBIT] [SIZE]
+# usage: [RAIDKIT=path/to/raidkit] [CHUNK=256K] [POLICY=journal]
+#        bench/hosts.sh [ROUNDS] [RATE_MBIT] [SIZE]
 #   ROUNDS (default 3), RATE_MBIT per link (default 400), SIZE written
 #   and read per round (default 512M). Needs root (namespaces, tc), fio.
 set -euo pipefail
@@ -21,6 +22,9 @@ cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 RATE=${2:-400}
 SIZE=${3:-512M}
+# 256K chunks: a 1 MiB write is one full stripe of four data chunks.
+CHUNK=${CHUNK:-256K}
+POLICY=${POLICY:-journal}
 [ "$(id -u)" -eq 0 ] || { echo "hosts.sh: network namespaces need root" >&2; exit 1; }
 ./scripts/deps.sh
 if [ -z "${RAIDKIT:-}" ]; then
@@ -55,18 +59,19 @@ for i in 0 1 2 3 4 5; do
   tc qdisc add dev "$here" root tbf rate "${RATE}mbit" burst 256k latency 200ms
   ip netns exec "$ns" tc qdisc add dev "$there" root tbf rate "${RATE}mbit" burst 256k latency 200ms
   truncate -s 1200M "$W/d$i.img"
-  ip netns exec "$ns" "$R" export --listen "10.$NET.$i.2:10809" "$W/d$i.img" >/dev/null 2>&1 &
+  ip netns exec "$ns" "$R" export --listen "10.$NET.$i.2:10809" --name "d$i" "$W/d$i.img" >/dev/null 2>&1 &
   PIDS+=($!)
-  MEMBERS+=("nbd://10.$NET.$i.2:10809/d$i.img")
+  MEMBERS+=("nbd://10.$NET.$i.2:10809/d$i")
 done
 for m in "${MEMBERS[@]}"; do
   for _ in $(seq 100); do timeout 5 nbdinfo --size "$m" >/dev/null 2>&1 && break; sleep 0.1; done
 done
-"$R" create --level 6 --chunk 512K --size 1100M --assume-clean --force "${MEMBERS[@]}" >/dev/null
+"$R" create --level 6 --chunk "$CHUNK" --consistency-policy "$POLICY" --size 1100M --assume-clean \
+  --force "${MEMBERS[@]}" >/dev/null
 "$R" serve --listen 127.0.0.1:0 --control "$W/c.ctl" "${MEMBERS[@]}" >"$W/serve.out" 2>"$W/serve.log" &
 PIDS+=($!)
 for _ in $(seq 100); do grep -q "listening on nbd://" "$W/serve.out" 2>/dev/null && break; sleep 0.1; done
-URI=$(grep -o "nbd://[^ ]*" "$W/serve.out" | head -1)
+URI=$(grep "listening on" "$W/serve.out" | grep -o "nbd://[^ ]*" | head -1)
 
 mbs() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); j=d['jobs'][0]; print(round((j['write']['bw_bytes']+j['read']['bw_bytes'])/1e6,1))" "$1"; }
 iops() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); j=d['jobs'][0]; print(round(j['read']['iops']))" "$1"; }
@@ -93,7 +98,7 @@ done
 med() { python3 -c "import statistics,sys; v=[float(x) for x in sys.argv[1:]]; print(f'{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})')" $1; }
 link=$(python3 -c "print(round($RATE*1e6/8/1e6,1))")
 echo
-echo "link rate ${RATE} Mbit/s = $link MB/s per host, six hosts, RAID-6, chunk 512K"
+echo "link rate ${RATE} Mbit/s = $link MB/s per host, six hosts, RAID-6, chunk $CHUNK, policy $POLICY"
 echo "1M sequential write: $(med "${RES[write]}") MB/s; bound 4 x link = $(python3 -c "print(round(4*$link,1))") MB/s; ratio $(python3 -c "import statistics; print(round(statistics.median([float(x) for x in '${RES[write]}'.split()])/(4*$link),2))")"
 echo "1M sequential read:  $(med "${RES[read]}") MB/s; bound 6 x link = $(python3 -c "print(round(6*$link,1))") MB/s; ratio $(python3 -c "import statistics; print(round(statistics.median([float(x) for x in '${RES[read]}'.split()])/(6*$link),2))")"
 echo "4K random read QD32, one remote member: raidkit client $(med "${RES[client]}") IOPS vs fio direct $(med "${RES[direct]}") IOPS; ratio $(python3 -c "import statistics; a=statistics.median([float(x) for x in '${RES[client]}'.split()]); b=statistics.median([float(x) for x in '${RES[direct]}'.split()]); print(round(a/b,2) if b else 'n/a')")"
