@@ -83,6 +83,47 @@ fn an_array_of_exports_serves_and_survives_a_storage_host_going_away() {
     let st = s.status();
     assert_eq!(st["state"], "degraded", "{st:#}");
     assert_eq!(st["members"][1]["state"], "disconnected", "{st:#}");
+
+    // The host comes back at the same address, serving a member of
+    // another array (of the same size): refused, never trusted.
+    let others: Vec<String> = (0..3)
+        .map(|i| {
+            dir.path()
+                .join(format!("other{i}.img"))
+                .display()
+                .to_string()
+        })
+        .collect();
+    for f in &others {
+        std::fs::File::create(f).unwrap().set_len(64 << 20).unwrap();
+    }
+    create("5", &others, "48M");
+    let addr = uris[1]["nbd://".len()..]
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let _back = Guarded::spawn(
+        Command::new(env!("CARGO_BIN_EXE_raidkit"))
+            .args([
+                "export",
+                "--listen",
+                &addr,
+                "--name",
+                "host1.img",
+                &others[1],
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    wait_for("the other array's member refused", 30, || {
+        s.status()["members"][1]["state"] == "faulty"
+    });
+    let got = read_back("c.raw");
+    assert!(
+        got[..data.len()] == data[..],
+        "read after the refusal differs"
+    );
     assert_eq!(s.stop().code(), Some(0));
     drop(hosts);
 }
