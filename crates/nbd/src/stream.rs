@@ -14,6 +14,17 @@ pub(crate) enum Stream {
 }
 
 impl Stream {
+    /// For the fuzzers: a connected pair whose peer has sent `data` (at
+    /// most 64 KiB, all of it in the socket's buffer) and then closed its
+    /// sending side: our end and the peer's.
+    pub(crate) fn fed(data: &[u8]) -> Option<(Stream, Stream)> {
+        let (ours, theirs) = UnixStream::pair().ok()?;
+        let mut theirs = Stream::Unix(theirs);
+        theirs.write_all(&data[..data.len().min(64 << 10)]).ok()?;
+        theirs.shutdown(Shutdown::Write);
+        Some((Stream::Unix(ours), theirs))
+    }
+
     pub(crate) fn try_clone(&self) -> io::Result<Stream> {
         Ok(match self {
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
