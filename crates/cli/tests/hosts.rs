@@ -398,10 +398,20 @@ fn six_storage_hosts_lose_links_come_back_and_rejoin_by_bitmap() {
     // Both back: they rejoin by themselves, resynced only where written.
     hosts.set_link(1, true);
     hosts.set_link(4, true);
-    wait_for("both members back in sync", 60, || {
+    let t = std::time::Instant::now();
+    loop {
         let st = s.status();
-        st["state"] == "optimal" && st["recovery"].is_null()
-    });
+        if st["state"] == "optimal" && st["recovery"].is_null() {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(90),
+            "both members not back in sync: {st:#}\nevents: {:#?}\nlog: {}",
+            events(&log),
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let evs = events(&log);
     assert_eq!(count(&evs, "MemberReturned"), 2, "{evs:#?}");
     let resynced: Vec<u64> = evs

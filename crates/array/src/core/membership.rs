@@ -70,6 +70,7 @@ impl Core {
                 // md's superblock of this member (its device number, its
                 // fields as md wrote them), not the template's.
                 sb.md = own.md.clone();
+                d.sb_tried.fetch_max(sb.events, Ordering::AcqRel);
                 match write_superblock(d.member.as_ref(), &mut sb) {
                     Ok(()) => {
                         *own = sb;

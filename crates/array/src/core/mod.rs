@@ -64,6 +64,10 @@ pub(crate) struct Disk {
     checksum_event_at: AtomicU64,
     /// Set while it is failed because its link was lost, and may rejoin.
     pub away: Mutex<Option<remote::Away>>,
+    /// The highest event count of a superblock write sent to it, done or
+    /// not: a link cut in the middle of one leaves the member with that
+    /// count or the one before (`sb`'s), both its own.
+    pub sb_tried: AtomicU64,
 }
 
 impl Disk {
@@ -93,6 +97,7 @@ impl Disk {
             io: io::IoCounters::default(),
             checksum_event_at: AtomicU64::new(0),
             away: Mutex::new(None),
+            sb_tried: AtomicU64::new(0),
         }
     }
 

@@ -247,17 +247,24 @@ impl Core {
                 msb.member_uuid
             ));
         }
+        // What it had when it left: the last superblock it took, or the
+        // one it was being sent when the link went (its reply lost).
         let left_at = d.sb.locked().events;
-        if msb.events != left_at {
+        let tried = d.sb_tried.load(Ordering::Acquire).max(left_at);
+        if msb.events < left_at || msb.events > tried {
             return Attempt::Refused(format!(
-                "its superblock is {} (events {}, it had {} when it left)",
+                "its superblock is {} (events {}, it had {left_at}{} when it left)",
                 if msb.events < left_at {
                     "stale"
                 } else {
                     "newer than ours: written elsewhere meanwhile"
                 },
                 msb.events,
-                left_at
+                if tried > left_at {
+                    format!(" or {tried}")
+                } else {
+                    String::new()
+                }
             ));
         }
         let mut v = View::clone(&self.view.load());
