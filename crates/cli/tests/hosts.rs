@@ -252,6 +252,8 @@ fn fio(hosts: &Hosts, client: usize, uri: &str, name: &str, extra: &[&str]) -> O
         "--iodepth=8",
         "--verify=crc32c",
         "--verify_fatal=1",
+        // No state file left behind in the working directory.
+        "--verify_state_save=0",
         "--randseed=7",
         "--group_reporting",
     ]);
