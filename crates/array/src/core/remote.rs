@@ -12,7 +12,7 @@
 
 use super::{Core, Disk, View};
 use crate::events::{NewEvent, Severity};
-use crate::superblock::{probe, Role};
+use crate::superblock::{probe, Role, Superblock};
 use raidkit_member::{Locked, Member};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -278,7 +278,16 @@ impl Core {
         if v.roles[role].disk.is_some() || meta.sb.roles[role].member_uuid != d.uuid {
             return Attempt::Refused(format!("role {role} was taken by another member meanwhile"));
         }
-        let dirty = self.missed_writes(&meta, &msb);
+        // A bitmap clear's update goes out only after a flush of every
+        // member went through. If that update (or a later one) was sent to
+        // it, it held every write up to the clear, and each write it
+        // missed since has its bit, even if the link went before the
+        // update reached it.
+        let as_left = Superblock {
+            events: tried,
+            ..msb.clone()
+        };
+        let dirty = self.missed_writes(&meta, &as_left);
         let resync = dirty.is_some();
         let back = Arc::new(Disk::new(raw, msb, true));
         let r = self
