@@ -32,20 +32,21 @@ fn export(file: &str) -> (Guarded, String) {
     (g, uri)
 }
 
+/// `n` files `<prefix><i>.img` of `len` bytes in `dir`, by path.
+fn sized_files(dir: &std::path::Path, prefix: &str, n: usize, len: u64) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let f = dir.join(format!("{prefix}{i}.img")).display().to_string();
+            std::fs::File::create(&f).unwrap().set_len(len).unwrap();
+            f
+        })
+        .collect()
+}
+
 #[test]
 fn an_array_of_exports_serves_and_survives_a_storage_host_going_away() {
     let dir = tmp();
-    let files: Vec<String> = (0..3)
-        .map(|i| {
-            dir.path()
-                .join(format!("host{i}.img"))
-                .display()
-                .to_string()
-        })
-        .collect();
-    for f in &files {
-        std::fs::File::create(f).unwrap().set_len(64 << 20).unwrap();
-    }
+    let files = sized_files(dir.path(), "host", 3, 64 << 20);
     let mut hosts: Vec<(Guarded, String)> = files.iter().map(|f| export(f)).collect();
     let uris: Vec<String> = hosts.iter().map(|h| h.1.clone()).collect();
     create("5", &uris, "48M");
@@ -86,17 +87,7 @@ fn an_array_of_exports_serves_and_survives_a_storage_host_going_away() {
 
     // The host comes back at the same address, serving a member of
     // another array (of the same size): refused, never trusted.
-    let others: Vec<String> = (0..3)
-        .map(|i| {
-            dir.path()
-                .join(format!("other{i}.img"))
-                .display()
-                .to_string()
-        })
-        .collect();
-    for f in &others {
-        std::fs::File::create(f).unwrap().set_len(64 << 20).unwrap();
-    }
+    let others = sized_files(dir.path(), "other", 3, 64 << 20);
     create("5", &others, "48M");
     let addr = uris[1]["nbd://".len()..]
         .split('/')

@@ -12,6 +12,7 @@ pub mod proto;
 pub mod server;
 mod stream;
 pub mod tls;
+mod uri;
 
 pub use client::NbdClient;
 pub use server::{
