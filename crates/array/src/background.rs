@@ -254,6 +254,7 @@ fn event_names(kind: &str) -> (&'static str, &'static str) {
     match kind {
         "parity-resync" => ("ResyncStarted", "ResyncFinished"),
         "scrub" => ("ScrubStarted", "ScrubFinished"),
+        "reshape" => ("ReshapeStarted", "ReshapeFinished"),
         _ => ("RebuildStarted", "RebuildFinished"),
     }
 }
@@ -530,6 +531,7 @@ impl Array {
     pub fn state_name(&self) -> &'static str {
         match self.health() {
             crate::Health::Failed => "failed",
+            _ if self.reshape_in_progress() => "reshaping",
             _ if self.recovery_status().is_some() || self.needs_recovery() => "rebuilding",
             h => h.name(),
         }

@@ -103,7 +103,7 @@ impl Array {
         let Some(j) = &self.journal else {
             return Ok(None);
         };
-        let chunk = self.core.geom.chunk;
+        let chunk = self.core.geom().chunk;
         let Some(slots) = j.reserve_many((s1 - s0) as usize, journal::HEADER as u64, |seq| {
             self.journal_checkpoint(seq)
         })?
@@ -178,7 +178,7 @@ impl Array {
         let (stripe, dev) = (batch[0].stripe, batch[0].dev);
         let v = self.core.view.load_full();
         let n = v.roles.len();
-        let want = self.core.geom.redundancy() + 1;
+        let want = self.core.geom().redundancy() + 1;
         let targets: Small<&Arc<Disk>> = (0..n)
             .filter_map(|i| v.roles[(stripe as usize + i) % n].disk.as_ref())
             .take(want)
@@ -270,7 +270,7 @@ impl Array {
     /// as pending (an initial sync cut short, say).
     pub(crate) fn recover_unclean(&self, unclean: bool, force: bool) -> Result<()> {
         let checksums = self.checksums();
-        if !self.core.geom.level.has_redundancy() && !checksums {
+        if !self.core.geom().level.has_redundancy() && !checksums {
             return Ok(());
         }
         let pending = self.core.meta.locked().sb.resync;
@@ -287,7 +287,7 @@ impl Array {
             let replayed = self.replay_journal();
             self.core.window.close();
             replayed?;
-        } else if unclean && !self.core.geom.level.has_redundancy() {
+        } else if unclean && !self.core.geom().level.has_redundancy() {
             // Nothing to resync, but blocks being written at the crash
             // may disagree with their checksums: every block is read and
             // its checksum taken from it where it disagrees.
@@ -414,7 +414,7 @@ impl Array {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<()> {
         use std::sync::atomic::Ordering;
-        let chunk = self.core.geom.chunk;
+        let chunk = self.core.geom().chunk;
         let n_units = self.level.units(self);
         let from = plan.from.unwrap_or(u64::MAX);
         let in_marked = |lo: u64, hi: u64| plan.marked.as_ref().is_some_and(|d| d.overlaps(lo, hi));
@@ -455,10 +455,14 @@ impl Array {
                     if process.stopped() {
                         return Ok("the array was stopped (resumed at the next start)".into());
                     }
-                    let v = self.core.view.load_full();
-                    if !v.degraded_roles().is_empty() {
+                    if !self.core.view.load().degraded_roles().is_empty() {
                         return Ok("a member was lost: parity cannot be recomputed".into());
                     }
+                    // During a reshape, by the geometry of the unit's row
+                    // (none: rows the reshape rewrites when it resumes).
+                    let Some(v) = self.view_for_row(u) else {
+                        continue;
+                    };
                     {
                         let _g = self.core.lock(u);
                         self.level.resync_unit(self, &v, u)?;
@@ -566,9 +570,13 @@ impl Array {
         // member one way and leave Q saying another). Where the data cannot
         // be had (too many absent, or a stripe never synced), the window,
         // all of it written since the last flush, keeps what it has.
-        let chunk = self.core.geom.chunk;
+        let chunk = self.core.geom().chunk;
         for &(_, stripe, dev, len) in &intents {
-            let sm = self.core.geom.stripe_map(stripe);
+            // During a reshape, by the geometry of the stripe's row.
+            let Some(v) = self.view_for_row(stripe) else {
+                continue;
+            };
+            let sm = v.geom.stripe_map(stripe);
             let absent = sm
                 .data
                 .iter()

@@ -500,6 +500,7 @@ pub fn create(
             checksums: area,
             scrub: None,
             domain: opts.domains.get(i).cloned().unwrap_or_default(),
+            reshape: None,
             roles: roles.clone(),
             md: opts.md.then(|| {
                 crate::metadata::md::new_v12(&crate::metadata::md::NewMember {

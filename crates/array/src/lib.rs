@@ -31,6 +31,7 @@ mod levels;
 pub mod metadata;
 pub mod policy;
 mod recovery;
+mod reshape;
 mod scratch;
 pub mod scrub;
 mod seams;

@@ -85,11 +85,18 @@ impl Array {
 
     /// Whether some member still needs rebuilding.
     pub fn needs_recovery(&self) -> bool {
-        self.next_job().is_some() || self.recovery.pending_parity.locked().is_some()
+        self.next_job().is_some()
+            || self.recovery.pending_parity.locked().is_some()
+            || self.reshape_in_progress()
     }
 
     fn next_job(&self) -> Option<Job> {
-        if !self.core.alive.load(Ordering::Acquire) || self.core.read_only {
+        // During a reshape no role is rebuilt (a member back from an
+        // absence waits, its writes kept, for the new geometry).
+        if !self.core.alive.load(Ordering::Acquire)
+            || self.core.read_only
+            || self.core.is_reshaping()
+        {
             return None;
         }
         let v = self.core.view.load();
@@ -119,6 +126,17 @@ impl Array {
         let parity = self.recovery.pending_parity.locked().take();
         if let Some(plan) = parity {
             self.run_parity_resync(plan, &mut |_, _| {})?;
+        }
+        if let Some(r) = self.reshaping() {
+            if self.core.wake.stopped() || self.core.read_only {
+                return Ok(());
+            }
+            self.run_reshape(r)?;
+            // The resync of the new stripes, then what waited.
+            let parity = self.recovery.pending_parity.locked().take();
+            if let Some(plan) = parity {
+                self.run_parity_resync(plan, &mut |_, _| {})?;
+            }
         }
         while let Some(job) = self.next_job() {
             if self.core.wake.stopped() {
@@ -156,8 +174,8 @@ impl Array {
 
     /// Bring one member in sync.
     fn run_job(&self, job: Job) -> Result<Outcome> {
-        let chunk = self.core.geom.chunk;
-        let stripes = self.core.geom.stripes();
+        let chunk = self.core.geom().chunk;
+        let stripes = self.core.geom().stripes();
         let total = stripes * chunk;
         let start = job.sync.cursor.load(Ordering::Acquire);
         // This run's work, and what runs before it did of the same job.

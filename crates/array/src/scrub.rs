@@ -84,7 +84,7 @@ impl Array {
         if self.level.units(self) == 0 {
             return Err(Error::Invalid(format!(
                 "{} without checksums has nothing a scrub could check",
-                self.core.geom.level
+                self.core.geom().level
             )));
         }
         if !self.core.view.load().degraded_roles().is_empty() {
@@ -145,7 +145,7 @@ impl Array {
     }
 
     fn run_scrub(&self, req: ScrubRequest) -> Result<()> {
-        let chunk = self.core.geom.chunk;
+        let chunk = self.core.geom().chunk;
         let units = self.level.units(self);
         let from = req.from.min(units);
         let mut process = crate::background::Process::start(
@@ -310,7 +310,7 @@ impl Array {
         each: &mut dyn FnMut(Finding),
         ahead: Option<&Ahead>,
     ) -> Result<()> {
-        let g = &self.core.geom;
+        let g = &self.core.geom();
         let chunk = g.chunk;
         let name = |role: usize| {
             v.roles[role]
@@ -326,7 +326,7 @@ impl Array {
         };
         if g.level.is_parity() {
             let _g = ahead.is_none().then(|| self.core.lock(u));
-            let v = &self.core.view_under_lock();
+            let v = &self.core.view.load_full();
             let sm = g.stripe_map(u);
             let dev = u * chunk;
             let array_of = |role: usize, off: u64| {
@@ -655,7 +655,7 @@ const DEPTH: usize = 2;
 
 impl<'a> ReadAhead<'a> {
     pub(crate) fn new(array: &'a Array, to: u64) -> ReadAhead<'a> {
-        let step = ((1u64 << 20) / array.core.geom.chunk).max(1);
+        let step = ((1u64 << 20) / array.core.geom().chunk).max(1);
         ReadAhead {
             array,
             to,
@@ -705,7 +705,7 @@ impl<'a> ReadAhead<'a> {
             core.lock_range(a, b)
         };
         let v = core.view.load_full();
-        let g = &core.geom;
+        let g = &core.geom();
         let chunk = g.chunk;
         let mut want: Vec<Vec<(u64, u64)>> = vec![Vec::new(); g.members()];
         if g.level.is_parity() {

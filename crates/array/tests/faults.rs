@@ -103,7 +103,7 @@ fn check(a: &Array, model: &[u8]) {
 
 fn a_geometry(members: &[String]) -> raidkit_layout::Geometry {
     let a = open(members);
-    let g = a.geometry().clone();
+    let g = (*a.geometry()).clone();
     done(a);
     g
 }

@@ -3,13 +3,15 @@
 //! service. Every change is recorded in the superblocks (event counter
 //! raised) before the new set of members is put in service.
 
-use super::{Core, Disk, Meta, SyncState, View};
+use super::{Core, Disk, Meta, RoleView, SyncState, View};
 use crate::assemble::Absence;
 use crate::error::{Error, Result};
 use crate::events::{NewEvent, Severity};
 use crate::superblock::{
-    member_layout, probe, write_superblock, Role, RoleState, Superblock, SB_SIZE,
+    member_layout, probe, write_superblock, ReshapePos, Role, RoleEntry, RoleState, Superblock,
+    SB_SIZE,
 };
+use raidkit_layout::Geometry;
 use raidkit_member::Locked;
 use raidkit_member::Member;
 use std::sync::atomic::Ordering;
@@ -190,7 +192,7 @@ impl Core {
             }
         }
         v.failed.push((disk, role, why.to_string()));
-        let failed = !self.geom.survives(&v.degraded_roles());
+        let failed = !self.geom().survives(&v.degraded_roles());
         if failed {
             self.alive.store(false, Ordering::Release);
             tracing::error!("array '{}' has failed: too many members lost", self.name);
@@ -211,7 +213,7 @@ impl Core {
     /// DegradedArray, if the array is (with the roles that lack redundancy).
     pub(crate) fn emit_degraded(&self, v: &View) {
         let gone = v.degraded_roles();
-        if gone.is_empty() || !self.geom.survives(&gone) {
+        if gone.is_empty() || !self.geom().survives(&gone) {
             return;
         }
         let roles: Vec<String> = gone.iter().map(|r| r.to_string()).collect();
@@ -246,7 +248,8 @@ impl Core {
 
     /// Put spares into roles that have no member, to be rebuilt there.
     pub(crate) fn use_spares(&self) -> Result<()> {
-        if self.read_only || !self.alive.load(Ordering::Acquire) {
+        // During a reshape a role is not rebuilt: the spare waits for its end.
+        if self.read_only || !self.alive.load(Ordering::Acquire) || self.is_reshaping() {
             return Ok(());
         }
         let mut meta = self.meta.locked();
@@ -378,10 +381,10 @@ impl Core {
             Place::Role(r) => {
                 let mut gone = v.degraded_roles();
                 gone.push(r);
-                if !force && !self.geom.survives(&gone) {
+                if !force && !self.geom().survives(&gone) {
                     return Err(Error::Invalid(format!(
                         "failing role {r} would leave {} unable to serve (too many members gone); use --force to fail it anyway",
-                        self.geom.level
+                        self.geom().level
                     )));
                 }
                 v.roles[r].disk.clone().expect("disk")
@@ -431,10 +434,10 @@ impl Core {
         if self.read_only {
             return Err(Error::Invalid("the array is served read-only".into()));
         }
-        if !self.geom.level.has_redundancy() {
+        if !self.geom().level.has_redundancy() {
             return Err(Error::Invalid(format!(
                 "{} has no redundancy: members cannot be failed, added or replaced",
-                self.geom.level
+                self.geom().level
             )));
         }
         Ok(())
@@ -529,7 +532,10 @@ impl Core {
         let mut meta = self.meta.locked();
         let mut v = View::clone(&self.view.load());
         let (m, ours) = self.prepare(&meta, &v, m, force)?;
-        let open_role = (0..v.roles.len()).find(|&r| v.roles[r].disk.is_none());
+        // During a reshape no role is rebuilt: a member added is a spare.
+        let open_role = (0..v.roles.len())
+            .find(|&r| v.roles[r].disk.is_none())
+            .filter(|_| !self.is_reshaping());
         // The same member coming back to its role.
         if let Some(msb) = &ours {
             if let Role::Active(r) = msb.role {
@@ -585,6 +591,58 @@ impl Core {
         Ok(added)
     }
 
+    /// New members joining as new roles for a reshape to geometry `geom`
+    /// (checked and initialised as any member added), recorded with the
+    /// reshape's position in every superblock. Nothing is written to the
+    /// array's members if a new one is refused.
+    pub(crate) fn join_for_reshape(
+        &self,
+        members: Vec<Arc<dyn Member>>,
+        geom: Arc<Geometry>,
+        pos: ReshapePos,
+        force: bool,
+    ) -> Result<()> {
+        let mut meta = self.meta.locked();
+        let mut v = View::clone(&self.view.load());
+        let mut prepared = Vec::new();
+        for m in members {
+            let (m, _) = self.prepare(&meta, &v, m, force)?;
+            if prepared
+                .iter()
+                .any(|p: &Arc<dyn Member>| same_member(p.name(), m.name()))
+            {
+                return Err(Error::Invalid(format!("{} is given twice", m.name())));
+            }
+            prepared.push(m);
+        }
+        let data_size = meta.sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
+        for m in prepared {
+            let mut sb = self.new_member_sb(&meta, m.as_ref());
+            self.init_member(m.as_ref(), &mut sb)?;
+            let disk = Arc::new(Disk::new(m, sb, true));
+            if let Some(b) = &self.bitmap {
+                b.write_to(disk.member.as_ref())?;
+            }
+            meta.sb.roles.push(RoleEntry {
+                member_uuid: disk.uuid,
+                state: RoleState::Active,
+                data_size,
+            });
+            v.roles.push(RoleView {
+                disk: Some(disk),
+                ..RoleView::default()
+            });
+        }
+        v.geom = geom;
+        meta.sb.reshape = Some(pos);
+        self.set_reshaping(true);
+        let r = self.commit(&mut meta, v);
+        if r.is_err() {
+            self.set_reshaping(false);
+        }
+        r
+    }
+
     /// Whether `who` could be replaced now: the role it serves in. To be
     /// asked before opening the new member.
     pub fn check_replaceable(&self, who: &str) -> Result<usize> {
@@ -593,6 +651,12 @@ impl Core {
     }
 
     fn replaceable(&self, v: &View, who: &str) -> Result<usize> {
+        if self.is_reshaping() {
+            return Err(Error::Invalid(
+                "a reshape is in progress: replace the member once it has ended (raidkit wait)"
+                    .into(),
+            ));
+        }
         let r = match self.find(v, who)? {
             Place::Role(r) => r,
             _ => {

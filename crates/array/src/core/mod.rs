@@ -185,8 +185,12 @@ pub(crate) struct RoleView {
 }
 
 /// The members in service, replaced as a whole on every change.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct View {
+    /// The geometry requests through this view are placed by: the
+    /// array's, or during a reshape the old one, for the part of the
+    /// address space not yet moved (`crate::reshape`).
+    pub geom: Arc<Geometry>,
     pub roles: Vec<RoleView>,
     pub spares: Vec<Arc<Disk>>,
     /// Failed members still open (until removed), with their role and why.
@@ -276,7 +280,9 @@ impl Wake {
 /// The members of a running array, its metadata, and member I/O.
 pub(crate) struct Core {
     pub name: String,
-    pub geom: Geometry,
+    /// What clients see: the geometry's capacity, or during a reshape
+    /// the old geometry's until it ends.
+    size: AtomicU64,
     pub view: ArcSwap<View>,
     pub meta: Mutex<Meta>,
     /// Set once the superblocks say dirty (and record missing members).
@@ -300,6 +306,8 @@ pub(crate) struct Core {
     pub checksums: bool,
     /// Where its events go (the server's, shared by its arrays).
     pub events: Arc<crate::events::Events>,
+    /// Set while a reshape runs: spares wait, no role is rebuilt.
+    reshaping: AtomicBool,
 }
 
 /// Where data and checksums may disagree because writes were in flight at
@@ -356,7 +364,6 @@ impl CrashWindow {
 impl Core {
     pub fn new(
         name: &str,
-        geom: Geometry,
         view: View,
         sb: Superblock,
         bitmap: Option<Bitmap>,
@@ -367,7 +374,7 @@ impl Core {
         let checksums = sb.checksums.enabled();
         Core {
             name: name.to_string(),
-            geom,
+            size: AtomicU64::new(view.geom.capacity()),
             view: ArcSwap::from_pointee(view),
             meta: Mutex::new(Meta { sb }),
             write_ready: AtomicBool::new(false),
@@ -383,6 +390,7 @@ impl Core {
             window: CrashWindow::default(),
             checksums,
             events,
+            reshaping: AtomicBool::new(false),
         }
     }
 
@@ -392,7 +400,25 @@ impl Core {
     }
 
     pub fn capacity(&self) -> u64 {
-        self.geom.capacity()
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// Export `bytes` from now on (a reshape grew the array).
+    pub(crate) fn set_capacity(&self, bytes: u64) {
+        self.size.store(bytes, Ordering::Release);
+    }
+
+    pub(crate) fn set_reshaping(&self, on: bool) {
+        self.reshaping.store(on, Ordering::Release);
+    }
+
+    pub(crate) fn is_reshaping(&self) -> bool {
+        self.reshaping.load(Ordering::Acquire)
+    }
+
+    /// The array's geometry (the new one while a reshape runs).
+    pub fn geom(&self) -> Arc<Geometry> {
+        self.view.load().geom.clone()
     }
 
     /// Whether every member is present, some redundancy is lost, or data is.
@@ -403,7 +429,7 @@ impl Core {
         let missing = self.view.load().degraded_roles();
         if missing.is_empty() {
             Health::Optimal
-        } else if self.geom.survives(&missing) {
+        } else if self.geom().survives(&missing) {
             Health::Degraded
         } else {
             Health::Failed
@@ -638,7 +664,7 @@ impl Core {
         };
         let mut gone = v.degraded_roles();
         gone.push(role);
-        if self.geom.survives(&gone) {
+        if self.geom().survives(&gone) {
             self.fail_disk_by_ptr(d, why);
         }
     }
@@ -704,8 +730,20 @@ impl Core {
     /// miss the write (left stale, and the stripe's redundancy
     /// inconsistent). Under the lock the rebuild cannot pass it, so the
     /// view now is the one to write to.
-    pub(crate) fn view_under_lock(&self) -> Arc<View> {
-        self.view.load_full()
+    ///
+    /// `like`: the view the request started with; the one returned places
+    /// by the same geometry (the old one, for a request a reshape has not
+    /// reached).
+    pub(crate) fn view_under_lock(&self, like: &View) -> Arc<View> {
+        let v = self.view.load_full();
+        if Arc::ptr_eq(&v.geom, &like.geom) {
+            v
+        } else {
+            Arc::new(View {
+                geom: like.geom.clone(),
+                ..(*v).clone()
+            })
+        }
     }
 
     /// Every role served by its own member, in sync, nothing being

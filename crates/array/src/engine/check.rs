@@ -50,7 +50,7 @@ impl Array {
                 continue;
             }
             bad += 1;
-            let g = &self.core.geom;
+            let g = &self.core.geom();
             let (array_offset, member_offset) = if g.level.is_parity() {
                 (g.stripe_data_offset(u, 0), u * g.chunk)
             } else {

@@ -25,7 +25,7 @@ impl Array {
             return None;
         }
         let v = self.core.view.load();
-        let pieces = self.core.geom.pieces(offset, len);
+        let pieces = self.core.geom().pieces(offset, len);
         let mut disks: Small<&Disk> = Small::new();
         let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
         let mut mapped = Vec::new();
@@ -94,11 +94,11 @@ impl Array {
         f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
     ) -> Option<std::io::Result<()>> {
         // (No redundancy also means no bitmap, rebuild or replacement.)
-        if self.core.geom.level.is_parity() {
+        if self.core.geom().level.is_parity() {
             return self.with_stripe_extents(offset, len, f);
         }
         if len == 0
-            || self.core.geom.level.has_redundancy()
+            || self.core.geom().level.has_redundancy()
             || self.core.check(offset, len).is_err()
             || !self.core.alive.load(Ordering::Acquire)
             || self.core.begin_write().is_err()
@@ -106,7 +106,7 @@ impl Array {
             return None;
         }
         let v = self.core.view.load();
-        let pieces = self.core.geom.pieces(offset, len);
+        let pieces = self.core.geom().pieces(offset, len);
         let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
         for p in &pieces {
             let [(role, dev)] = p.copies[..] else {
@@ -141,8 +141,8 @@ impl Array {
         len: u64,
         f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
     ) -> Option<std::io::Result<()>> {
-        let chunk = self.core.geom.chunk;
-        let width = chunk * self.core.geom.data_members() as u64;
+        let chunk = self.core.geom().chunk;
+        let width = chunk * self.core.geom().data_members() as u64;
         if len == 0
             || !offset.is_multiple_of(width)
             || !len.is_multiple_of(width)
@@ -154,10 +154,10 @@ impl Array {
             return None;
         }
         let (s0, s1) = (offset / width, (offset + len) / width);
-        let pieces = self.core.geom.pieces(offset, len);
+        let pieces = self.core.geom().pieces(offset, len);
         let _bits = self.mark_bitmap(&self.core.view.load(), &pieces);
         let _locks = self.core.lock_range(s0, s1);
-        let v = self.core.view_under_lock();
+        let v = self.core.view.load_full();
         if !self.core.alive.load(Ordering::Acquire) || !Core::whole(&v) {
             return None;
         }

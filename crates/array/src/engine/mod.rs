@@ -186,20 +186,24 @@ pub struct Array {
     /// Writes of whole blocks share it; a write of part of a block (read,
     /// merged and written whole) holds it alone. Used with checksums only.
     pub(crate) edges: std::sync::RwLock<()>,
+    /// A reshape in progress, and the fence: every request holds it
+    /// shared, a reshape batch alone (see `crate::reshape`).
+    pub(crate) reshape: std::sync::RwLock<Option<Arc<crate::reshape::Reshaping>>>,
 }
 
 impl std::fmt::Debug for Array {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Array")
             .field("name", &self.core.name)
-            .field("geom", &self.core.geom)
+            .field("geom", &self.core.geom())
             .finish_non_exhaustive()
     }
 }
 
 impl Array {
-    pub fn geometry(&self) -> &Geometry {
-        &self.core.geom
+    /// Its geometry (while a reshape runs, the one it is reshaped to).
+    pub fn geometry(&self) -> Arc<Geometry> {
+        self.core.geom()
     }
 
     /// Where its events go.
@@ -354,9 +358,27 @@ impl Array {
         self.core.check(offset, buf.len() as u64)?;
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        let v = self.core.view.load();
-        let pieces = self.core.geom.pieces(offset, buf.len() as u64);
-        let parallel = if Self::page_cache_only(&v) {
+        let fence = self.fence();
+        let v = self.core.view.load_full();
+        let Some(r) = fence.as_ref() else {
+            return self.read_view(&v, buf, offset);
+        };
+        // Below the reshape's boundary by the new geometry, above by the old.
+        let cut = r.boundary().clamp(offset, offset + buf.len() as u64);
+        let (low, high) = buf.split_at_mut((cut - offset) as usize);
+        if !low.is_empty() {
+            self.read_view(&v, low, offset)?;
+        }
+        if !high.is_empty() {
+            self.read_view(&r.old_view(&v), high, cut)?;
+        }
+        Ok(())
+    }
+
+    /// Read through view `v` (placed by its geometry), unchecked.
+    pub(crate) fn read_view(&self, v: &View, buf: &mut [u8], offset: u64) -> Result<()> {
+        let pieces = v.geom.pieces(offset, buf.len() as u64);
+        let parallel = if Self::page_cache_only(v) {
             PARALLEL_IO
         } else {
             // Members that wait on their devices: a read over several of
@@ -365,12 +387,12 @@ impl Array {
             PARALLEL_DEVICE_IO
         };
         if buf.len() >= parallel && pieces.len() > 1 {
-            return self.read_parallel(&v, &pieces, buf, offset);
+            return self.read_parallel(v, &pieces, buf, offset);
         }
         for p in pieces {
             let at = (p.logical - offset) as usize;
             self.level
-                .read_piece(self, &v, &p, &mut buf[at..at + p.len as usize])?;
+                .read_piece(self, v, &p, &mut buf[at..at + p.len as usize])?;
         }
         Ok(())
     }
@@ -393,7 +415,7 @@ impl Array {
     /// A large read: the pieces of each member read by its own thread, so
     /// that members work at once (disks in parallel).
     fn read_parallel(&self, v: &View, pieces: &[Piece], buf: &mut [u8], offset: u64) -> Result<()> {
-        let n = self.core.geom.members();
+        let n = v.geom.members();
         let mut groups: Vec<Vec<(&Piece, &mut [u8])>> = (0..n).map(|_| Vec::new()).collect();
         let mut rest = buf;
         let mut at = offset;
@@ -453,11 +475,11 @@ impl Array {
 
     /// The device range a write touches (for the write-intent bitmap).
     fn dev_span(&self, pieces: &[Piece]) -> (u64, u64) {
-        let chunk = self.core.geom.chunk;
+        let chunk = self.core.geom().chunk;
         let mut lo = u64::MAX;
         let mut hi = 0;
         for p in pieces {
-            if self.core.geom.level.is_parity() {
+            if self.core.geom().level.is_parity() {
                 lo = lo.min(p.stripe * chunk + p.col);
                 hi = hi.max(p.stripe * chunk + p.col + p.len);
             }
@@ -526,15 +548,32 @@ impl Array {
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
         let _writing = Busy::enter(&self.writing);
-        let v = self.core.view.load();
-        let pieces = self.core.geom.pieces(offset, buf.len() as u64);
+        let fence = self.fence();
+        let v = self.core.view.load_full();
+        let Some(r) = fence.as_ref() else {
+            return self.write_view(&v, buf, offset);
+        };
+        let cut = r.boundary().clamp(offset, offset + buf.len() as u64);
+        let (low, high) = buf.split_at((cut - offset) as usize);
+        if !low.is_empty() {
+            self.write_view(&v, low, offset)?;
+        }
+        if !high.is_empty() {
+            self.write_view(&r.old_view(&v), high, cut)?;
+        }
+        Ok(())
+    }
+
+    /// Write through view `v` (placed by its geometry), unchecked.
+    pub(crate) fn write_view(&self, v: &View, buf: &[u8], offset: u64) -> Result<()> {
+        let pieces = v.geom.pieces(offset, buf.len() as u64);
         // Held until the write is done.
-        let bits = self.mark_bitmap(&v, &pieces);
+        let bits = self.mark_bitmap(v, &pieces);
         if bits.is_some() {
             self.core.ensure_alive(offset)?;
         }
         // A member failed while marking the bitmap is out of this view too.
-        let v = self.core.view.load();
+        let v = self.core.view_under_lock(v);
         let src = |p: &Piece| {
             let at = (p.logical - offset) as usize;
             &buf[at..at + p.len as usize]
@@ -570,8 +609,13 @@ impl Array {
         self.core.begin_write()?;
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
+        let fence = self.fence();
+        if fence.is_some() {
+            // Advisory: left as it is while data moves.
+            return Ok(None);
+        }
         let v = self.core.view.load();
-        let pieces = self.core.geom.pieces(offset, len);
+        let pieces = v.geom.pieces(offset, len);
         let bits = self.mark_bitmap(&v, &pieces);
         if bits.is_some() {
             self.core.ensure_alive(offset)?;

@@ -119,6 +119,7 @@ impl Array {
             .map(|(m, s)| Arc::new(Disk::new(m.clone(), s.clone(), !opts.read_only)))
             .collect();
         let view = View {
+            geom: Arc::new(geom.clone()),
             roles,
             spares,
             failed: Vec::new(),
@@ -196,7 +197,7 @@ impl Array {
             .filter(|_| geom.level.has_redundancy() || sb.checksums.enabled());
         let level = levels::of(geom.level);
         let a = Array {
-            core: Core::new(name, geom, view, sb, bitmap, &opts),
+            core: Core::new(name, view, sb, bitmap, &opts),
             level,
             journal,
             recovery: Recovery::default(),
@@ -204,6 +205,7 @@ impl Array {
             writing: AtomicUsize::new(0),
             unsynced_from: AtomicU64::new(resync_from.unwrap_or(u64::MAX)),
             edges: std::sync::RwLock::new(()),
+            reshape: std::sync::RwLock::new(None),
         };
         a.recovery.note(notes);
         if let Some((from, check_only)) = a.core.meta.locked().sb.scrub {
@@ -213,10 +215,21 @@ impl Array {
                 a.core.wake.kick();
             }
         }
+        let reshape = a.core.meta.locked().sb.reshape;
+        if let Some(pos) = reshape {
+            // Before recovery: journal records and marked regions are
+            // resynced by the geometry of their row.
+            a.resume_reshape(pos, false)?;
+        }
         if !opts.read_only {
             // Recovery first: a start it refuses (the write hole, no
             // readable journal) must leave every member as it was.
             a.recover_unclean(unclean, opts.force)?;
+            if let Some(pos) = reshape {
+                // Then the first rows of a reshape cut in its critical
+                // section, from their backup, before anything is served.
+                a.resume_reshape(pos, true)?;
+            }
             // Every start is an event: a copy of a member taken before it
             // is one behind, and any later update makes it stale.
             a.core.write_superblocks(&mut a.core.meta.locked())?;

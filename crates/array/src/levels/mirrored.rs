@@ -44,11 +44,11 @@ impl LevelOps for Mirrored {
             .try_for_each(|p| a.write_copies(v, p, src(p), true))
     }
 
-    fn discard(&self, a: &Array, _v: &View, pieces: &[Piece]) -> Result<Option<(u64, u64)>> {
+    fn discard(&self, a: &Array, v: &View, pieces: &[Piece]) -> Result<Option<(u64, u64)>> {
         // Every copy under the chunk's lock, as a write: they stay equal.
         for p in pieces {
-            let _g = a.core.lock(p.logical / a.core.geom.chunk);
-            let v = a.core.view_under_lock();
+            let _g = a.core.lock(p.logical / a.core.geom().chunk);
+            let v = a.core.view_under_lock(v);
             for &(role, dev) in &p.copies {
                 a.core.member_discard(&v, role, dev, p.len)?;
             }
@@ -57,12 +57,12 @@ impl LevelOps for Mirrored {
     }
 
     fn units(&self, a: &Array) -> u64 {
-        a.core.capacity() / a.core.geom.chunk
+        a.core.capacity() / a.core.geom().chunk
     }
 
     fn unit_in(&self, a: &Array, u: u64, marked: &dyn Fn(u64, u64) -> bool) -> bool {
-        let chunk = a.core.geom.chunk;
-        a.core.geom.pieces(u * chunk, chunk)[0]
+        let chunk = a.core.geom().chunk;
+        a.core.geom().pieces(u * chunk, chunk)[0]
             .copies
             .iter()
             .any(|&(_, d)| marked(d, d + chunk))
@@ -70,8 +70,8 @@ impl LevelOps for Mirrored {
 
     fn resync_unit(&self, a: &Array, v: &View, u: u64) -> Result<()> {
         // The first copy is the one reads return while unsynced.
-        let chunk = a.core.geom.chunk;
-        let p = &a.core.geom.pieces(u * chunk, chunk)[0];
+        let chunk = a.core.geom().chunk;
+        let p = &a.core.geom().pieces(u * chunk, chunk)[0];
         let (r0, d0) = p.copies[0];
         let src = v.roles[r0].disk.as_ref().expect("every member in service");
         let mut buf = scratch::take(chunk as usize);
@@ -95,7 +95,7 @@ impl LevelOps for Mirrored {
         u: u64,
         each: &mut dyn FnMut(Mismatch),
     ) -> Result<u64> {
-        let g = &a.core.geom;
+        let g = &a.core.geom();
         let chunk = g.chunk;
         let p = &g.pieces(u * chunk, chunk)[0];
         let (r0, d0) = p.copies[0];
@@ -141,7 +141,7 @@ impl LevelOps for Mirrored {
     }
 
     fn rebuild(&self, a: &Array, job: &Job, total: u64, process: &mut Process) -> Result<Outcome> {
-        let chunk = a.core.geom.chunk;
+        let chunk = a.core.geom().chunk;
         let batch = ((1u64 << 20) / chunk).max(1);
         loop {
             if let Some(end) = a.interrupted(job, process)? {
@@ -187,7 +187,7 @@ impl Array {
     /// them: mirrors take turns by chunk (md's read balancing, simplified),
     /// so sequential reads use every member. Other levels have one copy.
     pub(crate) fn copy_order<'p>(&self, p: &'p Piece) -> impl Iterator<Item = (usize, u64)> + 'p {
-        let unit = p.logical / self.core.geom.chunk;
+        let unit = p.logical / self.core.geom().chunk;
         // Copies not yet synced may differ: the first one is the one the
         // resync copies to the others, so every read returns it.
         let start = if self.unsynced(unit) {
@@ -210,7 +210,7 @@ impl Array {
     /// where copies may still differ (the first one is the truth there).
     fn read_order(&self, v: &View, p: &Piece) -> Small<(usize, u64)> {
         let order: Small<(usize, u64)> = self.copy_order(p).collect();
-        if self.unsynced(p.logical / self.core.geom.chunk) {
+        if self.unsynced(p.logical / self.core.geom().chunk) {
             return order;
         }
         let slow = |&(role, _): &(usize, u64)| {
@@ -251,7 +251,7 @@ impl Array {
         if done && !bad.is_empty() {
             // Cure the copies that failed, from a copy read under the lock
             // (so no write slips in between).
-            let _g = self.core.lock(p.logical / self.core.geom.chunk);
+            let _g = self.core.lock(p.logical / self.core.geom().chunk);
             let mut good = scratch::take(dst.len());
             let src = p
                 .copies
@@ -297,7 +297,7 @@ impl Array {
         pieces: &[Piece],
         src: &(dyn Fn(&Piece) -> &'a [u8] + Sync),
     ) -> Result<()> {
-        let chunk = self.core.geom.chunk;
+        let chunk = self.core.geom().chunk;
         let first = pieces.first().expect("pieces");
         let last = pieces.last().expect("pieces");
         seams::before_stripe_lock();
@@ -305,9 +305,10 @@ impl Array {
             first.logical / chunk,
             (last.logical + last.len - 1) / chunk + 1,
         );
-        let v: &View = &self.core.view_under_lock();
-        let mut per_role: Vec<Vec<(u64, &[u8])>> =
-            (0..self.core.geom.members()).map(|_| Vec::new()).collect();
+        let v: &View = &self.core.view.load_full();
+        let mut per_role: Vec<Vec<(u64, &[u8])>> = (0..self.core.geom().members())
+            .map(|_| Vec::new())
+            .collect();
         for p in pieces {
             let mut any = false;
             for &(role, dev) in &p.copies {
@@ -347,8 +348,8 @@ impl Array {
     ) -> Result<()> {
         seams::before_stripe_lock();
         // Mirrors must not diverge under concurrent writes to one chunk.
-        let _g = mirrored.then(|| self.core.lock(p.logical / self.core.geom.chunk));
-        let now = mirrored.then(|| self.core.view_under_lock());
+        let _g = mirrored.then(|| self.core.lock(p.logical / self.core.geom().chunk));
+        let now = mirrored.then(|| self.core.view_under_lock(v));
         let v: &View = now.as_deref().unwrap_or(v);
         let targets: Small<(usize, u64)> = p
             .copies
@@ -397,12 +398,12 @@ impl Array {
 
     /// Rebuild chunk rows `[s0, s1)` of a mirror member from another copy.
     pub(crate) fn rebuild_mirror_batch(&self, job: &Job, s0: u64, s1: u64) -> Result<Option<u64>> {
-        let chunk = self.core.geom.chunk;
+        let chunk = self.core.geom().chunk;
         let mut done = 0;
         let mut buf = vec![0u8; chunk as usize];
         for row in s0..s1 {
             let dev = row * chunk;
-            let Some(c) = self.core.geom.mirror_chunk_at(job.role, row) else {
+            let Some(c) = self.core.geom().mirror_chunk_at(job.role, row) else {
                 job.sync.cursor.store(dev + chunk, Ordering::Release);
                 continue;
             };
@@ -411,7 +412,7 @@ impl Array {
             if !job.current(&v) {
                 return Ok(Some(done));
             }
-            let p = &self.core.geom.pieces(c * chunk, chunk)[0];
+            let p = &self.core.geom().pieces(c * chunk, chunk)[0];
             let srcs: Vec<(Arc<Disk>, u64)> = p
                 .copies
                 .iter()

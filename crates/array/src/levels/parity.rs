@@ -67,7 +67,7 @@ impl LevelOps for Parity {
         let Some((lo, hi)) = super::span(pieces) else {
             return Ok(None);
         };
-        let g = &a.core.geom;
+        let g = &v.geom;
         let width = g.chunk * g.data_members() as u64;
         let (s0, s1) = (lo.div_ceil(width), hi / width);
         if s0 >= s1 || !Core::whole(v) {
@@ -83,7 +83,7 @@ impl LevelOps for Parity {
             // stripe write: a record that comes after another's is applied
             // after it.
             let _locks = a.core.lock_range(at, end);
-            let v = a.core.view_under_lock();
+            let v = a.core.view_under_lock(v);
             if !Core::whole(&v) {
                 break;
             }
@@ -99,16 +99,16 @@ impl LevelOps for Parity {
     }
 
     fn units(&self, a: &Array) -> u64 {
-        a.core.geom.stripes()
+        a.core.geom().stripes()
     }
 
     fn unit_in(&self, a: &Array, u: u64, marked: &dyn Fn(u64, u64) -> bool) -> bool {
-        let chunk = a.core.geom.chunk;
+        let chunk = a.core.geom().chunk;
         marked(u * chunk, (u + 1) * chunk)
     }
 
     fn resync_unit(&self, a: &Array, v: &View, u: u64) -> Result<()> {
-        a.recompute_parity(v, u, 0, a.core.geom.chunk, DataFrom::OrRedundancy)
+        a.recompute_parity(v, u, 0, v.geom.chunk, DataFrom::OrRedundancy)
     }
 
     fn check_unit(
@@ -118,7 +118,7 @@ impl LevelOps for Parity {
         s: u64,
         each: &mut dyn FnMut(Mismatch),
     ) -> Result<u64> {
-        let g = &a.core.geom;
+        let g = &v.geom;
         let chunk = g.chunk;
         let sm = g.stripe_map(s);
         let mut bufs: Vec<Vec<u8>> = (0..g.members())
@@ -177,8 +177,8 @@ impl Array {
         len: u64,
         from: DataFrom,
     ) -> Result<()> {
-        let sm = self.core.geom.stripe_map(stripe);
-        let dev = stripe * self.core.geom.chunk + col;
+        let sm = v.geom.stripe_map(stripe);
+        let dev = stripe * v.geom.chunk + col;
         if from == DataFrom::Members {
             return self.parity_streamed(v, &sm, stripe, col, len as usize);
         }
@@ -202,7 +202,7 @@ impl Array {
         // Missing or failing: rebuild the piece from the rest of its stripe
         // (read_rows tries the member once more and cures it if it can).
         let _g = self.core.lock(p.stripe);
-        let k = self.core.geom.data_members();
+        let k = v.geom.data_members();
         let mut need: Small<bool> = smallvec![false; k];
         need[p.dd] = true;
         let rows = self.read_rows(v, p.stripe, p.col, p.len, &need)?;
@@ -223,9 +223,9 @@ impl Array {
         len: u64,
         need: &[bool],
     ) -> Result<Vec<Vec<u8>>> {
-        let sm = self.core.geom.stripe_map(stripe);
+        let sm = v.geom.stripe_map(stripe);
         let k = sm.data.len();
-        let dev = stripe * self.core.geom.chunk + col;
+        let dev = stripe * v.geom.chunk + col;
         let mut failed: Small<usize> = Small::new();
         let mut data: Vec<Option<Vec<u8>>> = vec![None; k];
         // Roles whose read failed on a checksum mismatch: a bad block, not
@@ -288,7 +288,7 @@ impl Array {
             data.into_iter().flatten().for_each(scratch::give);
             let lost = (0..k).find(|&d| need[d]).unwrap_or(0);
             return Err(Error::Unavailable {
-                offset: self.core.geom.stripe_data_offset(stripe, lost) + col,
+                offset: v.geom.stripe_data_offset(stripe, lost) + col,
                 detail: format!(
                     "stripe {stripe} has not been synced yet, so it cannot be reconstructed"
                 ),
@@ -315,7 +315,7 @@ impl Array {
                     Unsolved::Disagrees(role) => {
                         let lost = (0..k).find(|&d| sm.data[d] == role).unwrap_or(0);
                         return Err(Error::Unavailable {
-                            offset: self.core.geom.stripe_data_offset(stripe, lost) + col,
+                            offset: v.geom.stripe_data_offset(stripe, lost) + col,
                             detail: format!(
                                 "stripe {stripe}: what redundancy rebuilds for role {role} disagrees with its checksum (more damage than the level can survive)"
                             ),
@@ -340,7 +340,7 @@ impl Array {
                     )
                 };
                 return Err(Error::Unavailable {
-                    offset: self.core.geom.stripe_data_offset(stripe, lost) + col,
+                    offset: v.geom.stripe_data_offset(stripe, lost) + col,
                     detail: format!(
                         "roles {} of stripe {stripe} are missing or failing{bad}",
                         roles_list(gone.into_iter())
@@ -421,9 +421,9 @@ impl Array {
     /// failing under the server; whatever was written is then overwritten
     /// by `parity_from_members`, which also reports the error).
     pub(crate) fn parity_in_place(&self, v: &View, stripe: u64) -> bool {
-        let sm = self.core.geom.stripe_map(stripe);
+        let sm = v.geom.stripe_map(stripe);
         let k = sm.data.len();
-        let chunk = self.core.geom.chunk;
+        let chunk = v.geom.chunk;
         let dev = stripe * chunk;
         let outs: Small<usize> = std::iter::once(sm.p).chain(sm.q).collect();
         let mut ranges = Vec::with_capacity(k + outs.len());
@@ -490,7 +490,7 @@ impl Array {
         len: usize,
     ) -> Result<()> {
         let k = sm.data.len();
-        let chunk = self.core.geom.chunk as usize;
+        let chunk = v.geom.chunk as usize;
         let dev = stripe * chunk as u64 + col0;
         let col = COLUMN.min(len);
         // Buffers of the sizes this needs, not ones of other sizes from the
@@ -530,9 +530,7 @@ impl Array {
                                 .fail_disk_by_ptr(d, &format!("reading back a stripe: {why}"));
                         }
                         done = Err(Error::Unavailable {
-                            offset: self.core.geom.stripe_data_offset(stripe, dd)
-                                + col0
-                                + at as u64,
+                            offset: v.geom.stripe_data_offset(stripe, dd) + col0 + at as u64,
                             detail: format!("reading back role {role}: {why}"),
                         });
                         break 'columns;

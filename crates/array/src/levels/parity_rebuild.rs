@@ -48,7 +48,7 @@ impl Array {
         total: u64,
         process: &mut Process,
     ) -> Result<Outcome> {
-        let chunk = self.core.geom.chunk;
+        let chunk = self.core.geom().chunk;
         let stripes = total / chunk;
         // Steps of about 1 MiB per member.
         let step = ((1u64 << 20) / chunk).max(1);
@@ -93,7 +93,7 @@ impl Array {
         process: &mut Process,
     ) -> Result<Run> {
         const DEPTH: usize = 8;
-        let chunk = self.core.geom.chunk;
+        let chunk = self.core.geom().chunk;
         let t = &job.target;
         let same_sources = |v: &View| {
             self.sources_for(job, v)
@@ -333,7 +333,7 @@ impl Array {
         s0: u64,
         s1: u64,
     ) -> Result<(Vec<u8>, Vec<u64>)> {
-        let chunk = self.core.geom.chunk;
+        let chunk = self.core.geom().chunk;
         let len = ((s1 - s0) * chunk) as usize;
         let mut out = vec![0u8; len];
         let mut lost = Vec::new();
@@ -386,7 +386,7 @@ impl Array {
             dst.copy_from_slice(src); // replacing: copy the member in service
             return Ok(());
         }
-        let sm = &self.core.geom.stripe_map(stripe);
+        let sm = &self.core.geom().stripe_map(stripe);
         let data: Vec<Option<Vec<u8>>> = sm
             .data
             .iter()
@@ -394,7 +394,7 @@ impl Array {
             .collect();
         let rows = solve(sm, data, piece(sm.p), sm.q.and_then(piece), len).map_err(|gone| {
             Error::Unavailable {
-                offset: self.core.geom.stripe_data_offset(stripe, 0),
+                offset: self.core.geom().stripe_data_offset(stripe, 0),
                 detail: format!(
                     "cannot rebuild role {} of stripe {stripe}: roles {gone:?} are missing too",
                     job.role

@@ -28,7 +28,7 @@ impl Array {
             let j = stripe_end(pieces, i);
             // With a journal, a run of stripes rewritten whole logs the
             // intents of all of them in one durable write.
-            if self.journal.is_some() && Core::whole(v) && self.whole_chunks(&pieces[i..j]) {
+            if self.journal.is_some() && Core::whole(v) && self.whole_chunks(v, &pieces[i..j]) {
                 let mut run = vec![(i, j)];
                 while run.len() < INTENT_BATCH {
                     let (_, e) = *run.last().expect("run");
@@ -36,13 +36,13 @@ impl Array {
                         break;
                     }
                     let f = stripe_end(pieces, e);
-                    if !self.whole_chunks(&pieces[e..f]) {
+                    if !self.whole_chunks(v, &pieces[e..f]) {
                         break;
                     }
                     run.push((e, f));
                 }
                 if run.len() > 1 {
-                    self.write_whole_stripes(pieces, &run, src)?;
+                    self.write_whole_stripes(v, pieces, &run, src)?;
                     i = run.last().expect("run").1;
                     continue;
                 }
@@ -54,8 +54,8 @@ impl Array {
     }
 
     /// Whether one stripe's pieces rewrite every data chunk whole.
-    fn whole_chunks(&self, pieces: &[Piece]) -> bool {
-        self.full_stripe(pieces) && pieces[0].col == 0 && pieces[0].len == self.core.geom.chunk
+    fn whole_chunks(&self, v: &View, pieces: &[Piece]) -> bool {
+        self.full_stripe(v, pieces) && pieces[0].col == 0 && pieces[0].len == v.geom.chunk
     }
 
     /// Stripes rewritten whole, one after the other (`run`: their pieces'
@@ -64,16 +64,17 @@ impl Array {
     /// meanwhile, stripe by stripe as any write.
     fn write_whole_stripes<'a>(
         &self,
+        like: &View,
         pieces: &[Piece],
         run: &[(usize, usize)],
         src: &(dyn Fn(&Piece) -> &'a [u8] + Sync),
     ) -> Result<()> {
         let s0 = pieces[run[0].0].stripe;
         let s1 = s0 + run.len() as u64;
-        let chunk = self.core.geom.chunk;
+        let chunk = like.geom.chunk;
         seams::before_stripe_lock();
         let locks = self.core.lock_range(s0, s1);
-        let v = self.core.view_under_lock();
+        let v = self.core.view_under_lock(like);
         if !Core::whole(&v) {
             drop(locks);
             return run
@@ -83,7 +84,7 @@ impl Array {
         let slots = self.journal_intents(s0, s1, chunk)?;
         for &(a, b) in run {
             let stripe = pieces[a].stripe;
-            let sm = self.core.geom.stripe_map(stripe);
+            let sm = v.geom.stripe_map(stripe);
             let group: Small<(&Piece, &[u8])> = pieces[a..b].iter().map(|p| (p, src(p))).collect();
             self.write_full_stripe(&v, &group, &sm, stripe * chunk, chunk as usize)?;
         }
@@ -104,13 +105,13 @@ impl Array {
         match self.journal.as_ref().map(|jl| jl.window) {
             None => {
                 let group: Small<(&Piece, &[u8])> = pieces.iter().map(|p| (p, src(p))).collect();
-                self.write_stripe(stripe, &group)
+                self.write_stripe(v, stripe, &group)
             }
-            Some(_) if self.full_stripe(pieces) && Core::whole(v) => {
+            Some(_) if self.full_stripe(v, pieces) && Core::whole(v) => {
                 // The whole stripe rewritten: one intent record, no
                 // windows needed.
                 let group: Small<(&Piece, &[u8])> = pieces.iter().map(|p| (p, src(p))).collect();
-                self.write_stripe(stripe, &group)
+                self.write_stripe(v, stripe, &group)
             }
             Some(w) => {
                 // Journaled: one record per column window.
@@ -123,7 +124,7 @@ impl Array {
                     if !clipped.is_empty() {
                         let group: Small<(&Piece, &[u8])> =
                             clipped.iter().map(|p| (p, src(p))).collect();
-                        self.write_stripe(stripe, &group)?;
+                        self.write_stripe(v, stripe, &group)?;
                     }
                     ws += w;
                 }
@@ -133,8 +134,8 @@ impl Array {
     }
 
     /// Whether one stripe's pieces rewrite the same columns of every data chunk.
-    pub(crate) fn full_stripe(&self, pieces: &[Piece]) -> bool {
-        pieces.len() == self.core.geom.data_members()
+    pub(crate) fn full_stripe(&self, v: &View, pieces: &[Piece]) -> bool {
+        pieces.len() == v.geom.data_members()
             && pieces
                 .iter()
                 .all(|p| p.col == pieces[0].col && p.len == pieces[0].len)
@@ -143,13 +144,18 @@ impl Array {
     /// Update one stripe: read-modify-write or reconstruct-write, whichever
     /// reads less (md's handle_stripe_dirtying), or no reads at all for a
     /// full-stripe write.
-    pub(crate) fn write_stripe(&self, stripe: u64, pieces: &[(&Piece, &[u8])]) -> Result<()> {
+    pub(crate) fn write_stripe(
+        &self,
+        like: &View,
+        stripe: u64,
+        pieces: &[(&Piece, &[u8])],
+    ) -> Result<()> {
         seams::before_stripe_lock();
         let _g = self.core.lock(stripe);
-        let v: &View = &self.core.view_under_lock();
-        let sm = self.core.geom.stripe_map(stripe);
+        let v: &View = &self.core.view_under_lock(like);
+        let sm = v.geom.stripe_map(stripe);
         let k = sm.data.len();
-        let chunk = self.core.geom.chunk;
+        let chunk = v.geom.chunk;
         let c0 = pieces.iter().map(|(p, _)| p.col).min().expect("non-empty");
         let c1 = pieces
             .iter()

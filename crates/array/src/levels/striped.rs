@@ -33,7 +33,7 @@ impl LevelOps for Striped {
         if len >= PARALLEL_IO && pieces.len() > 1 {
             // Large writes: each member's pieces by its own thread.
             let mut groups: Vec<Vec<&Piece>> =
-                (0..a.core.geom.members()).map(|_| Vec::new()).collect();
+                (0..a.core.geom().members()).map(|_| Vec::new()).collect();
             for p in pieces {
                 groups[p.copies[0].0].push(p);
             }
@@ -60,7 +60,7 @@ impl LevelOps for Striped {
     /// of blocks the crash tore from theirs.
     fn units(&self, a: &Array) -> u64 {
         if a.checksums() {
-            a.core.capacity() / a.core.geom.chunk
+            a.core.capacity() / a.core.geom().chunk
         } else {
             0
         }
@@ -71,11 +71,11 @@ impl LevelOps for Striped {
     }
 
     fn resync_unit(&self, a: &Array, v: &View, u: u64) -> Result<()> {
-        let chunk = a.core.geom.chunk;
+        let chunk = a.core.geom().chunk;
         let mut buf = crate::scratch::take(chunk as usize);
         let r = a
             .core
-            .geom
+            .geom()
             .pieces(u * chunk, chunk)
             .iter()
             .try_for_each(|p| a.read_copies(v, p, &mut buf[..p.len as usize]));
@@ -96,7 +96,7 @@ impl LevelOps for Striped {
     fn rebuild(&self, a: &Array, _job: &Job, _total: u64, _p: &mut Process) -> Result<Outcome> {
         Err(Error::Invalid(format!(
             "{} has no redundancy to rebuild a member from",
-            a.core.geom.level
+            a.core.geom().level
         )))
     }
 }

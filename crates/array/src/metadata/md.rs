@@ -525,6 +525,7 @@ fn translated(t: Translated<'_>) -> Result<Superblock> {
         checksums: ChecksumArea::default(),
         scrub: None,
         domain: String::new(),
+        reshape: None,
         roles: t.roles,
         md: Some(t.meta),
     })

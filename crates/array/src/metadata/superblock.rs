@@ -46,6 +46,13 @@
 //!     (flag 4: it only checks)
 //! 312 domain [32]: this member's failure domain as given at create (a
 //!     host, a rack, an enclosure; UTF-8, zero padded; empty: none given)
+//! 344 reshape (flag 8; version 3 while set, so that raidkit without
+//!     reshape refuses the members rather than place data by the new
+//!     member count alone): old raid_disks u32 (348 reserved), rows u64
+//!     at 352 (stripes of the new geometry written and durable), backup
+//!     u64 at 360 (bytes of array data from 0 kept in the backup area
+//!     while their old place is overwritten; 0: none), backup crc32c u32
+//!     at 368 (see `crate::reshape`)
 //! 1024 role table: raid_disks entries of 32 bytes:
 //!      member uuid [16], state u32, reserved u32, data_size u64
 //! ```
@@ -62,6 +69,8 @@ pub const MAGIC: [u8; 8] = *b"RAIDKIT\0";
 /// rather than write data without updating its checksums).
 pub const VERSION: u32 = 2;
 const VERSION_NO_CHECKSUMS: u32 = 1;
+/// The version written while a reshape is in progress.
+const VERSION_RESHAPE: u32 = 3;
 pub const SB_SIZE: usize = 8192;
 /// Where the two superblock copies live.
 pub const SB_OFFSETS: [u64; 2] = [0, SB_SIZE as u64];
@@ -170,10 +179,27 @@ pub struct Superblock {
     pub scrub: Option<(u64, bool)>,
     /// This member's failure domain as given at create (empty: none).
     pub domain: String,
+    /// A reshape in progress (the role table and geometry fields give the
+    /// new shape; this says where the old one still holds).
+    pub reshape: Option<ReshapePos>,
     pub roles: Vec<RoleEntry>,
     /// Read from md's own superblock of this version (see `md`), not
     /// from raidkit's: not written back by raidkit.
     pub md: Option<crate::metadata::md::MdMeta>,
+}
+
+/// Where a reshape stands (see `crate::reshape`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct ReshapePos {
+    /// Members before the reshape.
+    pub old_disks: u32,
+    /// Stripes of the new geometry written and durable: array data below
+    /// `rows` new stripes is placed by the new geometry, the rest by the old.
+    pub rows: u64,
+    /// Bytes of array data from offset 0 kept in the backup area while
+    /// their old place is overwritten (0: no backup in use).
+    pub backup: u64,
+    pub backup_crc: u32,
 }
 
 /// Where the checksum area lies on a member (see `checksums`).
@@ -245,6 +271,8 @@ const FLAG_RESYNC: u32 = 1;
 /// Flag bits: a scrub to resume, and whether it only checks.
 const FLAG_SCRUB: u32 = 2;
 const FLAG_SCRUB_CHECK_ONLY: u32 = 4;
+/// Flag bit: a reshape is in progress (`reshape`).
+const FLAG_RESHAPE: u32 = 8;
 
 pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
@@ -287,7 +315,9 @@ impl Superblock {
         put_u32(
             &mut b,
             8,
-            if self.checksums.enabled() {
+            if self.reshape.is_some() {
+                VERSION_RESHAPE
+            } else if self.checksums.enabled() {
                 VERSION
             } else {
                 VERSION_NO_CHECKSUMS
@@ -338,6 +368,13 @@ impl Superblock {
             }
             put_u64(&mut b, 304, at);
         }
+        if let Some(r) = &self.reshape {
+            flags |= FLAG_RESHAPE;
+            put_u32(&mut b, 344, r.old_disks);
+            put_u64(&mut b, 352, r.rows);
+            put_u64(&mut b, 360, r.backup);
+            put_u32(&mut b, 368, r.backup_crc);
+        }
         put_u32(&mut b, 20, flags);
         let domain = self.domain.as_bytes();
         let n = domain.len().min(MAX_DOMAIN);
@@ -374,7 +411,7 @@ impl Superblock {
         if get_u32(b, 16) != block_crc(&b[..SB_SIZE]) {
             return Err(corrupt("checksum mismatch".into()));
         }
-        if version != VERSION && version != VERSION_NO_CHECKSUMS {
+        if version != VERSION && version != VERSION_NO_CHECKSUMS && version != VERSION_RESHAPE {
             return Err(Error::UnsupportedVersion {
                 member: member.to_string(),
                 version,
@@ -469,6 +506,12 @@ impl Superblock {
             domain: String::from_utf8_lossy(&b[312..312 + MAX_DOMAIN])
                 .trim_end_matches('\0')
                 .to_string(),
+            reshape: (get_u32(b, 20) & FLAG_RESHAPE != 0).then(|| ReshapePos {
+                old_disks: get_u32(b, 344),
+                rows: get_u64(b, 352),
+                backup: get_u64(b, 360),
+                backup_crc: get_u32(b, 368),
+            }),
             roles,
             md: None,
         }))
@@ -614,6 +657,12 @@ mod tests {
             },
             scrub: Some((12, true)),
             domain: "rack-2".into(),
+            reshape: Some(ReshapePos {
+                old_disks: 3,
+                rows: 77,
+                backup: 1 << 20,
+                backup_crc: 0xdead_beef,
+            }),
             roles: (0..4)
                 .map(|i| RoleEntry {
                     member_uuid: Uuid::from_u128(i),
