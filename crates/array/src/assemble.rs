@@ -208,15 +208,36 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
         .collect();
     let mut spares = Vec::new();
     let mut dirty = false;
+    // The update that starts a reshape changes the shape; a crash in the
+    // middle of it leaves members one behind with the old one. Nothing has
+    // moved yet (no row done, no backup), so they are current, and a new
+    // member that still has the spare superblock it was given just before
+    // takes the role the array gave it.
+    let starting = fresh
+        .reshape
+        .filter(|r| r.rows == 0 && r.backup == 0)
+        .map(|r| r.old_disks as usize);
     for (m, sb) in found {
+        let missed_start = starting.is_some_and(|old| {
+            sb.events + 1 == fresh.events && sb.reshape.is_none() && sb.raid_disks() == old
+        });
         let shape_differs = sb.level != fresh.level
             || sb.layout != fresh.layout
             || sb.chunk != fresh.chunk
-            || sb.raid_disks() != n;
+            || (sb.raid_disks() != n && !missed_start);
         let role = match sb.role {
             Role::Spare => {
-                spares.push((m, sb));
-                continue;
+                match fresh
+                    .roles
+                    .iter()
+                    .position(|e| e.member_uuid == sb.member_uuid)
+                {
+                    Some(r) if missed_start && starting.is_some_and(|old| r >= old) => r,
+                    _ => {
+                        spares.push((m, sb));
+                        continue;
+                    }
+                }
             }
             Role::Active(r) => r as usize,
         };
@@ -291,7 +312,19 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
             detail: format!("recorded shape is invalid: {e}"),
         }
     })?;
-    if geometry.capacity() != fresh.array_size {
+    // During a reshape the size recorded is the old shape's, exported until
+    // the reshape ends.
+    let expected = match fresh.reshape {
+        Some(r) if (r.old_disks as usize) < geometry.members() && r.old_disks > 0 => Geometry::new(
+            geometry.level,
+            geometry.layout,
+            geometry.chunk,
+            geometry.member_sizes[..r.old_disks as usize].to_vec(),
+        )
+        .map_or(0, |g| g.capacity()),
+        _ => geometry.capacity(),
+    };
+    if expected != fresh.array_size {
         return Err(Error::CorruptSuperblock {
             member: slots
                 .iter()
@@ -299,8 +332,7 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
                 .unwrap_or_default(),
             detail: format!(
                 "array size {} does not match its shape ({})",
-                fresh.array_size,
-                geometry.capacity()
+                fresh.array_size, expected
             ),
         });
     }

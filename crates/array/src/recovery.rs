@@ -152,6 +152,23 @@ impl Array {
                 }
             }
         }
+        // A resync from a position that stopped for a member being rebuilt
+        // (the new stripes of a reshape, an initial sync) goes on now.
+        let from = self.unsynced_from.load(Ordering::Acquire);
+        if from != u64::MAX
+            && !self.core.wake.stopped()
+            && self.next_job().is_none()
+            && self.core.view.load().degraded_roles().is_empty()
+            && self.recovery.pending_parity.locked().is_none()
+        {
+            self.run_parity_resync(
+                crate::background::ParityResync {
+                    from: Some(from),
+                    marked: None,
+                },
+                &mut |_, _| {},
+            )?;
+        }
         if !self.core.wake.stopped() && self.next_job().is_none() {
             self.run_pending_scrub()?;
         }

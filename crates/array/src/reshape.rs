@@ -109,13 +109,13 @@ impl Reshaping {
             .min(self.old.capacity())
     }
 
-    /// Where on each new member its share of the backup lies (data-area
-    /// offset) and how long that share is.
+    /// Where on each new member its copy of the backup lies (data-area
+    /// offset) and how long it is. Every new member holds all of it, so
+    /// that any one of them gives it back.
     fn backup_place(&self) -> (u64, u64) {
-        let k = (self.new.members() - self.first_new_role) as u64;
-        let share = self.backup_len().div_ceil(k).next_multiple_of(4096);
-        let at = (self.new.member_sizes[0] - share) / self.new.chunk * self.new.chunk;
-        (at, share)
+        let len = self.backup_len().next_multiple_of(4096);
+        let at = self.new.member_sizes[0].saturating_sub(len) / self.new.chunk * self.new.chunk;
+        (at, len)
     }
 
     /// The next batch from row `p`: its end.
@@ -329,35 +329,29 @@ impl Array {
         Ok(())
     }
 
-    /// The critical section's backup, from the new members' tails,
-    /// checked against its crc32c.
+    /// The critical section's backup, from the first new member whose
+    /// copy matches the crc32c recorded.
     fn read_backup(&self, r: &Reshaping, pos: ReshapePos) -> Result<Vec<u8>> {
-        let (at, share) = r.backup_place();
+        let (at, _) = r.backup_place();
         let v = self.core.view.load_full();
-        let mut out = Vec::with_capacity(pos.backup as usize);
+        let mut b = vec![0u8; pos.backup as usize];
         for role in r.first_new_role..r.new.members() {
-            let want = (pos.backup - out.len() as u64).min(share) as usize;
-            if want == 0 {
-                break;
+            let Some(d) = v.roles[role].disk.as_ref() else {
+                continue;
+            };
+            if self.core.disk_read(d, &mut b, at).is_ok() && crc32c::crc32c(&b) == pos.backup_crc {
+                return Ok(b);
             }
-            let d = v.roles[role].disk.as_ref().ok_or_else(|| Error::NotEnoughMembers {
-                name: self.core.name.clone(),
-                detail: format!(
-                    "a reshape was cut in its critical section and role {role}, which holds part of the backup of its first {} bytes, is missing",
-                    pos.backup
-                ),
-            })?;
-            let mut b = vec![0u8; want];
-            self.core.disk_read(d, &mut b, at)?;
-            out.extend_from_slice(&b);
         }
-        if crc32c::crc32c(&out) != pos.backup_crc {
-            return Err(Error::Invalid(format!(
-                "a reshape was cut in its critical section and the backup of its first {} bytes does not match its checksum: refusing to serve data that may be wrong",
+        Err(Error::NotEnoughMembers {
+            name: self.core.name.clone(),
+            detail: format!(
+                "a reshape was cut in its critical section, and no new member (roles {} to {}) gives back the backup of its first {} bytes intact: refusing to serve data that may be wrong",
+                r.first_new_role,
+                r.new.members() - 1,
                 pos.backup
-            )));
-        }
-        Ok(out)
+            ),
+        })
     }
 
     /// The view requests to stripe `row` of the members' data areas go
@@ -475,28 +469,30 @@ impl Array {
     /// Write the critical section's old data to the new members' tails,
     /// make it durable, and record it in the superblocks.
     fn write_backup(&self, r: &Reshaping, data: &[u8]) -> Result<()> {
-        let (at, share) = r.backup_place();
+        let (at, _) = r.backup_place();
         let v = self.core.view.load_full();
-        for (i, role) in (r.first_new_role..r.new.members()).enumerate() {
-            let lo = (i as u64 * share).min(data.len() as u64) as usize;
-            let hi = ((i as u64 + 1) * share).min(data.len() as u64) as usize;
-            if lo == hi {
-                break;
-            }
-            let d = v.roles[role].disk.as_ref().ok_or_else(|| {
-                Error::Invalid(format!(
-                    "role {role} is missing: the reshape's first rows cannot be set aside"
-                ))
-            })?;
-            self.core
-                .disk_write(d, &data[lo..hi], at)
+        let mut kept = 0;
+        let mut why = String::from("every new member is missing");
+        for role in r.first_new_role..r.new.members() {
+            let Some(d) = v.roles[role].disk.as_ref() else {
+                continue;
+            };
+            match self
+                .core
+                .disk_write(d, data, at)
                 .and_then(|()| d.member.flush())
-                .map_err(|e| {
-                    Error::Invalid(format!(
-                        "setting the reshape's first rows aside on {}: {e}",
-                        d.name()
-                    ))
-                })?;
+            {
+                Ok(()) => kept += 1,
+                Err(e) => {
+                    why = e.to_string();
+                    self.core.fail_disk_by_ptr(d, &why);
+                }
+            }
+        }
+        if kept == 0 {
+            return Err(Error::Invalid(format!(
+                "the reshape's first rows could not be set aside on a new member: {why}"
+            )));
         }
         let mut meta = self.core.meta.locked();
         let pos = meta.sb.reshape.get_or_insert_with(ReshapePos::default);

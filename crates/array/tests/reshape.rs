@@ -8,9 +8,10 @@ use raidkit_array::assemble::assemble;
 use raidkit_array::create::{CreateOptions, Policy};
 use raidkit_array::{Array, OpenOptions};
 use raidkit_layout::{Geometry, Level};
-use raidkit_member::{CutRng, Member, PowerCutMember};
+use raidkit_member::{CutRng, Member, MemberError, Op, PowerCutMember};
 use raidkit_open::spec::Spec;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 
 const CHUNK: u64 = 16 << 10;
 const MEMBER: u64 = (1 << 20) + 40 * CHUNK;
@@ -176,4 +177,317 @@ fn raid6_raid4_and_raid0_grow() {
     grows(Level::Raid6, 4, 1, Policy::Journal, true);
     grows(Level::Raid4, 3, 2, Policy::Journal, false);
     grows(Level::Raid0, 2, 1, Policy::None, false);
+}
+
+/// `n` cuts, times `RAIDKIT_CRASH_SCALE` (default 1) for a longer run.
+fn scaled(n: u64) -> u64 {
+    let k = std::env::var("RAIDKIT_CRASH_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(1);
+    n * k.max(1)
+}
+
+const SECTOR: usize = 512;
+
+/// Cuts the power of every member at once, at the `budget`-th write or
+/// flush any of them sees: cut points spread over every step of a
+/// reshape (its first rows and their backup included) by count, not by
+/// timing luck.
+struct Tripwire {
+    budget: AtomicI64,
+    /// Set first: no operation starts after the cut (those under way land
+    /// before it, or not, as the cut decides for unflushed writes).
+    dead: std::sync::atomic::AtomicBool,
+    members: Mutex<Vec<Arc<PowerCutMember>>>,
+    rng: Mutex<CutRng>,
+}
+
+impl Tripwire {
+    fn tick(&self) {
+        if self.budget.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.cut();
+        }
+    }
+
+    fn cut(&self) {
+        self.dead.store(true, Ordering::Release);
+        let mut rng = self.rng.lock().unwrap();
+        for m in self.members.lock().unwrap().iter() {
+            m.cut(&mut rng);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Wired {
+    inner: Arc<PowerCutMember>,
+    wire: Arc<Tripwire>,
+}
+
+impl std::fmt::Debug for Tripwire {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tripwire")
+    }
+}
+
+impl Wired {
+    fn gone(&self, op: Op) -> MemberError {
+        MemberError::new(self.name(), op, 0, 0, std::io::Error::from_raw_os_error(5))
+    }
+}
+
+impl Member for Wired {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> raidkit_member::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> raidkit_member::Result<()> {
+        self.wire.tick();
+        if self.wire.dead.load(Ordering::Acquire) {
+            return Err(self.gone(Op::Write));
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> raidkit_member::Result<()> {
+        self.wire.tick();
+        if self.wire.dead.load(Ordering::Acquire) {
+            return Err(self.gone(Op::Flush));
+        }
+        self.inner.flush()
+    }
+}
+
+/// Grow while a client writes, flushes and reads back (every read checked
+/// against the model), cut the power of every member at once at a random
+/// write, restart, let the reshape finish: every write flushed before the
+/// cut reads back, every sector not written since the last flush holds its
+/// old contents, parity agrees, and the array has its new size.
+fn reshape_survives_cuts(level: Level, n: usize, add: usize, policy: Policy, cuts: u64, seed: u64) {
+    let tpl = images(level, n, add, policy, seed % 2 == 0);
+    let mut resumed_critical = 0;
+    let mut cut_during = 0;
+    for c in 0..scaled(cuts) {
+        let mut rng = CutRng::new(seed * 1_000_003 + c);
+        let pcs: Vec<Arc<PowerCutMember>> = tpl
+            .iter()
+            .enumerate()
+            .map(|(i, b)| Arc::new(PowerCutMember::new(&format!("m{i}"), b.clone())))
+            .collect();
+        let wire = Arc::new(Tripwire {
+            budget: AtomicI64::new(i64::MAX),
+            dead: Default::default(),
+            members: Mutex::new(pcs.clone()),
+            rng: Mutex::new(CutRng::new(rng.next_u64())),
+        });
+        let wired: Vec<Arc<dyn Member>> = pcs
+            .iter()
+            .map(|p| {
+                Arc::new(Wired {
+                    inner: p.clone(),
+                    wire: wire.clone(),
+                }) as Arc<dyn Member>
+            })
+            .collect();
+        let a = Array::open_with(
+            assemble(wired[..n].to_vec()).unwrap(),
+            "grow",
+            OpenOptions {
+                run: true,
+                ..OpenOptions::default()
+            },
+        )
+        .unwrap();
+        let a = Arc::new(a);
+        let cap = a.capacity() as usize;
+        let base = pattern(cap, seed + c);
+        a.write(&base, 0).unwrap();
+        a.flush().unwrap();
+        let mut durable = base.clone();
+        let mut current = base;
+        let mut dirty = vec![false; cap / SECTOR];
+        // The cut comes at one of the next writes or flushes: the grow's
+        // own, the reshape's, the client's.
+        wire.budget.store(
+            1 + rng.below(200 * (n + add) as u64) as i64,
+            Ordering::Release,
+        );
+        let g = match a.grow(wired[n..].to_vec(), false) {
+            Ok(g) => g,
+            // Cut while the members joined: the restart finds the array
+            // as it was or already growing, and either is fine.
+            Err(_) => {
+                let _ = a.flush();
+                drop(a);
+                wire.cut();
+                let imgs: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();
+                let (b, _) = open(&imgs)
+                    .or_else(|_| open(&imgs[..n]))
+                    .unwrap_or_else(|e| panic!("{level} cut {c} in grow: restart: {e}"));
+                b.recover_all().unwrap();
+                let got = read_all(&b);
+                assert!(got[..cap] == durable[..], "{level} cut {c} in grow: data");
+                continue;
+            }
+        };
+        let rate = (8 + rng.below(40)) << 20;
+        a.set_rebuild_speed(Some(rate), Some(rate));
+        let bg = {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                let _ = a.recover_all();
+            })
+        };
+        loop {
+            let op = rng.below(6);
+            let r = match op {
+                0 => a.flush().map(|()| {
+                    durable.clone_from(&current);
+                    dirty.iter_mut().for_each(|d| *d = false);
+                }),
+                1 => {
+                    let len = SECTOR * (1 + rng.below(4 * CHUNK / SECTOR as u64) as usize);
+                    let off = SECTOR * rng.below(((cap - len) / SECTOR + 1) as u64) as usize;
+                    let mut b = vec![0u8; len];
+                    a.read(&mut b, off as u64).map(|()| {
+                        assert!(
+                            b == current[off..off + len],
+                            "{level} cut {c}: a read during the reshape at {off}+{len} differs from what was written"
+                        );
+                    })
+                }
+                2 => {
+                    std::thread::sleep(std::time::Duration::from_micros(rng.below(500)));
+                    Ok(())
+                }
+                _ => {
+                    let len = SECTOR * (1 + rng.below(3 * CHUNK / SECTOR as u64) as usize);
+                    let off = SECTOR * rng.below(((cap - len) / SECTOR + 1) as u64) as usize;
+                    let byte = (rng.next_u64() & 0xff) as u8;
+                    let data: Vec<u8> = (0..len).map(|i| byte ^ (i / SECTOR) as u8).collect();
+                    // Dirty before it is sent: a write the cut interrupts
+                    // may have landed in part.
+                    dirty[off / SECTOR..(off + len) / SECTOR]
+                        .iter_mut()
+                        .for_each(|d| *d = true);
+                    a.write(&data, off as u64).map(|()| {
+                        current[off..off + len].copy_from_slice(&data);
+                    })
+                }
+            };
+            if r.is_err() || wire.budget.load(Ordering::Acquire) <= 0 {
+                break;
+            }
+            if !a.reshape_in_progress() {
+                break;
+            }
+        }
+        if a.reshape_in_progress() {
+            cut_during += 1;
+        }
+        wire.budget.store(i64::MAX, Ordering::Release);
+        wire.cut();
+        a.stop_background();
+        bg.join().unwrap();
+        let imgs: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();
+        drop(a);
+
+        let (b, _) = open(&imgs).unwrap_or_else(|e| {
+            for (i, img) in imgs.iter().enumerate() {
+                let m = PowerCutMember::new("sb", img.clone());
+                let r = raidkit_array::superblock::read_superblock(&m).unwrap();
+                eprintln!(
+                    "m{i}: events {} disks {} role {:?} reshape {:?} copies {:?}",
+                    r.sb.events,
+                    r.sb.roles.len(),
+                    r.sb.role,
+                    r.sb.reshape,
+                    r.copies_valid
+                );
+            }
+            panic!("{level} cut {c}: restart: {e}")
+        });
+        if b.notes().iter().any(|n| n.contains("backup")) {
+            resumed_critical += 1;
+        }
+        b.recover_all().unwrap();
+        assert!(
+            !b.reshape_in_progress(),
+            "{level} cut {c}: reshape not finished"
+        );
+        assert_eq!(b.capacity(), g.capacity(), "{level} cut {c}: new size");
+        let got = read_all(&b);
+        let bad = got[..cap]
+            .chunks(SECTOR)
+            .zip(durable.chunks(SECTOR))
+            .zip(&dirty)
+            .filter(|((g, d), &dirty)| !dirty && g != d)
+            .count();
+        assert_eq!(bad, 0, "{level} cut {c}: sectors lost or changed");
+        if level.has_redundancy() {
+            let mut found = Vec::new();
+            b.scan_mismatches(&mut |m| found.push(m)).unwrap();
+            if !found.is_empty() {
+                let m = PowerCutMember::new("sb", imgs[0].clone());
+                let sb = raidkit_array::superblock::read_superblock(&m).unwrap().sb;
+                eprintln!(
+                    "at restart: {:?} state {:?} notes {:?} health {:?} last {:?} members {:?}",
+                    sb.reshape,
+                    sb.state,
+                    b.notes(),
+                    b.health(),
+                    b.last_recovery(),
+                    b.members_status()
+                        .iter()
+                        .map(|m| m.state.clone())
+                        .collect::<Vec<_>>()
+                );
+                eprintln!("mismatches: {found:?}");
+                for (i, img) in imgs.iter().enumerate() {
+                    let m = PowerCutMember::new("sb", img.clone());
+                    let r = raidkit_array::superblock::read_superblock(&m).unwrap();
+                    eprintln!(
+                        "m{i}: events {} disks {} role {:?} reshape {:?} rec {:?} roles {:?}",
+                        r.sb.events,
+                        r.sb.roles.len(),
+                        r.sb.role,
+                        r.sb.reshape,
+                        r.sb.recovery_offset,
+                        r.sb.roles.iter().map(|e| e.state).collect::<Vec<_>>()
+                    );
+                }
+            }
+            assert_eq!(found.len(), 0, "{level} cut {c}: parity");
+        }
+    }
+    // The cuts must have landed in the reshape, and some in its first rows.
+    assert!(
+        cut_during * 2 > scaled(cuts),
+        "{level}: only {cut_during} cuts during a reshape"
+    );
+    assert!(
+        resumed_critical > 0,
+        "{level}: no cut in the critical section"
+    );
+}
+
+#[test]
+fn raid5_reshape_survives_power_cuts() {
+    reshape_survives_cuts(Level::Raid5, 3, 1, Policy::Journal, 150, 1);
+    reshape_survives_cuts(Level::Raid5, 4, 1, Policy::Bitmap, 100, 2);
+}
+
+#[test]
+fn raid6_reshape_survives_power_cuts() {
+    reshape_survives_cuts(Level::Raid6, 4, 2, Policy::Journal, 100, 3);
+}
+
+#[test]
+fn raid0_reshape_survives_power_cuts() {
+    reshape_survives_cuts(Level::Raid0, 2, 1, Policy::None, 100, 4);
 }

@@ -616,6 +616,10 @@ impl Core {
             prepared.push(m);
         }
         let data_size = meta.sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
+        // Every new member first gets the spare superblock of the array as
+        // it is (the start update may be cut: assembly then finds them one
+        // behind, with the old shape), then they all join at once.
+        let mut disks = Vec::new();
         for m in prepared {
             let mut sb = self.new_member_sb(&meta, m.as_ref());
             self.init_member(m.as_ref(), &mut sb)?;
@@ -623,6 +627,9 @@ impl Core {
             if let Some(b) = &self.bitmap {
                 b.write_to(disk.member.as_ref())?;
             }
+            disks.push(disk);
+        }
+        for disk in disks {
             meta.sb.roles.push(RoleEntry {
                 member_uuid: disk.uuid,
                 state: RoleState::Active,

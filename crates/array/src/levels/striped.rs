@@ -9,7 +9,7 @@ use crate::core::View;
 use crate::engine::{in_parallel, Array, Mismatch, PARALLEL_IO};
 use crate::error::{Error, Result};
 use crate::recovery::{Job, Outcome};
-use raidkit_layout::Piece;
+use raidkit_layout::{Level, Piece};
 
 pub(crate) struct Striped;
 
@@ -57,12 +57,15 @@ impl LevelOps for Striped {
 
     /// Nothing to resync, except where checksums are kept: a pass after
     /// an unclean shutdown reads every chunk, to re-record the checksums
-    /// of blocks the crash tore from theirs.
+    /// of blocks the crash tore from theirs. RAID-0 by rows (one chunk of
+    /// every member: a row is in one geometry during a reshape), linear
+    /// by chunks of the address space.
     fn units(&self, a: &Array) -> u64 {
-        if a.checksums() {
-            a.core.capacity() / a.core.geom().chunk
-        } else {
-            0
+        let g = a.core.geom();
+        match (a.checksums(), g.level) {
+            (false, _) => 0,
+            (true, Level::Raid0) => g.stripes(),
+            (true, _) => a.core.capacity() / g.chunk,
         }
     }
 
@@ -71,12 +74,15 @@ impl LevelOps for Striped {
     }
 
     fn resync_unit(&self, a: &Array, v: &View, u: u64) -> Result<()> {
-        let chunk = a.core.geom().chunk;
+        let g = &v.geom;
+        let chunk = g.chunk;
+        let (off, len) = match g.level {
+            Level::Raid0 => (u * chunk * g.members() as u64, chunk * g.members() as u64),
+            _ => (u * chunk, chunk),
+        };
         let mut buf = crate::scratch::take(chunk as usize);
-        let r = a
-            .core
-            .geom()
-            .pieces(u * chunk, chunk)
+        let r = g
+            .pieces(off, len)
             .iter()
             .try_for_each(|p| a.read_copies(v, p, &mut buf[..p.len as usize]));
         crate::scratch::give(buf);
