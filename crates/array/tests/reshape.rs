@@ -269,7 +269,7 @@ impl Member for Wired {
 /// cut reads back, every sector not written since the last flush holds its
 /// old contents, parity agrees, and the array has its new size.
 fn reshape_survives_cuts(level: Level, n: usize, add: usize, policy: Policy, cuts: u64, seed: u64) {
-    let tpl = images(level, n, add, policy, seed % 2 == 0);
+    let tpl = images(level, n, add, policy, seed.is_multiple_of(2));
     let mut resumed_critical = 0;
     let mut cut_during = 0;
     for c in 0..scaled(cuts) {
@@ -444,7 +444,7 @@ fn reshape_survives_cuts(level: Level, n: usize, add: usize, policy: Policy, cut
                     b.last_recovery(),
                     b.members_status()
                         .iter()
-                        .map(|m| m.state.clone())
+                        .map(|m| m.state)
                         .collect::<Vec<_>>()
                 );
                 eprintln!("mismatches: {found:?}");
