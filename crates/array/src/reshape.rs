@@ -46,10 +46,10 @@
 //!   geometry their row is in (`view_for_row`); rows between the boundary
 //!   and the old data still to move hold nothing anybody reads and are
 //!   skipped: the resumed reshape rewrites them.
-//! - New stripes beyond the old data (the new capacity) get their parity
-//!   by a resync after the reshape (as md's), from the new members'
-//!   contents; checksums of blocks never written there are taken when
-//!   first read.
+//! - New stripes beyond the old data (the new capacity) are then written
+//!   with zeroes, parity and checksums with them, in the same batches:
+//!   the new space reads back zeroes, and is consistent before it is
+//!   exported (md resyncs whatever the disks held there).
 //! - A member lost during a reshape: it goes on degraded (as md's), reading
 //!   through reconstruction. Spares wait until it ends.
 
@@ -130,7 +130,7 @@ impl Reshaping {
             p * wn / wo
         };
         let most = p + (MAX_BATCH / self.width()).max(1);
-        safe.min(most).min(self.data_rows()).max(p + 1)
+        safe.min(most).min(self.new.stripes()).max(p + 1)
     }
 
     /// A view placing requests by the old geometry.
@@ -375,9 +375,11 @@ impl Array {
     /// Run the reshape to its end (or until the array stops), batch by
     /// batch, paced by the rebuild limits.
     pub(crate) fn run_reshape(&self, r: Arc<Reshaping>) -> Result<()> {
+        // Old data moved, then the new stripes beyond it written with
+        // zeroes (parity and checksums with them): the whole new capacity.
         let width = r.width();
-        let total = r.old.capacity();
-        let start = r.boundary();
+        let total = r.new.capacity();
+        let start = (r.rows.load(Ordering::Acquire) * width).min(total);
         let mut process = Process::start(
             self,
             Plan {
@@ -392,7 +394,7 @@ impl Array {
         let result = (|| -> Result<String> {
             loop {
                 let p = r.rows.load(Ordering::Acquire);
-                if p >= r.data_rows() {
+                if p >= r.new.stripes() {
                     break;
                 }
                 if process.stopped() {
@@ -501,28 +503,15 @@ impl Array {
         self.core.write_superblocks(&mut meta)
     }
 
-    /// The last row moved: the new geometry everywhere, the new capacity
-    /// exported, the new stripes beyond the old data resynced.
+    /// The last row written: the new geometry everywhere, the new
+    /// capacity exported.
     fn finish_reshape(&self, r: &Reshaping) -> Result<()> {
         let mut fence = self.reshape.write().unwrap_or_else(|e| e.into_inner());
-        let data_rows = r.data_rows();
-        let resync =
-            (r.new.level.has_redundancy() && data_rows < r.new.stripes()).then_some(data_rows);
         {
             let mut meta = self.core.meta.locked();
             meta.sb.reshape = None;
             meta.sb.array_size = r.new.capacity();
-            if resync.is_some() {
-                meta.sb.resync = resync;
-            }
             self.core.write_superblocks(&mut meta)?;
-        }
-        if let Some(from) = resync {
-            self.unsynced_from.store(from, Ordering::Release);
-            *self.recovery.pending_parity.locked() = Some(crate::background::ParityResync {
-                from: Some(from),
-                marked: None,
-            });
         }
         self.core.set_capacity(r.new.capacity());
         *fence = None;
@@ -588,7 +577,7 @@ mod tests {
             let chunk = r.old.chunk;
             let mut p = 0;
             let mut batches = 0;
-            while p < r.data_rows() {
+            while p < r.new.stripes() {
                 let q = r.batch_end(p);
                 assert!(q > p);
                 let overwritten_data_end = q * wo * chunk;
@@ -600,7 +589,7 @@ mod tests {
                 p = q;
                 batches += 1;
             }
-            assert_eq!(p, r.data_rows());
+            assert_eq!(p, r.new.stripes());
             assert!(r.data_rows() * r.width() >= r.old.capacity());
             // The backup lies beyond the rows the first batch writes.
             let (at, share) = r.backup_place();

@@ -144,6 +144,10 @@ fn grows(level: Level, n: usize, add: usize, policy: Policy, checksums: bool) {
         got[..old_cap as usize] == data[..],
         "{level} {n}+{add}: data changed"
     );
+    assert!(
+        got[old_cap as usize..].iter().all(|&x| x == 0),
+        "{level} {n}+{add}: the new space does not read back zeroes"
+    );
     if level.has_redundancy() {
         assert_eq!(
             a.count_mismatches().unwrap(),

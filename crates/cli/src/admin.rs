@@ -2,8 +2,8 @@
 //! status, list, stop, fail, remove, add, replace, wait and speed.
 
 use crate::cli::{
-    AddArgs, FailArgs, ListArgs, MemberArgs, ReplaceArgs, ScrubArgs, SpeedArgs, StatusArgs,
-    StopArgs, WaitArgs,
+    AddArgs, FailArgs, GrowArgs, ListArgs, MemberArgs, ReplaceArgs, ScrubArgs, SpeedArgs,
+    StatusArgs, StopArgs, WaitArgs,
 };
 use crate::units::human;
 use anyhow::{anyhow, bail, Context, Result};
@@ -37,6 +37,18 @@ fn absolute_new(member: &str) -> String {
         }
     }
     absolute(member)
+}
+
+/// A background process as a person reads it: "rebuild of role 2 onto
+/// /dev/sdc", "reshape (3 to 4 members)", "parity-resync".
+fn process_name(r: &serde_json::Map<String, Value>) -> String {
+    let kind = r["kind"].as_str().unwrap_or("?");
+    let member = r["member"].as_str().unwrap_or("");
+    match (r["role"].as_u64(), member.is_empty()) {
+        (Some(role), _) => format!("{kind} of role {role} onto {member}"),
+        (None, false) => format!("{kind} ({member})"),
+        (None, true) => kind.to_string(),
+    }
 }
 
 /// Seconds left as a person reads them ("2h05m", "4m10s", "35s"); "?"
@@ -107,6 +119,41 @@ pub fn add(a: AddArgs) -> Result<()> {
             a.member, v["role"], how
         ),
         None => println!("raidkit: {} added", a.member),
+    }
+    Ok(())
+}
+
+pub fn grow(a: GrowArgs) -> Result<()> {
+    // Each change not built yet is refused before the server is asked.
+    for (given, what) in [
+        (a.level.is_some(), "--level (converting between levels)"),
+        (a.chunk.is_some(), "--chunk (changing the chunk size)"),
+        (a.size.is_some(), "--size (using members that have grown)"),
+    ] {
+        if given {
+            bail!("grow {what} is not supported yet; raidkit grows arrays by members only (--add)");
+        }
+    }
+    if a.add.is_empty() {
+        bail!("grow: give the members to add (--add MEMBER...)");
+    }
+    let members: Vec<String> = a.add.iter().map(|m| absolute_new(m)).collect();
+    let v = request(
+        a.control.control.as_deref(),
+        json!({"cmd": "grow", "add": members, "force": a.force}),
+    )?;
+    if a.json {
+        println!(
+            "{}",
+            json!({"members": v["members"], "size": v["size"], "new_size": v["new_size"]})
+        );
+    } else {
+        println!(
+            "raidkit: growing to {} members, {} to {}; the data moves while the array serves (raidkit wait to follow it)",
+            v["members"],
+            human(v["size"].as_u64().unwrap_or(0)),
+            human(v["new_size"].as_u64().unwrap_or(0))
+        );
     }
     Ok(())
 }
@@ -268,11 +315,7 @@ pub fn wait(a: WaitArgs) -> Result<()> {
             let before = r["bytes_before"].as_u64().unwrap_or(0);
             b.set_length(before + r["bytes_total"].as_u64().unwrap_or(0));
             b.set_position(before + r["bytes_done"].as_u64().unwrap_or(0));
-            b.set_message(format!(
-                "{} role {}",
-                r["kind"].as_str().unwrap_or("?"),
-                r["role"]
-            ));
+            b.set_message(process_name(r));
             // The server's rate over the last seconds, not the bar's own
             // estimate, which lags a speed change.
             b.set_prefix(format!(
@@ -294,9 +337,8 @@ pub fn wait(a: WaitArgs) -> Result<()> {
                 );
             } else if let Some(r) = v["last_recovery"].as_object() {
                 println!(
-                    "raidkit: last recovery: {} of role {}: {} in {:.1}s ({}); array {state}",
-                    r["kind"].as_str().unwrap_or("?"),
-                    r["role"],
+                    "raidkit: last recovery: {}: {} in {:.1}s ({}); array {state}",
+                    process_name(r),
                     human(r["bytes"].as_u64().unwrap_or(0)),
                     r["seconds"].as_f64().unwrap_or(0.0),
                     r["result"].as_str().unwrap_or("?")
@@ -624,12 +666,18 @@ fn print_status(v: &Value, as_json: bool) -> Result<()> {
         v["connections"]["active"],
         v["connections"]["total"]
     );
+    if let Some(g) = v["reshape"].as_object() {
+        println!(
+            "reshape: growing to {} members, {} now, {} when it ends",
+            g["members"],
+            human(g["size"].as_u64().unwrap_or(0)),
+            human(g["new_size"].as_u64().unwrap_or(0))
+        );
+    }
     if let Some(r) = v["recovery"].as_object() {
         println!(
-            "recovery: {} of role {} onto {}: {:.1}% ({} of {} in this run, {:.1}s, {}/s, {} left)",
-            r["kind"].as_str().unwrap_or("?"),
-            r["role"],
-            r["member"].as_str().unwrap_or("?"),
+            "recovery: {}: {:.1}% ({} of {} in this run, {:.1}s, {}/s, {} left)",
+            process_name(r),
             r["progress"].as_f64().unwrap_or(0.0) * 100.0,
             human(r["bytes_done"].as_u64().unwrap_or(0)),
             human(r["bytes_total"].as_u64().unwrap_or(0)),
@@ -640,10 +688,8 @@ fn print_status(v: &Value, as_json: bool) -> Result<()> {
     }
     if let Some(r) = v["last_recovery"].as_object() {
         println!(
-            "last recovery: {} of role {} onto {}: {} in {:.1}s ({})",
-            r["kind"].as_str().unwrap_or("?"),
-            r["role"],
-            r["member"].as_str().unwrap_or("?"),
+            "last recovery: {}: {} in {:.1}s ({})",
+            process_name(r),
             human(r["bytes"].as_u64().unwrap_or(0)),
             r["seconds"].as_f64().unwrap_or(0.0),
             r["result"].as_str().unwrap_or("?")

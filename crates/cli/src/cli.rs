@@ -73,6 +73,10 @@ pub enum Command {
     /// Rebuild a member's contents onto a new member while the old one
     /// stays in service; then the new one takes its place.
     Replace(ReplaceArgs),
+    /// Grow a running array by members (RAID-0, 4, 5, 6): the data moves
+    /// to md's placement for the new member count while the array serves;
+    /// the new size is exported when the move ends.
+    Grow(GrowArgs),
     /// Wait until no recovery runs on a running array (with a progress bar
     /// on a terminal).
     Wait(WaitArgs),
@@ -762,6 +766,32 @@ pub struct AddArgs {
     /// not exist is created, as large as the array's members.
     pub member: String,
     /// Use it even if it holds data or another array's superblock.
+    #[arg(long)]
+    pub force: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub control: Control,
+}
+
+#[derive(Debug, Args)]
+pub struct GrowArgs {
+    /// Members to add (paths or member specs); a file that does not exist
+    /// is created, as large as the array's members.
+    #[arg(long, num_args = 1.., value_name = "MEMBER")]
+    pub add: Vec<String>,
+    /// Convert to another level (1 to 5, 4 to 5, 5 to 6): not supported
+    /// yet, refused.
+    #[arg(long, value_name = "LEVEL")]
+    pub level: Option<String>,
+    /// Change the chunk size: not supported yet, refused.
+    #[arg(long, value_name = "SIZE")]
+    pub chunk: Option<String>,
+    /// `max`: use members that have grown: not supported yet, refused.
+    #[arg(long, value_name = "max")]
+    pub size: Option<String>,
+    /// Use the new members even if they hold data or another array's superblock.
     #[arg(long)]
     pub force: bool,
     /// Print JSON.

@@ -34,6 +34,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Remove(a) => crate::admin::remove(a),
         Command::Add(a) => crate::admin::add(a),
         Command::Replace(a) => crate::admin::replace(a),
+        Command::Grow(a) => crate::admin::grow(a),
         Command::Wait(a) => crate::admin::wait(a),
         Command::Speed(a) => crate::admin::speed(a),
         Command::Scrub(a) => crate::admin::scrub(a),

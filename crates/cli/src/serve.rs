@@ -884,6 +884,25 @@ fn control_handler(array: Arc<Array>, stats: Arc<Stats>, served: Served) -> Arc<
             }
                 .map(|r| one("role", json!(r)))
                 .map_err(|e| crate::admin::in_use_message(&e).unwrap_or(e.to_string())),
+            "grow" => {
+                let members: Vec<String> = match args.get("add") {
+                    Some(Value::Array(xs)) => xs
+                        .iter()
+                        .map(|x| x.as_str().map(str::to_string))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or("\"add\" must be a list of member specs")?,
+                    _ => return Err("\"add\" must be a list of member specs".into()),
+                };
+                let size = array.capacity();
+                raidkit_open::grow(&array, &members, flag("force"))
+                    .map(|g| {
+                        let mut m = one("members", json!(g.members()));
+                        m.insert("size".into(), json!(size));
+                        m.insert("new_size".into(), json!(g.capacity()));
+                        m
+                    })
+                    .map_err(|e| crate::admin::in_use_message(&e).unwrap_or(e.to_string()))
+            }
             "speed" => {
                 let rate = |k: &str| -> Result<Option<u64>, String> {
                     match args.get(k) {
@@ -913,7 +932,7 @@ fn control_handler(array: Arc<Array>, stats: Arc<Stats>, served: Served) -> Arc<
                     .map_err(|e| e.to_string())
             }
             other => Err(format!(
-                "unknown command '{other}' (this server knows: status, stop, fail, remove, add, replace, speed, scrub)"
+                "unknown command '{other}' (this server knows: status, stop, fail, remove, add, replace, grow, speed, scrub)"
             )),
         }
     })
@@ -937,6 +956,11 @@ fn status_fields(array: &Array, stats: &Stats, served: &Served) -> Map<String, V
         },
         "members": array.members_status(),
         "recovery": array.recovery_status(),
+        "reshape": array.reshape_target().map(|to| json!({
+            "size": array.capacity(),
+            "new_size": to,
+            "members": array.geometry().members(),
+        })),
         "scrub": array.recovery_status().filter(|r| r.kind == "scrub").map(|r| json!({
             "progress": r.progress,
             "bytes_done": r.bytes_done,

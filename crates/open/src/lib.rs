@@ -136,6 +136,27 @@ pub fn add_member(array: &Array, spec_text: &str, force: bool) -> Result<Added> 
         .inspect_err(|_| forget_created(created))
 }
 
+/// Grow a running array by the members `specs` name (opened as `add`
+/// opens them; files created there are removed again if it is refused).
+pub fn grow(array: &Array, specs: &[String], force: bool) -> Result<raidkit_layout::Geometry> {
+    let mut opened = Vec::new();
+    let mut created = Vec::new();
+    let r = (|| {
+        for text in specs {
+            let s = Spec::parse(text)?;
+            array.check_not_in_service(text, s.path())?;
+            let (m, c) = open_or_create(array, &s)?;
+            created.extend(c);
+            opened.push(m);
+        }
+        array.grow(std::mem::take(&mut opened), force)
+    })();
+    if r.is_err() {
+        created.into_iter().for_each(|c| forget_created(Some(c)));
+    }
+    r
+}
+
 /// Open the member a spec names for `add` or `replace`; a plain file that
 /// does not exist is created, as large as the array's members (as
 /// `create` makes missing member files). Some(path): it was created here.
