@@ -7,7 +7,15 @@ may hold anything but its last flushed contents or one of the writes issued
 after that flush.
 
 usage: scripts/torture.py [--cycles N] [--level 5|6] [--seed S] [--raidkit PATH]
-                          [--sabotage] [--old-copy] [--sync-cut] [--serve-arg=ARG ...]
+                          [--sabotage] [--old-copy] [--sync-cut] [--grow]
+                          [--serve-arg=ARG ...]
+
+--grow: in the first cycle the array is grown by one member (`raidkit grow
+--add`), its reshape slowed (serve --rebuild-min/--rebuild-max 12M) so
+that the kills land all through it, and the server is killed while data
+moves. No member is left out while it runs. At the end the reshape must have
+finished: the array has its new size and one more member, and `raidkit
+check` finds every stripe consistent.
 
 --old-copy: every fourth cycle copies the member files before the start, and
 two cycles later, if every member is in sync, one member's old copy is put
@@ -70,9 +78,10 @@ class Server:
         self.control = os.path.join(workdir, "ctl")
         self.proc = subprocess.Popen(
             [raidkit, "serve", "--listen", f"127.0.0.1:{self.port}",
-             "--control", os.path.join(workdir, "ctl"), "--rebuild-min", "0",
-             # A cycle may start without a member on purpose (a dead disk).
-             "--run"] + list(extra) + members,
+             "--control", os.path.join(workdir, "ctl")]
+            + ([] if "--rebuild-min" in extra else ["--rebuild-min", "0"])
+            # A cycle may start without a member on purpose (a dead disk).
+            + ["--run"] + list(extra) + members,
             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
         self.killed = False
         deadline = time.time() + 60
@@ -192,6 +201,47 @@ def final_sync_check(args, server, members, work, log, expected, initial, rng):
     return len(bad)
 
 
+def status(raidkit, control):
+    import json
+    r = subprocess.run([raidkit, "status", "--json", "--control", control],
+                       capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise RuntimeError(f"status: {r.stderr}")
+    return json.loads(r.stdout)
+
+
+def final_grow_check(args, server, members, grown_to):
+    """The reshape finishes (unthrottled): one more member, the new size,
+    and `raidkit check` clean after a clean stop. Returns 1 if not."""
+    if grown_to is None:
+        raise RuntimeError("the array was never grown")
+    subprocess.run([args.raidkit, "speed", "--control", server.control,
+                    "--rebuild-min", "0", "--rebuild-max", "0"],
+                   check=True, stdout=subprocess.DEVNULL, timeout=60)
+    deadline = time.time() + 120
+    while True:
+        st = status(args.raidkit, server.control)
+        if st.get("reshape") is None and st["state"] == "optimal":
+            break
+        if time.time() > deadline:
+            raise RuntimeError(f"the reshape did not finish within 120 s: {st['state']}")
+        time.sleep(0.3)
+    n = len(st["members"])
+    print(f"after the reshape: {n} members, size {st['array']['size']}, "
+          f"last recovery {st['last_recovery']['kind']} ({st['last_recovery']['result']})",
+          flush=True)
+    server.proc.send_signal(signal.SIGTERM)
+    if server.proc.wait(timeout=60) != 0:
+        raise RuntimeError(f"serve exited {server.proc.returncode} on SIGTERM")
+    server.proc.stdout.close()
+    r = subprocess.run([args.raidkit, "check"] + members, capture_output=True, text=True,
+                       timeout=300)
+    ok = r.returncode == 0 and n == grown_to
+    print(f"after the reshape: check {'clean' if r.returncode == 0 else 'FAILED: ' + r.stdout}",
+          flush=True)
+    return 0 if ok else 1
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cycles", type=int, default=20)
@@ -204,6 +254,8 @@ def main():
                     help="put an old copy of a member back in its place every fourth cycle")
     ap.add_argument("--sync-cut", action="store_true",
                     help="members full of random bytes, create killed during its initial sync")
+    ap.add_argument("--grow", action="store_true",
+                    help="grow the array by a member in the first cycle, kills during its reshape")
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="pass this argument to every `raidkit serve` (for the tests: "
                     "--serve-arg=--read-only must make the run fail)")
@@ -258,6 +310,8 @@ def main():
         seed_counter = 0
         acked_total = losses = 0
         copies = None
+        growing = False
+        grown_to = None
         for cycle in range(args.cycles):
             present = list(members)
             missing = None
@@ -274,15 +328,30 @@ def main():
                 put_back = rng.randrange(n)
                 shutil.copyfile(os.path.join(copies, os.path.basename(members[put_back])),
                                 members[put_back])
-            elif leave_out and unsynced != "all":
+            elif leave_out and unsynced != "all" and not growing and not (
+                    args.grow and cycle == 0):
                 # Leave a member out; while one is still being resynced,
                 # only that one can be (the array needs all the others).
                 missing = unsynced if unsynced is not None else rng.randrange(n)
                 present = [m for i, m in enumerate(members) if i != missing]
-            server = Server(args.raidkit, present, work, log, args.serve_arg)
+            # While the reshape runs, slowly from the start of each server.
+            slow = ["--rebuild-min", "12M", "--rebuild-max", "12M"] if args.grow else []
+            server = Server(args.raidkit, present, work, log, args.serve_arg + slow)
             h = connect(server.uri)
             bad = check(h, expected, maybe, initial)
             losses += len(bad)
+            if args.grow and cycle == 0:
+                new = os.path.join(work, f"d{len(members)}.img")
+                r = subprocess.run([args.raidkit, "grow", "--json", "--control", server.control,
+                                    "--add", new], capture_output=True, text=True, timeout=60)
+                if r.returncode != 0:
+                    raise RuntimeError(f"grow failed: {r.stdout} {r.stderr}")
+                members.append(new)
+                grown_to = len(members)
+                print(f"grown: {r.stdout.strip()}", flush=True)
+            if args.grow:
+                st = status(args.raidkit, server.control)
+                growing = st.get("reshape") is not None
             # Write and flush until killed.
             kill_after = rng.uniform(0.2, 1.5)
             synced = []
@@ -342,6 +411,7 @@ def main():
             acked_total += acked
             print(f"cycle {cycle + 1}: killed after {kill_after:.2f}s, {acked} blocks acknowledged "
                   f"and flushed{'' if missing is None else f', member {missing} left out'}"
+                  f"{', during the reshape' if growing else ''}"
                   f"{'' if put_back is None else f', old copy of member {put_back} put back'}; "
                   f"check at start: {len(bad)} bad blocks", flush=True)
         # A last restart with every member: everything must be there.
@@ -352,6 +422,8 @@ def main():
         del h
         if args.sync_cut:
             losses += final_sync_check(args, server, members, work, log, expected, initial, rng)
+        if args.grow:
+            losses += final_grow_check(args, server, members, grown_to)
         server.kill9()
         server = None
         print(f"summary: {args.cycles} cycles, {acked_total} blocks acknowledged and flushed, "

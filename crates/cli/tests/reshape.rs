@@ -1,0 +1,229 @@
+//! `raidkit grow` against the real server: clients (fio verifying its own
+//! writes all along, nbdcopy, nbdinfo) work through the whole reshape, the
+//! new size is exported when it ends, a member failed in the middle of it
+//! is survived, and every change that is not supported is refused with
+//! nothing changed.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::Command;
+
+/// fio over NBD writing `[offset, offset + size)` with crc32c in every
+/// block, checking blocks it wrote while it writes (verify_backlog) and all
+/// of them at the end, for `seconds`.
+fn fio(uri: &str, offset: &str, size: &str, seconds: u64) -> Command {
+    let mut c = Command::new("timeout");
+    c.args([
+        "240",
+        "fio",
+        "--name=grow",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        "--rw=randwrite",
+        "--bs=16k",
+        "--iodepth=8",
+        &format!("--offset={offset}"),
+        &format!("--size={size}"),
+        "--time_based",
+        &format!("--runtime={seconds}"),
+        "--verify=crc32c",
+        "--verify_backlog=256",
+        "--verify_fatal=1",
+        "--verify_state_save=0",
+        "--randseed=9",
+    ]);
+    c
+}
+
+fn export_size(uri: &str) -> u64 {
+    let o = tool("nbdinfo", &["--size", uri]);
+    String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+}
+
+fn random_file(path: &Path, len: usize) {
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng as u8
+        })
+        .collect();
+    std::fs::write(path, data).unwrap();
+}
+
+#[test]
+fn grow_while_fio_verifies_and_the_new_size_comes_at_the_end() {
+    let dir = tmp();
+    let ms = members(dir.path(), 5);
+    create("5", &ms[..4], "48M");
+    let mut s = Served::start(
+        dir.path(),
+        &ms[..4],
+        &["--rebuild-min", "16M", "--rebuild-max", "16M"],
+    );
+    let ctl = s.control.display().to_string();
+    let before = export_size(&s.uri);
+    // Known data in the first 64 MiB, fio's own in the 32 MiB after.
+    let file = dir.path().join("data");
+    random_file(&file, 64 << 20);
+    tool("nbdcopy", &[&file.display().to_string(), &s.uri, "--flush"]);
+    let mut writer = Guarded::spawn(&mut fio(&s.uri, "64m", "32m", 12));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let out = ok(&["grow", "--json", "--control", &ctl, "--add", &ms[4]]);
+    let grown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(grown["members"], 5);
+    assert_eq!(grown["size"].as_u64(), Some(before));
+    let after = grown["new_size"].as_u64().unwrap();
+    assert!(after > before);
+    // While it runs: the process is a reshape, both sizes are shown, and
+    // new connections still see the old size.
+    let st = s.status();
+    assert_eq!(st["recovery"]["kind"], "reshape", "{st}");
+    assert_eq!(st["state"], "reshaping");
+    assert_eq!(st["reshape"]["new_size"].as_u64(), Some(after));
+    assert_eq!(st["array"]["size"].as_u64(), Some(before));
+    assert_eq!(export_size(&s.uri), before);
+    let human = String::from_utf8_lossy(&ok(&["status", "--control", &ctl]).stdout).to_string();
+    assert!(human.contains("reshape: growing to 5 members"), "{human}");
+    // Another grow, an add into a role, a replace: refused meanwhile.
+    fails(
+        &[
+            "grow",
+            "--control",
+            &ctl,
+            "--add",
+            &dir.path().join("x.img").display().to_string(),
+        ],
+        "already in progress",
+    );
+    fails(
+        &[
+            "replace",
+            "--control",
+            &ctl,
+            &ms[0],
+            "--with",
+            &dir.path().join("y.img").display().to_string(),
+        ],
+        "reshape is in progress",
+    );
+    let w = writer.wait_within(std::time::Duration::from_secs(120));
+    assert!(
+        w.success(),
+        "fio failed its verification during the reshape"
+    );
+    ok(&["wait", "--control", &ctl]);
+    let st = s.status();
+    assert!(st["reshape"].is_null(), "{st}");
+    assert_eq!(st["last_recovery"]["kind"], "reshape", "{st}");
+    assert_eq!(st["last_recovery"]["result"], "done", "{st}");
+    assert_eq!(st["array"]["size"].as_u64(), Some(after));
+    assert_eq!(export_size(&s.uri), after);
+    // fio checks its region once more, read only, after the reshape.
+    let v = output_within(
+        fio(&s.uri, "64m", "32m", 2).args(["--rw=randread", "--verify_only"]),
+        DEADLINE,
+    );
+    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stdout));
+    // Data written before the grow is intact; the new space reads back
+    // zeroes.
+    let back = dir.path().join("back");
+    tool("nbdcopy", &[&s.uri, &back.display().to_string()]);
+    let got = std::fs::read(&back).unwrap();
+    assert_eq!(got.len() as u64, after);
+    assert!(
+        got[..64 << 20] == std::fs::read(&file).unwrap()[..],
+        "data written before the grow changed"
+    );
+    assert!(got[before as usize..].iter().all(|&b| b == 0));
+    assert!(s.stop().success());
+    ok(&args(&["check"], &ms));
+    let d: serde_json::Value =
+        serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
+    assert_eq!(
+        d["size"].as_u64().or(d["array"]["size"].as_u64()),
+        Some(after),
+        "{d}"
+    );
+}
+
+#[test]
+fn a_member_failed_during_a_reshape_is_survived() {
+    let dir = tmp();
+    let ms = members(dir.path(), 6);
+    create("6", &ms[..4], "32M");
+    let mut s = Served::start(
+        dir.path(),
+        &ms[..4],
+        &["--rebuild-min", "8M", "--rebuild-max", "8M"],
+    );
+    let ctl = s.control.display().to_string();
+    let file = dir.path().join("data");
+    random_file(&file, 48 << 20);
+    tool("nbdcopy", &[&file.display().to_string(), &s.uri, "--flush"]);
+    ok(&["grow", "--control", &ctl, "--add", &ms[4]]);
+    wait_for("the reshape to move some data", 30, || {
+        s.status()["recovery"]["bytes_done"].as_u64().unwrap_or(0) > 8 << 20
+    });
+    // A member of the old ones fails: the reshape goes on degraded; a
+    // member added meanwhile waits as a spare and is rebuilt after it.
+    ok(&["fail", "--control", &ctl, &ms[1]]);
+    let added = ok(&["add", "--json", "--control", &ctl, &ms[5]]);
+    let added: serde_json::Value = serde_json::from_slice(&added.stdout).unwrap();
+    assert_eq!(added["as"], "spare", "{added}");
+    assert_eq!(s.status()["recovery"]["kind"], "reshape");
+    ok(&[
+        "speed",
+        "--control",
+        &ctl,
+        "--rebuild-min",
+        "0",
+        "--rebuild-max",
+        "0",
+    ]);
+    wait_for("the reshape and the rebuild after it", 120, || {
+        let st = s.status();
+        st["state"] == "optimal" && st["reshape"].is_null()
+    });
+    let back = dir.path().join("back");
+    tool("nbdcopy", &[&s.uri, &back.display().to_string()]);
+    assert!(std::fs::read(&back).unwrap()[..48 << 20] == std::fs::read(&file).unwrap()[..]);
+    assert!(s.stop().success());
+    let now: Vec<String> = ms
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 1)
+        .map(|(_, m)| m.clone())
+        .collect();
+    ok(&args(&["check"], &now));
+}
+
+#[test]
+fn grow_refuses_what_it_cannot_do_and_changes_nothing() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("1", &ms[..2], "16M");
+    let s = Served::start(dir.path(), &ms[..2], &[]);
+    let ctl = s.control.display().to_string();
+    let before = s.status();
+    fails(
+        &["grow", "--control", &ctl, "--add", &ms[2]],
+        "RAID-1 gains copies",
+    );
+    for (flag, value) in [("--level", "5"), ("--chunk", "128K"), ("--size", "max")] {
+        fails(
+            &["grow", "--control", &ctl, flag, value],
+            "not supported yet",
+        );
+    }
+    fails(&["grow", "--control", &ctl], "--add");
+    let after = s.status();
+    assert_eq!(before["array"], after["array"]);
+    assert_eq!(after["members"].as_array().unwrap().len(), 2);
+    // The member file grow created for the refused add is gone again.
+    assert!(!Path::new(&ms[2]).exists());
+}
