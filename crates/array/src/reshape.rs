@@ -55,16 +55,17 @@
 
 use crate::background::{Plan, Process};
 use crate::core::View;
-use crate::engine::Array;
+use crate::engine::{Array, Small};
 use crate::error::{Error, Result};
+use crate::levels::parity::column_parity;
 use crate::superblock::ReshapePos;
 use raidkit_layout::{Geometry, Level};
 use raidkit_member::{Locked, Member};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Array data one batch moves at most: clients wait for a batch.
-const MAX_BATCH: u64 = 16 << 20;
+const MAX_BATCH: u64 = 32 << 20;
 
 /// A reshape in progress.
 #[derive(Debug)]
@@ -75,6 +76,9 @@ pub(crate) struct Reshaping {
     pub rows: AtomicU64,
     /// Roles that joined (the new members: `old.members()..new.members()`).
     pub first_new_role: usize,
+    /// The array data a batch is moving: requests to it wait.
+    moving: Mutex<Option<(u64, u64)>>,
+    moved: Condvar,
 }
 
 impl Reshaping {
@@ -133,6 +137,24 @@ impl Reshaping {
         safe.min(most).min(self.new.stripes()).max(p + 1)
     }
 
+    /// Whether `[off, off + len)` touches the data being moved.
+    fn in_motion(&self, off: u64, len: u64) -> bool {
+        self.moving
+            .locked()
+            .is_some_and(|(a, b)| off < b && a < off + len.max(1))
+    }
+
+    /// Wait until `[off, off + len)` is not being moved.
+    fn wait_moved(&self, off: u64, len: u64) {
+        let mut m = self.moving.locked();
+        while m.is_some_and(|(a, b)| off < b && a < off + len.max(1)) {
+            m = self
+                .moved
+                .wait(m)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
     /// A view placing requests by the old geometry.
     pub fn old_view(&self, v: &View) -> Arc<View> {
         Arc::new(View {
@@ -167,10 +189,26 @@ impl Array {
             .clone()
     }
 
-    /// Held by every client request for its whole run: a reshape batch
-    /// takes it alone, so requests see one boundary from start to end.
-    pub(crate) fn fence(&self) -> std::sync::RwLockReadGuard<'_, Option<Arc<Reshaping>>> {
-        self.reshape.read().unwrap_or_else(|e| e.into_inner())
+    /// Held by every client request to `[off, off + len)` for its whole
+    /// run: a reshape takes it alone for a moment to change the boundary
+    /// or to start moving data, so a request sees one boundary from start
+    /// to end and never data in motion (it waits for that, unheld).
+    pub(crate) fn fence(
+        &self,
+        off: u64,
+        len: u64,
+    ) -> std::sync::RwLockReadGuard<'_, Option<Arc<Reshaping>>> {
+        loop {
+            let g = self.reshape.read().unwrap_or_else(|e| e.into_inner());
+            match g.as_ref() {
+                Some(r) if r.in_motion(off, len) => {
+                    let r = r.clone();
+                    drop(g);
+                    r.wait_moved(off, len);
+                }
+                _ => return g,
+            }
+        }
     }
 
     /// Whether a reshape is in progress.
@@ -233,6 +271,8 @@ impl Array {
             new: Arc::new(new.clone()),
             rows: AtomicU64::new(0),
             first_new_role: old.members(),
+            moving: Mutex::new(None),
+            moved: Condvar::new(),
         };
         let (at, _) = plan.backup_place();
         if at < plan.critical_rows() * old.chunk {
@@ -316,6 +356,8 @@ impl Array {
             new,
             rows: AtomicU64::new(pos.rows),
             first_new_role: n_old,
+            moving: Mutex::new(None),
+            moved: Condvar::new(),
         });
         self.core.set_capacity(r.old.capacity());
         *self.reshape.write().unwrap_or_else(|e| e.into_inner()) = Some(r);
@@ -418,9 +460,10 @@ impl Array {
         result.map(|_| ())
     }
 
-    /// Move new rows `[p, q)`: clients held off, the data read by the old
-    /// geometry (or, for the first rows after a crash, from `backup`),
-    /// written by the new, flushed, the position recorded.
+    /// Move new rows `[p, q)`: requests to the array data they take (and
+    /// only those) held off, the data read by the old geometry (or, for
+    /// the first rows after a crash, from `backup`), written by the new as
+    /// whole rows, flushed, the position recorded, then published.
     fn reshape_batch(&self, r: &Reshaping, p: u64, q: u64, backup: Option<&[u8]>) -> Result<()> {
         let (wo, wn) = (r.old.data_members() as u64, r.new.data_members() as u64);
         let critical = q * wo > p * wn;
@@ -431,8 +474,33 @@ impl Array {
         let width = r.width();
         let (lo, hi) = (p * width, q * width);
         let src_end = hi.min(r.old.capacity());
-        // Held to the end: clients come back to the boundary just recorded.
-        let _fence = self.reshape.write().unwrap_or_else(|e| e.into_inner());
+        // Taken alone for a moment: requests under way end, and those to
+        // come wait if they touch the data being moved.
+        if lo < src_end {
+            let _w = self.reshape.write().unwrap_or_else(|e| e.into_inner());
+            *r.moving.locked() = Some((lo, src_end));
+        }
+        let done = self.move_rows(r, p, q, backup, critical);
+        let _w = self.reshape.write().unwrap_or_else(|e| e.into_inner());
+        if done.is_ok() {
+            r.rows.store(q, Ordering::Release);
+        }
+        *r.moving.locked() = None;
+        r.moved.notify_all();
+        done
+    }
+
+    fn move_rows(
+        &self,
+        r: &Reshaping,
+        p: u64,
+        q: u64,
+        backup: Option<&[u8]>,
+        critical: bool,
+    ) -> Result<()> {
+        let width = r.width();
+        let (lo, hi) = (p * width, q * width);
+        let src_end = hi.min(r.old.capacity());
         self.journal_applied()?;
         let mut buf = vec![0u8; (hi - lo) as usize];
         let mut from = lo;
@@ -450,22 +518,77 @@ impl Array {
         if critical && backup.is_none() {
             self.write_backup(r, &buf[..r.backup_len() as usize])?;
         }
-        let v = self.core.view.load_full();
-        self.write_view(&v, &buf, lo)?;
+        self.write_rows(&r.new, p, q, &buf)?;
         self.core.flush()?;
-        {
-            let mut meta = self.core.meta.locked();
-            if let Some(j) = &self.journal {
-                meta.sb.journal.applied_seq = j.quiesce();
-            }
-            let pos = meta.sb.reshape.get_or_insert_with(ReshapePos::default);
-            pos.rows = q;
-            pos.backup = 0;
-            pos.backup_crc = 0;
-            self.core.write_superblocks(&mut meta)?;
-        }
-        r.rows.store(q, Ordering::Release);
+        let mut meta = self.core.meta.locked();
+        let pos = meta.sb.reshape.get_or_insert_with(ReshapePos::default);
+        pos.rows = q;
+        pos.backup = 0;
+        pos.backup_crc = 0;
+        self.core.write_superblocks(&mut meta)?;
+        drop(meta);
         self.core.ensure_alive(lo)
+    }
+
+    /// Write rows `[p, q)` of geometry `g` whole with `data` (the array
+    /// data they hold), P and Q computed, one write per member. No journal:
+    /// a crash before the rows are recorded done leaves them to be
+    /// written again from the same source. The bitmap is marked only
+    /// while a member is away, so that it gets these rows when it returns.
+    fn write_rows(&self, g: &Geometry, p: u64, q: u64, data: &[u8]) -> Result<()> {
+        let chunk = g.chunk;
+        let width = chunk * g.data_members() as u64;
+        let (lo, rows) = (p * width, (q - p) as usize);
+        let c = chunk as usize;
+        let mut per: Vec<Vec<u8>> = (0..g.members()).map(|_| vec![0u8; rows * c]).collect();
+        let pieces = g.pieces(lo, data.len() as u64);
+        for piece in &pieces {
+            let (role, dev) = piece.copies[0];
+            let at = (dev - p * chunk) as usize;
+            let from = (piece.logical - lo) as usize;
+            per[role][at..at + piece.len as usize]
+                .copy_from_slice(&data[from..from + piece.len as usize]);
+        }
+        if g.level.is_parity() {
+            for s in p..q {
+                let sm = g.stripe_map(s);
+                let row = (s - p) as usize;
+                let base = row * width as usize;
+                let by_dd: Small<&[u8]> = (0..sm.data.len())
+                    .map(|dd| &data[base + dd * c..base + (dd + 1) * c])
+                    .collect();
+                let mut pb = std::mem::take(&mut per[sm.p]);
+                let mut qb = sm.q.map(|r| std::mem::take(&mut per[r]));
+                column_parity(
+                    &sm,
+                    &by_dd,
+                    0..c,
+                    &mut pb[row * c..(row + 1) * c],
+                    qb.as_mut().map(|b| &mut b[row * c..(row + 1) * c]),
+                );
+                per[sm.p] = pb;
+                if let (Some(r), Some(b)) = (sm.q, qb) {
+                    per[r] = b;
+                }
+            }
+        }
+        let v = self.core.view.load_full();
+        let v = View {
+            geom: Arc::new(g.clone()),
+            ..(*v).clone()
+        };
+        let _bits = (!crate::core::Core::whole(&v))
+            .then(|| self.mark_bitmap(&v, &pieces))
+            .flatten();
+        let _locks = self.core.lock_range(p, q);
+        let v = self.core.view_under_lock(&v);
+        crate::engine::in_parallel(per.iter().enumerate(), |(role, b)| {
+            if crate::core::Core::writable(&v, role) {
+                self.core.member_write(&v, role, b, p * chunk)
+            } else {
+                Ok(())
+            }
+        })
     }
 
     /// Write the critical section's old data to the new members' tails,
@@ -556,6 +679,8 @@ mod tests {
             new: g(n_new),
             rows: AtomicU64::new(0),
             first_new_role: n_old,
+            moving: Mutex::new(None),
+            moved: Condvar::new(),
         }
     }
 

@@ -24,8 +24,13 @@ impl Array {
         {
             return None;
         }
+        // Not while a reshape moves data: `read` places by the boundary.
+        let fence = self.fence(offset, len);
+        if fence.is_some() {
+            return None;
+        }
         let v = self.core.view.load();
-        let pieces = self.core.geom().pieces(offset, len);
+        let pieces = v.geom.pieces(offset, len);
         let mut disks: Small<&Disk> = Small::new();
         let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
         let mut mapped = Vec::new();
@@ -93,6 +98,11 @@ impl Array {
         len: u64,
         f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
     ) -> Option<std::io::Result<()>> {
+        // Not while a reshape moves data: `write` places by the boundary.
+        let fence = self.fence(offset, len);
+        if fence.is_some() {
+            return None;
+        }
         // (No redundancy also means no bitmap, rebuild or replacement.)
         if self.core.geom().level.is_parity() {
             return self.with_stripe_extents(offset, len, f);

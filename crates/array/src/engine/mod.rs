@@ -358,7 +358,7 @@ impl Array {
         self.core.check(offset, buf.len() as u64)?;
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        let fence = self.fence();
+        let fence = self.fence(offset, buf.len() as u64);
         let v = self.core.view.load_full();
         let Some(r) = fence.as_ref() else {
             return self.read_view(&v, buf, offset);
@@ -399,7 +399,11 @@ impl Array {
 
     /// Mark the bitmap regions that `pieces` write to as dirty (None: no
     /// bitmap), failing any member of `v` the bitmap cannot be written to.
-    fn mark_bitmap(&self, v: &View, pieces: &[Piece]) -> Option<crate::bitmap::WriteGuard<'_>> {
+    pub(crate) fn mark_bitmap(
+        &self,
+        v: &View,
+        pieces: &[Piece],
+    ) -> Option<crate::bitmap::WriteGuard<'_>> {
         let b = self.core.bitmap.as_ref()?;
         let (lo, hi) = self.dev_span(pieces);
         let ws = v.writable();
@@ -548,7 +552,7 @@ impl Array {
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
         let _writing = Busy::enter(&self.writing);
-        let fence = self.fence();
+        let fence = self.fence(offset, buf.len() as u64);
         let v = self.core.view.load_full();
         let Some(r) = fence.as_ref() else {
             return self.write_view(&v, buf, offset);
@@ -609,7 +613,7 @@ impl Array {
         self.core.begin_write()?;
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        let fence = self.fence();
+        let fence = self.fence(offset, len);
         if fence.is_some() {
             // Advisory: left as it is while data moves.
             return Ok(None);
