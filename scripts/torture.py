@@ -227,9 +227,10 @@ def final_grow_check(args, server, members, grown_to):
             raise RuntimeError(f"the reshape did not finish within 120 s: {st['state']}")
         time.sleep(0.3)
     n = len(st["members"])
+    last = st["last_recovery"] or {}
+    # None: the reshape ended under an earlier server.
     print(f"after the reshape: {n} members, size {st['array']['size']}, "
-          f"last recovery {st['last_recovery']['kind']} ({st['last_recovery']['result']})",
-          flush=True)
+          f"last recovery here: {last.get('kind')} ({last.get('result')})", flush=True)
     server.proc.send_signal(signal.SIGTERM)
     if server.proc.wait(timeout=60) != 0:
         raise RuntimeError(f"serve exited {server.proc.returncode} on SIGTERM")

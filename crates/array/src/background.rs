@@ -213,7 +213,11 @@ impl<'a> Pacer<'a> {
             before_wait();
         }
         while self.since.elapsed() < want && !self.array.core.wake.stopped() {
-            std::thread::sleep((want - self.since.elapsed()).min(Duration::from_millis(100)));
+            // Saturating: time passes between the test above and this.
+            std::thread::sleep(
+                want.saturating_sub(self.since.elapsed())
+                    .min(Duration::from_millis(100)),
+            );
         }
     }
 }

@@ -151,18 +151,29 @@ fn grows(level: Level, n: usize, add: usize, policy: Policy, checksums: bool) {
     // Writes of parts of stripes after the reshape, in the same run (the
     // journal's records now span the new member count).
     let mut data = got;
-    for (i, off) in [5u64 << 10, g.capacity() / 2 + 3 * 512, g.capacity() - 100_000]
-        .into_iter()
-        .enumerate()
+    for (i, off) in [
+        5u64 << 10,
+        g.capacity() / 2 + 3 * 512,
+        g.capacity() - 100_000,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let bytes = pattern(70_000, 99 + i as u64);
         a.write(&bytes, off).unwrap();
         data[off as usize..off as usize + bytes.len()].copy_from_slice(&bytes);
     }
     a.flush().unwrap();
-    assert!(read_all(&a) == data, "{level} {n}+{add}: writes after the reshape");
+    assert!(
+        read_all(&a) == data,
+        "{level} {n}+{add}: writes after the reshape"
+    );
     if level.has_redundancy() {
-        assert_eq!(a.count_mismatches().unwrap(), 0, "{level} {n}+{add}: parity");
+        assert_eq!(
+            a.count_mismatches().unwrap(),
+            0,
+            "{level} {n}+{add}: parity"
+        );
     }
     a.close().unwrap();
     let mut after: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();

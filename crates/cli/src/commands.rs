@@ -535,12 +535,19 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
                 "level": sb.level.to_string(),
                 "layout": layout_json(sb.layout),
                 "chunk": sb.chunk,
-                "size": asm.geometry.capacity(),
+                // During a reshape, the old shape's size (what is served
+                // until it ends).
+                "size": if sb.reshape.is_some() { sb.array_size } else { asm.geometry.capacity() },
                 "state": health.name(),
                 "array_state": sb.state,
                 "raid_disks": sb.raid_disks(),
                 "events": sb.events,
                 "resync_offset": sb.resync,
+                "reshape": sb.reshape.map(|r| json!({
+                    "old_raid_disks": r.old_disks,
+                    "rows_done": r.rows,
+                    "new_size": asm.geometry.capacity(),
+                })),
                 "consistency_policy": Policy::of(sb).name(),
                 "metadata": metadata_name(sb),
                 "members": rows,
@@ -558,6 +565,17 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
                 raidkit_array::metadata::md::unwritable(m)
                     .map(|w| format!("; read-only: {w}"))
                     .unwrap_or_default()
+            );
+        }
+        if let Some(r) = sb.reshape {
+            println!(
+                "         Reshape : from {} to {} members, {} of {} stripes done ({} now, {} when it ends; serve resumes it)",
+                r.old_disks,
+                sb.raid_disks(),
+                r.rows,
+                asm.geometry.stripes(),
+                crate::units::human(sb.array_size),
+                crate::units::human(asm.geometry.capacity())
             );
         }
         if let Some(at) = sb.resync {

@@ -286,7 +286,7 @@ fn collect(fams: &mut Families, a: &Array, s: &Stats) -> Result<(), std::fmt::Er
             l
         };
         let state = a.state_name();
-        let states = ["optimal", "degraded", "rebuilding", "failed"];
+        let states = ["optimal", "degraded", "rebuilding", "reshaping", "failed"];
         fams.family(
             "raidkit_md_state",
             "Array state (node_md_state): 1 for the state it is in",

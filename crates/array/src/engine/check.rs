@@ -30,6 +30,11 @@ impl Array {
         each: &mut dyn FnMut(Mismatch),
         named: &mut dyn FnMut(Finding),
     ) -> Result<u64> {
+        if self.reshape_in_progress() {
+            return Err(Error::Invalid(
+                "a reshape is in progress (its rows are in two geometries): serve the array to let it finish, then check".into(),
+            ));
+        }
         let v = self.core.view.load();
         if !v.degraded_roles().is_empty() {
             return Err(Error::Invalid(
