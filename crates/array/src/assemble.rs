@@ -221,10 +221,16 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
         let missed_start = starting.is_some_and(|old| {
             sb.events + 1 == fresh.events && sb.reshape.is_none() && sb.raid_disks() == old
         });
-        let shape_differs = sb.level != fresh.level
-            || sb.layout != fresh.layout
-            || sb.chunk != fresh.chunk
-            || (sb.raid_disks() != n && !missed_start);
+        // Likewise a level takeover (no data moved): one behind with the
+        // shape it was converted from is current.
+        let missed_takeover = sb.events + 1 == fresh.events
+            && fresh.converted_from == Some((sb.level, sb.layout, sb.chunk))
+            && sb.raid_disks() == n;
+        let shape_differs = !missed_takeover
+            && (sb.level != fresh.level
+                || sb.layout != fresh.layout
+                || sb.chunk != fresh.chunk
+                || (sb.raid_disks() != n && !missed_start));
         let role = match sb.role {
             Role::Spare => {
                 match fresh

@@ -343,7 +343,7 @@ impl Array {
             if pending.is_some() && !unclean {
                 self.recovery.note(vec![format!(
                     "redundancy never made consistent from unit {at} of {} on (an initial sync cut short): resyncing it while serving",
-                    self.level.units(self)
+                    self.level().units(self)
                 )]);
             }
             self.unsynced_from
@@ -415,10 +415,10 @@ impl Array {
     ) -> Result<()> {
         use std::sync::atomic::Ordering;
         let chunk = self.core.geom().chunk;
-        let n_units = self.level.units(self);
+        let n_units = self.level().units(self);
         let from = plan.from.unwrap_or(u64::MAX);
         let in_marked = |lo: u64, hi: u64| plan.marked.as_ref().is_some_and(|d| d.overlaps(lo, hi));
-        let wanted = |u: u64| u >= from || self.level.unit_in(self, u, &in_marked);
+        let wanted = |u: u64| u >= from || self.level().unit_in(self, u, &in_marked);
         let total = windows(0, n_units, u64::MAX, wanted)
             .map(|(a, b)| b - a)
             .sum::<u64>()
@@ -465,7 +465,7 @@ impl Array {
                     };
                     {
                         let _g = self.core.lock(u);
-                        self.level.resync_unit(self, &v, u)?;
+                        self.level().resync_unit(self, &v, u)?;
                         if u >= from {
                             // Under the unit's lock: a write that takes it
                             // next sees the unit synced.

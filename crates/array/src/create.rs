@@ -501,6 +501,7 @@ pub fn create(
             scrub: None,
             domain: opts.domains.get(i).cloned().unwrap_or_default(),
             reshape: None,
+            converted_from: None,
             roles: roles.clone(),
             md: opts.md.then(|| {
                 crate::metadata::md::new_v12(&crate::metadata::md::NewMember {

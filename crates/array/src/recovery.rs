@@ -231,7 +231,7 @@ impl Array {
             self.core.write_superblocks(&mut meta)
         };
         let outcome = recorded
-            .and_then(|()| self.level.rebuild(self, &job, total, &mut process))
+            .and_then(|()| self.level().rebuild(self, &job, total, &mut process))
             .and_then(|o| match o {
                 Outcome::Done => self.finish(&job).map(|()| Outcome::Done),
                 other => Ok(other),

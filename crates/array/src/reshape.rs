@@ -59,7 +59,7 @@ use crate::engine::{Array, Small};
 use crate::error::{Error, Result};
 use crate::levels::parity::column_parity;
 use crate::superblock::ReshapePos;
-use raidkit_layout::{Geometry, Level};
+use raidkit_layout::{Geometry, Layout, Level, ParityLayout};
 use raidkit_member::{Locked, Member};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -231,33 +231,7 @@ impl Array {
         if members.is_empty() {
             return Err(Error::Invalid("grow: no member to add".into()));
         }
-        if self.core.read_only {
-            return Err(Error::Invalid("the array is open read-only".into()));
-        }
-        if self.core.meta.locked().sb.md.is_some() {
-            return Err(Error::Invalid(
-                "growing an array with md metadata is not supported (mdadm --grow does it under the kernel)".into(),
-            ));
-        }
-        if self.reshape_in_progress() {
-            return Err(Error::Invalid(
-                "a reshape is already in progress; wait for it (raidkit wait)".into(),
-            ));
-        }
-        let v = self.core.view.load_full();
-        if !crate::core::Core::whole(&v) || !self.core.alive.load(Ordering::Acquire) {
-            return Err(Error::Invalid(
-                "the array is degraded or rebuilding: grow it once every member is in sync (raidkit wait)".into(),
-            ));
-        }
-        if self.unsynced_from.load(Ordering::Acquire) != u64::MAX
-            || self.recovery.pending_parity.locked().is_some()
-            || self.recovery_status().is_some()
-        {
-            return Err(Error::Invalid(
-                "a resync, rebuild or scrub is running or pending: grow once it has finished (raidkit wait)".into(),
-            ));
-        }
+        self.check_quiet("grow it")?;
         let n = old.members() + members.len();
         let new = Geometry::new(
             old.level,
@@ -297,6 +271,119 @@ impl Array {
         drop(fence);
         self.core.wake.kick();
         Ok(new)
+    }
+
+    /// Change the level where md does it without moving data (a
+    /// takeover): RAID-4 to RAID-5 (md's parity-last layout, the same
+    /// placement), and a two-member RAID-1 to a two-member RAID-5 (each
+    /// stripe's parity is a copy of its one data chunk: the same bytes as
+    /// the mirror). Every byte stays where it is; the superblocks record
+    /// the new level and the one it came from. Other changes are refused,
+    /// saying why.
+    pub fn take_over(&self, level: Level) -> Result<Geometry> {
+        let cur = self.core.geom();
+        let new = match (cur.level, level) {
+            (a, b) if a == b => {
+                return Err(Error::Invalid(format!("the array is already {a}")));
+            }
+            (Level::Raid4, Level::Raid5) => Geometry::new(
+                Level::Raid5,
+                Layout::Parity(ParityLayout::ParityLast),
+                cur.chunk,
+                cur.member_sizes.clone(),
+            ),
+            (Level::Raid1, Level::Raid5) if cur.members() == 2 => Geometry::new(
+                Level::Raid5,
+                Layout::Parity(ParityLayout::LeftSymmetric),
+                cur.chunk,
+                cur.member_sizes.clone(),
+            ),
+            (Level::Raid1, Level::Raid5) => {
+                return Err(Error::Invalid(format!(
+                    "a RAID-1 becomes a RAID-5 with two members only (it has {}): fail and remove the others first",
+                    cur.members()
+                )));
+            }
+            (Level::Raid5, Level::Raid6) => {
+                return Err(Error::Invalid(
+                    "RAID-5 to RAID-6 is not supported yet (it moves every stripe to make room for Q)".into(),
+                ));
+            }
+            (a, b) => {
+                return Err(Error::Invalid(format!(
+                    "changing {a} to {b} is not supported (raidkit converts RAID-4 and two-member RAID-1 to RAID-5)"
+                )));
+            }
+        }
+        .map_err(|e| Error::Invalid(format!("--level: {e}")))?;
+        debug_assert_eq!(new.capacity(), cur.capacity());
+        self.check_quiet("change the level")?;
+        // No request under way while the level changes under them.
+        let _fence = self.reshape.write().unwrap_or_else(|e| e.into_inner());
+        let mut meta = self.core.meta.locked();
+        meta.sb.converted_from = Some((meta.sb.level, meta.sb.layout, meta.sb.chunk));
+        meta.sb.level = new.level;
+        meta.sb.layout = new.layout;
+        meta.sb.chunk = new.chunk;
+        let v = self.core.view.load_full();
+        self.core.view.store(Arc::new(View {
+            geom: Arc::new(new.clone()),
+            ..(*v).clone()
+        }));
+        if let Err(e) = self.core.write_superblocks(&mut meta) {
+            // Not recorded: back to the level the members say.
+            self.core.view.store(v);
+            if let Some((l, lay, c)) = meta.sb.converted_from.take() {
+                (meta.sb.level, meta.sb.layout, meta.sb.chunk) = (l, lay, c);
+            }
+            return Err(e);
+        }
+        drop(meta);
+        self.core.emit(
+            crate::events::NewEvent::new(
+                "LevelChanged",
+                crate::events::Severity::Info,
+                format!("now {} ({}), no data moved", new.level, new.layout),
+            )
+            .data(serde_json::json!({
+                "from": cur.level.to_string(),
+                "to": new.level.to_string(),
+                "layout": new.layout.to_string(),
+            })),
+        );
+        Ok(new)
+    }
+
+    /// Refuse a change of shape while the array is not whole and quiet.
+    fn check_quiet(&self, what: &str) -> Result<()> {
+        if self.core.read_only {
+            return Err(Error::Invalid("the array is open read-only".into()));
+        }
+        if self.core.meta.locked().sb.md.is_some() {
+            return Err(Error::Invalid(format!(
+                "cannot {what} of an array with md metadata (mdadm --grow does it under the kernel)"
+            )));
+        }
+        if self.reshape_in_progress() {
+            return Err(Error::Invalid(
+                "a reshape is already in progress; wait for it (raidkit wait)".into(),
+            ));
+        }
+        let v = self.core.view.load_full();
+        if !crate::core::Core::whole(&v) || !self.core.alive.load(Ordering::Acquire) {
+            return Err(Error::Invalid(format!(
+                "the array is degraded or rebuilding: {what} once every member is in sync (raidkit wait)"
+            )));
+        }
+        if self.unsynced_from.load(Ordering::Acquire) != u64::MAX
+            || self.recovery.pending_parity.locked().is_some()
+            || self.recovery_status().is_some()
+        {
+            return Err(Error::Invalid(format!(
+                "a resync, rebuild or scrub is running or pending: {what} once it has finished (raidkit wait)"
+            )));
+        }
+        Ok(())
     }
 
     /// Every journal record written so far known applied in place (flushed,

@@ -81,7 +81,7 @@ impl Array {
                 "the array is open read-only: only --check-only can run".into(),
             ));
         }
-        if self.level.units(self) == 0 {
+        if self.level().units(self) == 0 {
             return Err(Error::Invalid(format!(
                 "{} without checksums has nothing a scrub could check",
                 self.core.geom().level
@@ -146,7 +146,7 @@ impl Array {
 
     fn run_scrub(&self, req: ScrubRequest) -> Result<()> {
         let chunk = self.core.geom().chunk;
-        let units = self.level.units(self);
+        let units = self.level().units(self);
         let from = req.from.min(units);
         let mut process = crate::background::Process::start(
             self,

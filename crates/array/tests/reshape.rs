@@ -515,3 +515,135 @@ fn raid6_reshape_survives_power_cuts() {
 fn raid0_reshape_survives_power_cuts() {
     reshape_survives_cuts(Level::Raid0, 2, 1, Policy::None, 100, 4);
 }
+
+/// The data areas of member images (their bytes from the data offset on).
+fn data_areas(imgs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    imgs.iter()
+        .zip(data_offsets(imgs))
+        .map(|(b, off)| b[off as usize..].to_vec())
+        .collect()
+}
+
+/// A takeover to RAID-5 (two-member RAID-1, RAID-4) moves no byte: the
+/// members' data areas are what they were, the array reads the same,
+/// parity agrees; then it grows by a member into md's placement.
+fn taken_over_then_grown(level: Level, n: usize, policy: Policy, checksums: bool) {
+    let imgs = images(level, n, 1, policy, checksums);
+    let (a, pcs) = open(&imgs[..n]).unwrap();
+    let cap = a.capacity();
+    let data = pattern(cap as usize, 77 + n as u64);
+    a.write(&data, 0).unwrap();
+    a.flush().unwrap();
+    let before: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();
+    let g = a.take_over(Level::Raid5).unwrap();
+    assert_eq!(g.level, Level::Raid5);
+    assert_eq!(a.capacity(), cap);
+    assert_eq!(a.geometry().level, Level::Raid5);
+    a.flush().unwrap();
+    let after: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();
+    assert!(
+        data_areas(&before) == data_areas(&after),
+        "{level}: a takeover moved data"
+    );
+    assert!(read_all(&a) == data, "{level}: data after the takeover");
+    assert_eq!(
+        a.count_mismatches().unwrap(),
+        0,
+        "{level}: parity after the takeover"
+    );
+    let new = Arc::new(PowerCutMember::new(&format!("m{n}"), imgs[n].clone()));
+    let g = a.grow(vec![new.clone() as Arc<dyn Member>], false).unwrap();
+    a.recover_all().unwrap();
+    assert_eq!(a.geometry().members(), n + 1);
+    let mut all = data.clone();
+    all.resize(g.capacity() as usize, 0);
+    assert!(read_all(&a) == all, "{level}: data after the grow");
+    assert_eq!(a.count_mismatches().unwrap(), 0);
+    a.close().unwrap();
+    let mut imgs: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();
+    imgs.push(new.durable());
+    drop(a);
+    placed_as(&g, &imgs, &data_offsets(&imgs), &all);
+    let (b, _) = open(&imgs).unwrap();
+    assert_eq!(b.geometry().level, Level::Raid5);
+    assert!(read_all(&b) == all);
+}
+
+#[test]
+fn two_member_raid1_and_raid4_become_raid5_in_place_then_grow() {
+    taken_over_then_grown(Level::Raid1, 2, Policy::Bitmap, true);
+    taken_over_then_grown(Level::Raid1, 2, Policy::None, false);
+    taken_over_then_grown(Level::Raid4, 3, Policy::Journal, false);
+    taken_over_then_grown(Level::Raid4, 4, Policy::Bitmap, true);
+}
+
+#[test]
+fn takeovers_that_would_move_data_are_refused() {
+    let imgs = images(Level::Raid1, 3, 0, Policy::Bitmap, false);
+    let (a, _) = open(&imgs).unwrap();
+    let e = a.take_over(Level::Raid5).unwrap_err().to_string();
+    assert!(e.contains("two members only"), "{e}");
+    let e = a.take_over(Level::Raid6).unwrap_err().to_string();
+    assert!(e.contains("not supported"), "{e}");
+    assert_eq!(a.geometry().level, Level::Raid1);
+    let imgs = images(Level::Raid5, 4, 0, Policy::Journal, false);
+    let (a, _) = open(&imgs).unwrap();
+    let e = a.take_over(Level::Raid6).unwrap_err().to_string();
+    assert!(e.contains("not supported yet"), "{e}");
+}
+
+/// A power cut anywhere in a takeover's superblock update: the next start
+/// finds the array at one level or the other, with the same data.
+#[test]
+fn a_takeover_cut_at_any_write_starts_at_either_level() {
+    let n = 2;
+    let tpl = images(Level::Raid1, n, 0, Policy::Bitmap, true);
+    let mut levels = std::collections::BTreeSet::new();
+    for budget in 1..=24 {
+        let pcs: Vec<Arc<PowerCutMember>> = tpl
+            .iter()
+            .enumerate()
+            .map(|(i, b)| Arc::new(PowerCutMember::new(&format!("m{i}"), b.clone())))
+            .collect();
+        let wire = Arc::new(Tripwire {
+            budget: AtomicI64::new(i64::MAX),
+            dead: Default::default(),
+            members: Mutex::new(pcs.clone()),
+            rng: Mutex::new(CutRng::new(budget)),
+        });
+        let wired: Vec<Arc<dyn Member>> = pcs
+            .iter()
+            .map(|p| {
+                Arc::new(Wired {
+                    inner: p.clone(),
+                    wire: wire.clone(),
+                }) as Arc<dyn Member>
+            })
+            .collect();
+        let a = Array::open_with(
+            assemble(wired).unwrap(),
+            "grow",
+            OpenOptions {
+                run: true,
+                ..OpenOptions::default()
+            },
+        )
+        .unwrap();
+        let data = pattern(a.capacity() as usize, budget);
+        a.write(&data, 0).unwrap();
+        a.flush().unwrap();
+        wire.budget.store(budget as i64, Ordering::Release);
+        let _ = a.take_over(Level::Raid5);
+        wire.budget.store(i64::MAX, Ordering::Release);
+        wire.cut();
+        drop(a);
+        let imgs: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();
+        let (b, _) = open(&imgs).unwrap_or_else(|e| panic!("cut at write {budget}: {e}"));
+        levels.insert(b.geometry().level.to_string());
+        assert!(read_all(&b) == data, "cut at write {budget}: data");
+        b.recover_all().unwrap();
+        assert_eq!(b.count_mismatches().unwrap(), 0, "cut at write {budget}");
+    }
+    // Cuts before, inside and after the update.
+    assert_eq!(levels.len(), 2, "{levels:?}");
+}

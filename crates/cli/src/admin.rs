@@ -126,28 +126,37 @@ pub fn add(a: AddArgs) -> Result<()> {
 pub fn grow(a: GrowArgs) -> Result<()> {
     // Each change not built yet is refused before the server is asked.
     for (given, what) in [
-        (a.level.is_some(), "--level (converting between levels)"),
         (a.chunk.is_some(), "--chunk (changing the chunk size)"),
         (a.size.is_some(), "--size (using members that have grown)"),
     ] {
         if given {
-            bail!("grow {what} is not supported yet; raidkit grows arrays by members only (--add)");
+            bail!("grow {what} is not supported yet; raidkit grows arrays by members (--add) and converts RAID-4 and two-member RAID-1 to RAID-5 (--level 5)");
         }
     }
-    if a.add.is_empty() {
-        bail!("grow: give the members to add (--add MEMBER...)");
+    if a.add.is_empty() && a.level.is_none() {
+        bail!("grow: give the members to add (--add MEMBER...) or a level (--level 5)");
     }
     let members: Vec<String> = a.add.iter().map(|m| absolute_new(m)).collect();
     let v = request(
         a.control.control.as_deref(),
-        json!({"cmd": "grow", "add": members, "force": a.force}),
+        json!({"cmd": "grow", "add": members, "level": a.level, "force": a.force}),
     )?;
     if a.json {
         println!(
             "{}",
-            json!({"members": v["members"], "size": v["size"], "new_size": v["new_size"]})
+            json!({"members": v["members"], "size": v["size"], "new_size": v["new_size"],
+                   "level": v["level"]})
         );
-    } else {
+        return Ok(());
+    }
+    if a.level.is_some() {
+        println!(
+            "raidkit: now {} ({}); no data moved",
+            v["level"].as_str().unwrap_or("?"),
+            v["layout"].as_str().unwrap_or("?")
+        );
+    }
+    if !a.add.is_empty() {
         println!(
             "raidkit: growing to {} members, {} to {}; the data moves while the array serves (raidkit wait to follow it)",
             v["members"],

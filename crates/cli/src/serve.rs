@@ -891,17 +891,37 @@ fn control_handler(array: Arc<Array>, stats: Arc<Stats>, served: Served) -> Arc<
                         .map(|x| x.as_str().map(str::to_string))
                         .collect::<Option<Vec<_>>>()
                         .ok_or("\"add\" must be a list of member specs")?,
+                    None | Some(Value::Null) => Vec::new(),
                     _ => return Err("\"add\" must be a list of member specs".into()),
                 };
+                let level = match args.get("level") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(l)) => Some(
+                        l.parse::<raidkit_layout::Level>()
+                            .map_err(|e| format!("\"level\": {e}"))?,
+                    ),
+                    Some(_) => return Err("\"level\" must be a level (\"5\")".into()),
+                };
+                if members.is_empty() && level.is_none() {
+                    return Err("grow: nothing to do (\"add\" or \"level\")".into());
+                }
                 let size = array.capacity();
-                raidkit_open::grow(&array, &members, flag("force"))
-                    .map(|g| {
-                        let mut m = one("members", json!(g.members()));
-                        m.insert("size".into(), json!(size));
-                        m.insert("new_size".into(), json!(g.capacity()));
-                        m
-                    })
-                    .map_err(|e| crate::admin::in_use_message(&e).unwrap_or(e.to_string()))
+                // The level first (no data moves), then the members.
+                let mut g = (*array.geometry()).clone();
+                if let Some(l) = level {
+                    g = array.take_over(l).map_err(|e| e.to_string())?;
+                }
+                if !members.is_empty() {
+                    g = raidkit_open::grow(&array, &members, flag("force")).map_err(|e| {
+                        crate::admin::in_use_message(&e).unwrap_or(e.to_string())
+                    })?;
+                }
+                let mut m = one("members", json!(g.members()));
+                m.insert("size".into(), json!(size));
+                m.insert("new_size".into(), json!(g.capacity()));
+                m.insert("level".into(), json!(g.level.to_string()));
+                m.insert("layout".into(), json!(g.layout.to_string()));
+                Ok(m)
             }
             "speed" => {
                 let rate = |k: &str| -> Result<Option<u64>, String> {

@@ -214,16 +214,68 @@ fn grow_refuses_what_it_cannot_do_and_changes_nothing() {
         &["grow", "--control", &ctl, "--add", &ms[2]],
         "RAID-1 gains copies",
     );
-    for (flag, value) in [("--level", "5"), ("--chunk", "128K"), ("--size", "max")] {
+    for (flag, value) in [("--chunk", "128K"), ("--size", "max")] {
         fails(
             &["grow", "--control", &ctl, flag, value],
             "not supported yet",
         );
     }
+    fails(
+        &["grow", "--control", &ctl, "--level", "6"],
+        "not supported",
+    );
+    fails(
+        &["grow", "--control", &ctl, "--level", "1"],
+        "already raid1",
+    );
     fails(&["grow", "--control", &ctl], "--add");
     let after = s.status();
     assert_eq!(before["array"], after["array"]);
     assert_eq!(after["members"].as_array().unwrap().len(), 2);
     // The member file grow created for the refused add is gone again.
     assert!(!Path::new(&ms[2]).exists());
+}
+
+#[test]
+fn a_two_disk_mirror_becomes_a_three_disk_raid5_while_served() {
+    // The classic path: a mirror of two disks, a third bought. The level
+    // changes in place (no byte moves), then the array grows by the disk.
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("1", &ms[..2], "32M");
+    let mut s = Served::start(dir.path(), &ms[..2], &[]);
+    let ctl = s.control.display().to_string();
+    let before = export_size(&s.uri);
+    let file = dir.path().join("data");
+    random_file(&file, before as usize);
+    tool("nbdcopy", &[&file.display().to_string(), &s.uri, "--flush"]);
+    let out = ok(&[
+        "grow",
+        "--json",
+        "--control",
+        &ctl,
+        "--level",
+        "5",
+        "--add",
+        &ms[2],
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["level"], "raid5", "{v}");
+    assert_eq!(v["members"], 3, "{v}");
+    assert_eq!(v["new_size"].as_u64(), Some(2 * before), "{v}");
+    ok(&["wait", "--control", &ctl]);
+    let st = s.status();
+    assert_eq!(st["array"]["level"], "raid5", "{st}");
+    assert_eq!(st["array"]["size"].as_u64(), Some(2 * before));
+    let back = dir.path().join("back");
+    tool("nbdcopy", &[&s.uri, &back.display().to_string()]);
+    let got = std::fs::read(&back).unwrap();
+    assert!(got[..before as usize] == std::fs::read(&file).unwrap()[..]);
+    assert!(got[before as usize..].iter().all(|&b| b == 0));
+    assert!(s.stop().success());
+    ok(&args(&["check"], &ms));
+    let d: serde_json::Value =
+        serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
+    assert_eq!(d["level"], "raid5", "{d}");
+    assert_eq!(d["raid_disks"], 3, "{d}");
 }

@@ -42,11 +42,11 @@ impl Array {
             ));
         }
         let mut bad = 0;
-        let units = self.level.units(self);
+        let units = self.level().units(self);
         let mut ahead = crate::scrub::ReadAhead::new(self, units);
         for u in 0..units {
             if !self.core.checksums {
-                bad += self.level.check_unit(self, &v, u, each)?;
+                bad += self.level().check_unit(self, &v, u, each)?;
                 continue;
             }
             let mut found = Vec::new();

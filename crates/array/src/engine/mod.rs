@@ -169,8 +169,6 @@ impl Default for OpenOptions {
 /// An assembled, running array.
 pub struct Array {
     pub(crate) core: Core,
-    /// The level family's logic.
-    pub(crate) level: &'static dyn LevelOps,
     pub(crate) journal: Option<Journal>,
     pub(crate) recovery: Recovery,
     /// Foreground requests started (the rebuild throttle watches it).
@@ -201,6 +199,12 @@ impl std::fmt::Debug for Array {
 }
 
 impl Array {
+    /// The level family's logic, by the geometry of the members in
+    /// service (a level takeover changes it, with no request under way).
+    pub(crate) fn level(&self) -> &'static dyn LevelOps {
+        levels::of(self.core.view.load().geom.level)
+    }
+
     /// Its geometry (while a reshape runs, the one it is reshaped to).
     pub fn geometry(&self) -> Arc<Geometry> {
         self.core.geom()
@@ -391,7 +395,7 @@ impl Array {
         }
         for p in pieces {
             let at = (p.logical - offset) as usize;
-            self.level
+            self.level()
                 .read_piece(self, v, &p, &mut buf[at..at + p.len as usize])?;
         }
         Ok(())
@@ -428,7 +432,7 @@ impl Array {
             let (dst, tail) = rest.split_at_mut(p.len as usize);
             rest = tail;
             at += p.len;
-            groups[self.level.read_role(self, p)].push((p, dst));
+            groups[self.level().read_role(self, p)].push((p, dst));
         }
         in_parallel(
             groups.into_iter().enumerate().filter(|g| !g.1.is_empty()),
@@ -471,7 +475,7 @@ impl Array {
                 }
             }
             for (q, dst) in run {
-                self.level.read_piece(self, v, q, dst)?;
+                self.level().read_piece(self, v, q, dst)?;
             }
         }
         Ok(())
@@ -582,7 +586,7 @@ impl Array {
             let at = (p.logical - offset) as usize;
             &buf[at..at + p.len as usize]
         };
-        self.level.write(self, &v, &pieces, &src, buf.len())
+        self.level().write(self, &v, &pieces, &src, buf.len())
     }
 
     /// Discard `[offset, offset + len)` where the level keeps redundancy
@@ -625,7 +629,7 @@ impl Array {
             self.core.ensure_alive(offset)?;
         }
         let v = self.core.view.load();
-        self.level.discard(self, &v, &pieces)
+        self.level().discard(self, &v, &pieces)
     }
 
     /// Whether the writes in progress are enough to keep every core busy.

@@ -195,10 +195,8 @@ impl Array {
         let resync_from = sb
             .resync
             .filter(|_| geom.level.has_redundancy() || sb.checksums.enabled());
-        let level = levels::of(geom.level);
         let a = Array {
             core: Core::new(name, view, sb, bitmap, &opts),
-            level,
             journal,
             recovery: Recovery::default(),
             fg_ops: AtomicU64::new(0),

@@ -526,6 +526,7 @@ fn translated(t: Translated<'_>) -> Result<Superblock> {
         scrub: None,
         domain: String::new(),
         reshape: None,
+        converted_from: None,
         roles: t.roles,
         md: Some(t.meta),
     })

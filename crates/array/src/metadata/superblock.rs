@@ -53,6 +53,10 @@
 //!     u64 at 360 (bytes of array data from 0 kept in the backup area
 //!     while their old place is overwritten; 0: none), backup crc32c u32
 //!     at 368 (see `crate::reshape`)
+//! 376 converted from (flag 16): level i32, layout u32 at 380, chunk u64 at
+//!     384: the shape before the last level takeover (`grow --level`, which
+//!     moves no data), so that a member one update behind with that shape
+//!     is known to be current
 //! 1024 role table: raid_disks entries of 32 bytes:
 //!      member uuid [16], state u32, reserved u32, data_size u64
 //! ```
@@ -182,6 +186,8 @@ pub struct Superblock {
     /// A reshape in progress (the role table and geometry fields give the
     /// new shape; this says where the old one still holds).
     pub reshape: Option<ReshapePos>,
+    /// The level, layout and chunk before the last level takeover.
+    pub converted_from: Option<(Level, Layout, u64)>,
     pub roles: Vec<RoleEntry>,
     /// Read from md's own superblock of this version (see `md`), not
     /// from raidkit's: not written back by raidkit.
@@ -273,6 +279,8 @@ const FLAG_SCRUB: u32 = 2;
 const FLAG_SCRUB_CHECK_ONLY: u32 = 4;
 /// Flag bit: a reshape is in progress (`reshape`).
 const FLAG_RESHAPE: u32 = 8;
+/// Flag bit: `converted_from` is set.
+const FLAG_CONVERTED: u32 = 16;
 
 pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
@@ -374,6 +382,12 @@ impl Superblock {
             put_u64(&mut b, 352, r.rows);
             put_u64(&mut b, 360, r.backup);
             put_u32(&mut b, 368, r.backup_crc);
+        }
+        if let Some((level, layout, chunk)) = self.converted_from {
+            flags |= FLAG_CONVERTED;
+            put_u32(&mut b, 376, level.md_number() as u32);
+            put_u32(&mut b, 380, layout.md_number());
+            put_u64(&mut b, 384, chunk);
         }
         put_u32(&mut b, 20, flags);
         let domain = self.domain.as_bytes();
@@ -512,6 +526,16 @@ impl Superblock {
                 backup: get_u64(b, 360),
                 backup_crc: get_u32(b, 368),
             }),
+            converted_from: if get_u32(b, 20) & FLAG_CONVERTED != 0 {
+                let l = get_u32(b, 376) as i32;
+                let level = Level::from_md_number(l)
+                    .ok_or_else(|| corrupt(format!("unknown level {l} converted from")))?;
+                let layout = Layout::from_md_number(level, get_u32(b, 380))
+                    .ok_or_else(|| corrupt("unknown layout converted from".into()))?;
+                Some((level, layout, get_u64(b, 384)))
+            } else {
+                None
+            },
             roles,
             md: None,
         }))
@@ -663,6 +687,7 @@ mod tests {
                 backup: 1 << 20,
                 backup_crc: 0xdead_beef,
             }),
+            converted_from: Some((Level::Raid1, Layout::None, 65536)),
             roles: (0..4)
                 .map(|i| RoleEntry {
                     member_uuid: Uuid::from_u128(i),
