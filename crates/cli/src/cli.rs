@@ -75,7 +75,8 @@ pub enum Command {
     Replace(ReplaceArgs),
     /// Grow a running array by members (RAID-0, 4, 5, 6): the data moves
     /// to md's placement for the new member count while the array serves;
-    /// the new size is exported when the move ends.
+    /// the new size is exported when the move ends. Or change its level
+    /// in place (RAID-4 or a two-member RAID-1 to RAID-5).
     Grow(GrowArgs),
     /// Wait until no recovery runs on a running array (with a progress bar
     /// on a terminal).
@@ -781,8 +782,9 @@ pub struct GrowArgs {
     /// is created, as large as the array's members.
     #[arg(long, num_args = 1.., value_name = "MEMBER")]
     pub add: Vec<String>,
-    /// Convert to another level (1 to 5, 4 to 5, 5 to 6): not supported
-    /// yet, refused.
+    /// Convert to another level where no data moves: `5` turns a RAID-4
+    /// or a two-member RAID-1 into a RAID-5 (with `--add`, grown after).
+    /// Other conversions (5 to 6) are refused.
     #[arg(long, value_name = "LEVEL")]
     pub level: Option<String>,
     /// Change the chunk size: not supported yet, refused.
