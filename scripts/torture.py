@@ -168,6 +168,17 @@ def check(h, expected, maybe, initial=None):
     return bad
 
 
+def stop_and_check(args, server, members):
+    """Stop the server cleanly (SIGTERM) and run `raidkit check` on the
+    members: its completed process."""
+    server.proc.send_signal(signal.SIGTERM)
+    if server.proc.wait(timeout=60) != 0:
+        raise RuntimeError(f"serve exited {server.proc.returncode} on SIGTERM")
+    server.proc.stdout.close()
+    return subprocess.run([args.raidkit, "check"] + members, capture_output=True, text=True,
+                          timeout=300)
+
+
 def final_sync_check(args, server, members, work, log, expected, initial, rng):
     """Once the sync is done: stop cleanly, `raidkit check` finds nothing,
     and with a member left out every block reads as before. Returns the
@@ -177,12 +188,7 @@ def final_sync_check(args, server, members, work, log, expected, initial, rng):
         if time.time() > deadline:
             raise RuntimeError("the initial sync did not finish within 120 s")
         time.sleep(0.5)
-    server.proc.send_signal(signal.SIGTERM)
-    if server.proc.wait(timeout=60) != 0:
-        raise RuntimeError(f"serve exited {server.proc.returncode} on SIGTERM")
-    server.proc.stdout.close()
-    r = subprocess.run([args.raidkit, "check"] + members, capture_output=True, text=True,
-                       timeout=300)
+    r = stop_and_check(args, server, members)
     if r.returncode != 0:
         print(f"check after the sync: exit {r.returncode}: {r.stdout.strip()} "
               f"{r.stderr.strip()}", flush=True)
@@ -231,12 +237,7 @@ def final_grow_check(args, server, members, grown_to):
     # None: the reshape ended under an earlier server.
     print(f"after the reshape: {n} members, size {st['array']['size']}, "
           f"last recovery here: {last.get('kind')} ({last.get('result')})", flush=True)
-    server.proc.send_signal(signal.SIGTERM)
-    if server.proc.wait(timeout=60) != 0:
-        raise RuntimeError(f"serve exited {server.proc.returncode} on SIGTERM")
-    server.proc.stdout.close()
-    r = subprocess.run([args.raidkit, "check"] + members, capture_output=True, text=True,
-                       timeout=300)
+    r = stop_and_check(args, server, members)
     ok = r.returncode == 0 and n == grown_to
     print(f"after the reshape: check {'clean' if r.returncode == 0 else 'FAILED: ' + r.stdout}",
           flush=True)

@@ -349,6 +349,14 @@ impl Array {
         // Lock order: meta before the bitmap's own lock, as everywhere.
         let (n, failed) = {
             let mut meta = self.core.meta.locked();
+            // Again under the lock failures are recorded under: a member
+            // lost since the test above (its link gone during the flush)
+            // must find every bit it missed still set when it comes back.
+            let now = self.core.view.load();
+            if !now.degraded_roles().is_empty() || now.roles.iter().any(|r| r.replacement.is_some())
+            {
+                return 0;
+            }
             b.clear_idle(&members, || {
                 // The event count this update records (write_superblocks
                 // raises it): a member copy from before it is older.

@@ -287,6 +287,49 @@ impl Member for Wired {
     }
 }
 
+type WiredSet = (
+    Vec<Arc<PowerCutMember>>,
+    Arc<Tripwire>,
+    Vec<Arc<dyn Member>>,
+);
+
+/// Members with the images of `tpl`, behind one tripwire (disarmed).
+fn wired(tpl: &[Vec<u8>], seed: u64) -> WiredSet {
+    let pcs: Vec<Arc<PowerCutMember>> = tpl
+        .iter()
+        .enumerate()
+        .map(|(i, b)| Arc::new(PowerCutMember::new(&format!("m{i}"), b.clone())))
+        .collect();
+    let wire = Arc::new(Tripwire {
+        budget: AtomicI64::new(i64::MAX),
+        dead: Default::default(),
+        members: Mutex::new(pcs.clone()),
+        rng: Mutex::new(CutRng::new(seed)),
+    });
+    let wired = pcs
+        .iter()
+        .map(|p| {
+            Arc::new(Wired {
+                inner: p.clone(),
+                wire: wire.clone(),
+            }) as Arc<dyn Member>
+        })
+        .collect();
+    (pcs, wire, wired)
+}
+
+fn open_wired(ms: &[Arc<dyn Member>]) -> Array {
+    Array::open_with(
+        assemble(ms.to_vec()).unwrap(),
+        "grow",
+        OpenOptions {
+            run: true,
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap()
+}
+
 /// Grow while a client writes, flushes and reads back (every read checked
 /// against the model), cut the power of every member at once at a random
 /// write, restart, let the reshape finish: every write flushed before the
@@ -298,35 +341,8 @@ fn reshape_survives_cuts(level: Level, n: usize, add: usize, policy: Policy, cut
     let mut cut_during = 0;
     for c in 0..scaled(cuts) {
         let mut rng = CutRng::new(seed * 1_000_003 + c);
-        let pcs: Vec<Arc<PowerCutMember>> = tpl
-            .iter()
-            .enumerate()
-            .map(|(i, b)| Arc::new(PowerCutMember::new(&format!("m{i}"), b.clone())))
-            .collect();
-        let wire = Arc::new(Tripwire {
-            budget: AtomicI64::new(i64::MAX),
-            dead: Default::default(),
-            members: Mutex::new(pcs.clone()),
-            rng: Mutex::new(CutRng::new(rng.next_u64())),
-        });
-        let wired: Vec<Arc<dyn Member>> = pcs
-            .iter()
-            .map(|p| {
-                Arc::new(Wired {
-                    inner: p.clone(),
-                    wire: wire.clone(),
-                }) as Arc<dyn Member>
-            })
-            .collect();
-        let a = Array::open_with(
-            assemble(wired[..n].to_vec()).unwrap(),
-            "grow",
-            OpenOptions {
-                run: true,
-                ..OpenOptions::default()
-            },
-        )
-        .unwrap();
+        let (pcs, wire, wired) = wired(&tpl, rng.next_u64());
+        let a = open_wired(&wired[..n]);
         let a = Arc::new(a);
         let cap = a.capacity() as usize;
         let base = pattern(cap, seed + c);
@@ -600,35 +616,8 @@ fn a_takeover_cut_at_any_write_starts_at_either_level() {
     let tpl = images(Level::Raid1, n, 0, Policy::Bitmap, true);
     let mut levels = std::collections::BTreeSet::new();
     for budget in 1..=24 {
-        let pcs: Vec<Arc<PowerCutMember>> = tpl
-            .iter()
-            .enumerate()
-            .map(|(i, b)| Arc::new(PowerCutMember::new(&format!("m{i}"), b.clone())))
-            .collect();
-        let wire = Arc::new(Tripwire {
-            budget: AtomicI64::new(i64::MAX),
-            dead: Default::default(),
-            members: Mutex::new(pcs.clone()),
-            rng: Mutex::new(CutRng::new(budget)),
-        });
-        let wired: Vec<Arc<dyn Member>> = pcs
-            .iter()
-            .map(|p| {
-                Arc::new(Wired {
-                    inner: p.clone(),
-                    wire: wire.clone(),
-                }) as Arc<dyn Member>
-            })
-            .collect();
-        let a = Array::open_with(
-            assemble(wired).unwrap(),
-            "grow",
-            OpenOptions {
-                run: true,
-                ..OpenOptions::default()
-            },
-        )
-        .unwrap();
+        let (pcs, wire, wired) = wired(&tpl, budget);
+        let a = open_wired(&wired);
         let data = pattern(a.capacity() as usize, budget);
         a.write(&data, 0).unwrap();
         a.flush().unwrap();
