@@ -14,6 +14,8 @@
 #   r5-090  0.90      RAID-5 left-sym  3      64K
 #   r5ra-12 1.2       RAID-5 right-asym 3     64K
 #   r5f-12  1.2       RAID-5 left-sym  3      64K  (member 2 failed by md, then the payload written)
+#   r5b-12  1.2       RAID-5 left-sym  3      64K  internal bitmap, 1 MiB chunks
+#   r1b-10  1.0       RAID-1           2      -    internal bitmap (before the superblock), 1 MiB chunks
 #
 # Writes OUTDIR/<array>-<n>.img (n from 0), OUTDIR/payload.img (4 MiB,
 # deterministic: AES-128-CTR keystream of a fixed all-zero key/IV), the first
@@ -22,7 +24,8 @@
 # back md5s, taken in the VM) and OUTDIR/vm.log (the whole VM output).
 # Every array is stopped cleanly. Redundant arrays use --assume-clean so no
 # resync runs under slow emulation; --bitmap=none (mdadm 4.2 adds no bitmap
-# by default below 100 GiB anyway). UUIDs are fixed so reruns give the same
+# by default below 100 GiB anyway) except for the two arrays that have md's
+# internal write-intent bitmap. UUIDs are fixed so reruns give the same
 # superblocks apart from times and checksums.
 set -eu
 
@@ -43,6 +46,8 @@ r0-11  1.1  0   2 --chunk=64                                                    
 r5-090 0.90 5   3 --chunk=64:--layout=left-symmetric:--assume-clean:--bitmap=none  5a5a0006:00000000:00000000:00000090
 r5ra-12 1.2 5   3 --chunk=64:--layout=right-asymmetric:--assume-clean:--bitmap=none 5a5a0007:00000000:00000000:00000012
 r5f-12 1.2  5   3 --chunk=64:--layout=left-symmetric:--assume-clean:--bitmap=none:FAIL 5a5a0008:00000000:00000000:00000012
+r5b-12 1.2  5   3 --chunk=64:--layout=left-symmetric:--assume-clean:--bitmap=internal:--bitmap-chunk=1024 5a5a0009:00000000:00000000:00000012
+r1b-10 1.0  1   2 --assume-clean:--bitmap=internal:--bitmap-chunk=1024                     5a5a000a:00000000:00000000:00000010
 '
 # FAIL: the last member is failed (mdadm --fail) before the payload is
 # written, so the array is left degraded with that member stale.
@@ -54,32 +59,39 @@ openssl enc -aes-128-ctr -nosalt -K 00000000000000000000000000000000 \
 
 vmscript=$(mktemp /tmp/md-fixtures.XXXXXX.sh)
 trap 'rm -f "$vmscript"' EXIT
-disks=()
 letters=abcdefghijklmnopqrstuvwxyz
-idx=0
-{
-  echo 'set -eu'
-  echo 'run() { echo "+ $*"; "$@"; }'
-} > "$vmscript"
-md=0
-while read -r name meta level n opts uuid; do
-  [ -n "$name" ] || continue
-  devs=''
-  for i in $(seq 0 $((n - 1))); do
-    img=$out/$name-$i.img
-    rm -f "$img"
-    truncate -s 64M "$img"   # sparse zeros: same content, no 64 MiB of writes
-    disks+=("$img")
-    devs="$devs /dev/vd${letters:$idx:1}"
-    idx=$((idx + 1))
-  done
-  first=${devs# }; first=${first%% *}
-  last=${devs##* }
-  fail=''
-  case "$opts" in
-    *:FAIL) opts=${opts%:FAIL}; fail="run mdadm /dev/md$md --fail $last" ;;
-  esac
-  cat >> "$vmscript" <<EOF
+: > "$out/vm.log"
+
+# One VM boot makes the arrays given on stdin (lines of $arrays); the VM
+# takes at most 24 disks, the payload one of them, so the arrays are made
+# in batches of at most 23 member disks.
+batch() {
+  local name meta level n opts uuid devs i img first last fail
+  disks=()
+  idx=0
+  md=0
+  {
+    echo 'set -eu'
+    echo 'run() { echo "+ $*"; "$@"; }'
+  } > "$vmscript"
+  while read -r name meta level n opts uuid; do
+    [ -n "$name" ] || continue
+    devs=''
+    for i in $(seq 0 $((n - 1))); do
+      img=$out/$name-$i.img
+      rm -f "$img"
+      truncate -s 64M "$img"   # sparse zeros: same content, no 64 MiB of writes
+      disks+=("$img")
+      devs="$devs /dev/vd${letters:$idx:1}"
+      idx=$((idx + 1))
+    done
+    first=${devs# }; first=${first%% *}
+    last=${devs##* }
+    fail=''
+    case "$opts" in
+      *:FAIL) opts=${opts%:FAIL}; fail="run mdadm /dev/md$md --fail $last" ;;
+    esac
+    cat >> "$vmscript" <<EOF
 run mdadm --create /dev/md$md --run --metadata=$meta --level=$level --raid-devices=$n ${opts//:/ } --uuid=$uuid$devs
 $fail
 run dd if=/dev/PAYLOAD of=/dev/md$md bs=1M count=4 conv=fsync
@@ -91,23 +103,41 @@ echo "MDFIX-EXAMINE-BEGIN $name"
 mdadm --examine $first
 echo "MDFIX-EXAMINE-END $name"
 EOF
-  md=$((md + 1))
+    md=$((md + 1))
+  done
+  # The payload is the last disk; its letter is known only now.
+  sed -i "s|/dev/PAYLOAD|/dev/vd${letters:$idx:1}|" "$vmscript"
+  disks+=("$out/payload.img")
+
+  set +e
+  "$here/md-vm.sh" --timeout "${MDVM_TIMEOUT:-600}" "$vmscript" "${disks[@]}" >> "$out/vm.log"
+  rc=$?
+  set -e
+  if [ "$rc" != 0 ]; then
+    cat "$out/vm.log" >&2
+    echo "md-fixtures: VM script failed (status $rc)" >&2
+    exit "$rc"
+  fi
+}
+
+images=0
+pending=''
+count=0
+while read -r name meta level n rest; do
+  [ -n "$name" ] || continue
+  if [ $((count + n)) -gt 23 ]; then
+    batch <<< "$pending"
+    pending=''
+    count=0
+  fi
+  pending="$pending
+$name $meta $level $n $rest"
+  count=$((count + n))
+  images=$((images + n))
 done <<EOF
 $arrays
 EOF
-# The payload is the last disk; its letter is known only now.
-sed -i "s|/dev/PAYLOAD|/dev/vd${letters:$idx:1}|" "$vmscript"
-disks+=("$out/payload.img")
-
-set +e
-"$here/md-vm.sh" --timeout "${MDVM_TIMEOUT:-600}" "$vmscript" "${disks[@]}" > "$out/vm.log"
-rc=$?
-set -e
-if [ "$rc" != 0 ]; then
-  cat "$out/vm.log" >&2
-  echo "md-fixtures: VM script failed (status $rc)" >&2
-  exit "$rc"
-fi
+batch <<< "$pending"
 
 # Split the examine outputs and check every array read back the payload.
 want=$(md5sum < "$out/payload.img" | cut -d' ' -f1)
@@ -127,4 +157,4 @@ done <<EOF
 $arrays
 EOF
 [ "$bad" = 0 ] || exit 1
-echo "md-fixtures: ${#disks[@]} images in $out, all arrays hold the payload; took $(( $(date +%s) - t0 ))s"
+echo "md-fixtures: $images images in $out, all arrays hold the payload; took $(( $(date +%s) - t0 ))s"

@@ -559,8 +559,13 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
         println!("           State : {}", health.name());
         if let Some(m) = &sb.md {
             // What md metadata cannot carry is off for such arrays.
+            let bitmap = if sb.bitmap.region > 0 {
+                "md's internal bitmap kept as md keeps it; no raidkit journal or checksums"
+            } else {
+                "no raidkit journal, checksums or bitmap"
+            };
             println!(
-                "        Metadata : md {} (no raidkit journal, checksums or bitmap: md's superblock has no place for them){}",
+                "        Metadata : md {} ({bitmap}: md's superblock has no place for them){}",
                 m.version.name(),
                 raidkit_array::metadata::md::unwritable(m)
                     .map(|w| format!("; read-only: {w}"))

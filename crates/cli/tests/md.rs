@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The arrays the fixture script makes: name, members, metadata, level.
-const ARRAYS: [(&str, usize, &str, &str); 7] = [
+const ARRAYS: [(&str, usize, &str, &str); 9] = [
     ("r5-12", 3, "md 1.2", "raid5"),
     ("r5ra-12", 3, "md 1.2", "raid5"),
     ("r6-12", 4, "md 1.2", "raid6"),
@@ -20,7 +20,64 @@ const ARRAYS: [(&str, usize, &str, &str); 7] = [
     ("r10-12", 3, "md 1.2", "raid10"),
     ("r0-11", 2, "md 1.1", "raid0"),
     ("r5-090", 3, "md 0.90", "raid5"),
+    // With md's internal write-intent bitmap (1 MiB chunks; 1.0's lies
+    // before its superblock, at the member's end).
+    ("r5b-12", 3, "md 1.2", "raid5"),
+    ("r1b-10", 2, "md 1.0", "raid1"),
 ];
+
+/// A member image attached read-only to a loop device, detached when
+/// dropped (also when the test fails): `mdadm --examine-bitmap` reads a
+/// regular file as a bitmap file of its own, a device as an md member.
+struct ReadOnlyLoop(String);
+
+impl ReadOnlyLoop {
+    fn attach(image: &str) -> ReadOnlyLoop {
+        let o = tool("timeout", &["30", "losetup", "-r", "-f", "--show", image]);
+        let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        assert!(dev.starts_with("/dev/loop"), "losetup printed {dev:?}");
+        ReadOnlyLoop(dev)
+    }
+}
+
+impl Drop for ReadOnlyLoop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("timeout")
+            .args(["30", "losetup", "-d", &self.0])
+            .status();
+    }
+}
+
+/// `mdadm --examine-bitmap` of a member: (chunk bytes, events cleared,
+/// bits, dirty bits).
+fn md_bitmap(member: &str) -> (u64, u64, u64, u64) {
+    let dev = ReadOnlyLoop::attach(member);
+    let o = tool("timeout", &["60", "mdadm", "--examine-bitmap", &dev.0]);
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let get = |key: &str| -> String {
+        text.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(" : ")?;
+                (k.trim() == key).then(|| v.trim().to_string())
+            })
+            .unwrap_or_else(|| panic!("no {key} in mdadm -X {member}: {text}"))
+    };
+    let num = |s: &str| -> u64 { s.split_whitespace().next().unwrap().parse().unwrap() };
+    // "Chunksize : 1 MB", "Bitmap : 63 bits (chunks), 2 dirty (3.2%)".
+    let chunk = {
+        let c = get("Chunksize");
+        let unit = match c.split_whitespace().nth(1) {
+            Some("KB") => 1 << 10,
+            Some("MB") => 1 << 20,
+            Some("GB") => 1 << 30,
+            _ => 1,
+        };
+        num(&c) * unit
+    };
+    let bits = get("Bitmap");
+    let dirty: u64 = bits.split(", ").nth(1).map(num).expect("dirty count");
+    (chunk, num(&get("Events Cleared")), num(&bits), dirty)
+}
 
 fn members(dir: &Path, name: &str, n: usize) -> Vec<String> {
     (0..n)
@@ -97,6 +154,17 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
             assert_eq!(size, md, "{name}: array size as md has it");
         }
         agrees_with_mdadm(name, &ms[0], &e);
+        if matches!(name, "r5b-12" | "r1b-10") {
+            // md's bitmap is raidkit's: its chunk, its events cleared.
+            let (chunk, cleared, _, _) = md_bitmap(&ms[0]);
+            assert_eq!(e["consistency_policy"], "bitmap", "{name}: {e:#}");
+            assert_eq!(e["bitmap"]["region"].as_u64(), Some(chunk), "{name}");
+            assert_eq!(
+                e["bitmap"]["events_cleared"].as_u64(),
+                Some(cleared),
+                "{name}"
+            );
+        }
         let s = found
             .iter()
             .find(|a| a["uuid"] == e["array_uuid"])
@@ -202,7 +270,8 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
         ));
     }
     script.push_str(&format!(
-        "echo \"SUM payload $(dd if=/dev/vd{} bs=1M count=4 2>/dev/null | md5sum | cut -d' ' -f1)\"\n",
+        "echo \"SUM payload $(dd if=/dev/vd{} bs=1M count=4 2>/dev/null | md5sum | cut -d' ' -f1)\"\n\
+         dmesg | grep -i 'bitmap' | sed 's/^/KERNEL /'\n",
         letter(disks.len())
     ));
     disks.push(p2.display().to_string());
@@ -231,34 +300,21 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
             assert_eq!(field("MISMATCH", name), "0", "{name}: {out}");
         }
     }
+    // The bitmaps raidkit kept are current to the kernel: none taken as
+    // out of date (which would resync everything).
+    assert!(
+        !out.contains("out of date") && !out.contains("invalid bitmap"),
+        "{out}"
+    );
     let ms = members(dir.path(), "r5-12", 3);
 
     // Degraded: a member failed through raidkit, data written after; the
     // kernel starts the array without the stale member and reads the new
     // data from the other two.
-    let mut srv = Served::start(dir.path(), &ms, &[]);
-    ok(&[
-        "fail",
-        "--control",
-        &srv.control.display().to_string(),
-        &ms[2],
-    ]);
     let p3 = dir.path().join("p3.img");
     let p3_data: Vec<u8> = p2_data.iter().map(|b| b ^ 0x3c).collect();
     std::fs::write(&p3, &p3_data).unwrap();
-    tool(
-        "timeout",
-        &[
-            "60",
-            "qemu-io",
-            "-f",
-            "raw",
-            "-c",
-            &format!("write -s {} 8M 4M", p3.display()),
-            &srv.uri,
-        ],
-    );
-    assert_eq!(srv.stop().code(), Some(0));
+    write_without_member_2(dir.path(), &ms, &p3);
     let out = in_vm(
         dir.path(),
         "mdadm --assemble /dev/md0 /dev/vda /dev/vdb /dev/vdc || exit 3\n\
@@ -270,6 +326,81 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
     );
     assert!(out.contains("[3/2] [UU_]"), "{out}");
     assert_two_equal_sums(&out);
+
+    // With md's bitmap: raidkit's degraded writes are marked in it, so the
+    // kernel re-adds the member raidkit failed by resyncing only the chunks
+    // written without it (counted by the sectors the guest writes to that
+    // disk), and the array is whole and consistent again.
+    let ms = members(dir.path(), "r5b-12", 3);
+    write_without_member_2(dir.path(), &ms, &p3);
+    let (chunk, cleared, bits, dirty) = md_bitmap(&ms[0]);
+    let stale: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[2]]).stdout).unwrap();
+    // 4 MiB of a 3-disk RAID-5 is 2 MiB of each member: 2 or 3 chunks.
+    assert!(
+        (2..=8).contains(&dirty) && bits > 32,
+        "{dirty} of {bits} bits dirty"
+    );
+    assert!(
+        cleared <= stale["events"].as_u64().unwrap(),
+        "events cleared {cleared} after the failed member left: {stale:#}"
+    );
+    let out = in_vm(
+        dir.path(),
+        "w0=$(awk '{print $7}' /sys/block/vdc/stat)\n\
+         mdadm --assemble /dev/md0 /dev/vda /dev/vdb /dev/vdc || exit 3\n\
+         cat /proc/mdstat\n\
+         grep -q vdc /proc/mdstat || mdadm /dev/md0 --re-add /dev/vdc || exit 4\n\
+         sleep 1; mdadm --wait /dev/md0; cat /proc/mdstat\n\
+         echo \"WRITTEN $(( $(awk '{print $7}' /sys/block/vdc/stat) - w0 ))\"\n\
+         dd if=/dev/md0 bs=1M skip=8 count=4 2>/dev/null | md5sum\n\
+         dd if=/dev/vdd bs=1M count=4 2>/dev/null | md5sum\n\
+         echo check > /sys/block/md0/md/sync_action; sleep 1\n\
+         while [ \"$(cat /sys/block/md0/md/sync_action)\" != idle ]; do sleep 1; done\n\
+         echo \"MISMATCH $(cat /sys/block/md0/md/mismatch_cnt)\"\n\
+         dmesg | grep -i 'bitmap\\|recovery' | sed 's/^/KERNEL /'\n\
+         mdadm --stop /dev/md0\n",
+        &[&ms[0], &ms[1], &ms[2], &p3.display().to_string()],
+    );
+    assert!(out.contains("[3/3] [UUU]"), "not whole again: {out}");
+    assert_two_equal_sums(&out);
+    assert!(out.contains("MISMATCH 0"), "{out}");
+    let written: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("WRITTEN "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("{out}"))
+        * 512;
+    eprintln!("re-add by md's bitmap: {written} bytes written to the member for {dirty} dirty chunks of {bits}");
+    // The dirty chunks were rewritten, and little else: a full recovery
+    // writes the whole data area (bits x chunk).
+    assert!(
+        written >= 2 * chunk && written <= (dirty + 4) * chunk,
+        "{written} bytes written to the re-added member for {dirty} dirty {chunk}-byte chunks of {bits}: {out}"
+    );
+}
+
+/// Serve `ms`, fail its member 2, write `data` at 8 MiB through NBD, stop.
+fn write_without_member_2(dir: &Path, ms: &[String], data: &Path) {
+    let mut srv = Served::start(dir, ms, &[]);
+    ok(&[
+        "fail",
+        "--control",
+        &srv.control.display().to_string(),
+        &ms[2],
+    ]);
+    tool(
+        "timeout",
+        &[
+            "60",
+            "qemu-io",
+            "-f",
+            "raw",
+            "-c",
+            &format!("write -s {} 8M 4M", data.display()),
+            &srv.uri,
+        ],
+    );
+    assert_eq!(srv.stop().code(), Some(0));
 }
 
 /// The array's first 4 MiB, read offline by `raidkit read`.

@@ -43,12 +43,20 @@ impl Array {
         let bitmap_region = sb.bitmap.region;
         // The bitmap: the union of every fresh member's copy.
         let bitmap = if bitmap_region > 0 && geom.level.has_redundancy() {
-            let mut set: Option<RegionSet> = None;
+            let place = crate::bitmap::Place::of(&sb);
+            // md's bitmap out of date: nothing it says can be trusted.
+            let stale = sb
+                .md
+                .as_ref()
+                .and_then(|m| m.bitmap.as_ref())
+                .is_some_and(|b| b.stale);
+            let mut set: Option<RegionSet> = stale
+                .then(|| RegionSet::all(bitmap_region, dev_size.div_ceil(bitmap_region).max(1)));
             for s in &asm.slots {
                 if let Some(m) = &s.member {
                     // A member that cannot give its copy is failed on its
                     // first I/O; the other copies hold every bit.
-                    let Ok(b) = Bitmap::read(m.as_ref(), bitmap_region, dev_size) else {
+                    let Ok(b) = Bitmap::read(m.as_ref(), place, bitmap_region, dev_size) else {
                         continue;
                     };
                     set = Some(match set {
@@ -60,7 +68,7 @@ impl Array {
                     });
                 }
             }
-            Some(Bitmap::new(bitmap_region, dev_size, set.as_ref()))
+            Some(Bitmap::new(place, bitmap_region, dev_size, set.as_ref()))
         } else {
             None
         };

@@ -19,6 +19,9 @@
 //! ORs the copies of every fresh member, so a torn bitmap write can only
 //! add regions to resync, never lose one.
 //!
+//! An md array's bitmap is md's own (see `md::MdBitmap`): the same bit
+//! order, at md's place, written to exactly its bytes ([`Place`]).
+//!
 //! # Concurrency
 //!
 //! A write raises its regions' in-flight counters, then looks at the
@@ -44,6 +47,64 @@ pub fn bytes_for(regions: u64) -> u64 {
     regions.div_ceil(8).div_ceil(BLOCK as u64).max(1) * BLOCK as u64
 }
 
+/// Where a bitmap's bits lie on each member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    /// Byte offset of the first bit's byte from the member's start, or,
+    /// with `from_md_end`, from md's superblock.
+    pub offset: i64,
+    /// md 1.0: the superblock (and the bitmap before it) sits at the
+    /// member's end, so where the bits are depends on each member's length.
+    pub from_md_end: bool,
+    /// Written to exactly the bits' bytes rather than whole 4 KiB blocks:
+    /// md's bits share their blocks with md's bitmap superblock (and, for
+    /// metadata 1.0, end just before md's superblock).
+    pub exact: bool,
+}
+
+impl Place {
+    /// Where `sb`'s array keeps its bitmap.
+    pub fn of(sb: &crate::superblock::Superblock) -> Place {
+        let offset = sb.bitmap.offset as i64;
+        match &sb.md {
+            None => Place {
+                offset,
+                from_md_end: false,
+                exact: false,
+            },
+            Some(m) => {
+                let from_md_end = m.version == crate::metadata::md::MdVersion::V1_0;
+                Place {
+                    offset: if from_md_end {
+                        offset - m.sb_offset as i64
+                    } else {
+                        offset
+                    },
+                    from_md_end,
+                    exact: true,
+                }
+            }
+        }
+    }
+
+    /// The bits' byte offset on `m`.
+    pub fn at(&self, m: &dyn Member) -> u64 {
+        if self.from_md_end {
+            (crate::metadata::md::v1_0_offset(m.len()) as i64 + self.offset).max(0) as u64
+        } else {
+            self.offset as u64
+        }
+    }
+
+    fn bytes(&self, regions: u64) -> usize {
+        if self.exact {
+            regions.div_ceil(8) as usize
+        } else {
+            bytes_for(regions) as usize
+        }
+    }
+}
+
 /// A set of regions (a snapshot of dirty bits).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionSet {
@@ -66,12 +127,24 @@ impl RegionSet {
     pub fn count(&self) -> u64 {
         self.words.iter().map(|w| w.count_ones() as u64).sum()
     }
+
+    /// Every one of `regions` regions.
+    pub fn all(region: u64, regions: u64) -> RegionSet {
+        let mut words = vec![u64::MAX; words(regions)];
+        if !regions.is_multiple_of(64) {
+            if let Some(last) = words.last_mut() {
+                *last = (1u64 << (regions % 64)) - 1;
+            }
+        }
+        RegionSet { region, words }
+    }
 }
 
 #[derive(Debug)]
 pub struct Bitmap {
     region: u64,
     regions: u64,
+    place: Place,
     /// Bits known durable on every member.
     durable: Vec<AtomicU64>,
     /// Regions written since the cleaner last looked.
@@ -103,7 +176,7 @@ fn words(regions: u64) -> usize {
 
 impl Bitmap {
     /// A bitmap over `dev_size` bytes of member data area, starting from `initial`.
-    pub fn new(region: u64, dev_size: u64, initial: Option<&RegionSet>) -> Bitmap {
+    pub fn new(place: Place, region: u64, dev_size: u64, initial: Option<&RegionSet>) -> Bitmap {
         let regions = dev_size.div_ceil(region).max(1);
         let n = words(regions);
         let durable: Vec<AtomicU64> = (0..n)
@@ -112,6 +185,7 @@ impl Bitmap {
         Bitmap {
             region,
             regions,
+            place,
             durable,
             active: (0..n).map(|_| AtomicU64::new(0)).collect(),
             inflight: (0..regions).map(|_| AtomicU32::new(0)).collect(),
@@ -145,7 +219,7 @@ impl Bitmap {
     }
 
     fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; bytes_for(self.regions) as usize];
+        let mut b = vec![0u8; self.place.bytes(self.regions)];
         for (i, w) in self.durable.iter().enumerate() {
             let bytes = w.load(SeqCst).to_le_bytes();
             let at = i * 8;
@@ -156,10 +230,15 @@ impl Bitmap {
     }
 
     /// Read a member's copy.
-    pub fn read(m: &dyn Member, region: u64, dev_size: u64) -> Result<RegionSet, MemberError> {
+    pub fn read(
+        m: &dyn Member,
+        place: Place,
+        region: u64,
+        dev_size: u64,
+    ) -> Result<RegionSet, MemberError> {
         let regions = dev_size.div_ceil(region).max(1);
-        let mut b = vec![0u8; bytes_for(regions) as usize];
-        m.read_at(&mut b, BITMAP_OFFSET)?;
+        let mut b = vec![0u8; place.bytes(regions)];
+        m.read_at(&mut b, place.at(m))?;
         let mut words = vec![0u64; words(regions)];
         for (i, w) in words.iter_mut().enumerate() {
             let mut x = [0u8; 8];
@@ -187,7 +266,7 @@ impl Bitmap {
         let b = self.encode();
         let mut failed = Vec::new();
         for (i, m) in members.iter().enumerate() {
-            if let Err(e) = m.write_at_durable(&b, BITMAP_OFFSET) {
+            if let Err(e) = m.write_at_durable(&b, self.place.at(m.as_ref())) {
                 failed.push((i, e));
             }
         }
@@ -197,7 +276,7 @@ impl Bitmap {
     /// Write the whole bitmap to one member (a member joining the array).
     pub fn write_to(&self, m: &dyn Member) -> Result<(), MemberError> {
         let _g = self.io.locked();
-        m.write_at(&self.encode(), BITMAP_OFFSET)?;
+        m.write_at(&self.encode(), self.place.at(m))?;
         m.flush()
     }
 
@@ -280,12 +359,17 @@ mod tests {
     fn bits_are_durable_before_writes_and_cleared_when_idle() {
         let m: Arc<dyn Member> = Arc::new(MemMember::new("m", 1 << 20));
         let members = || vec![m.clone()];
-        let b = Bitmap::new(1 << 20, 100 << 20, None);
+        let place = Place {
+            offset: BITMAP_OFFSET as i64,
+            from_md_end: false,
+            exact: false,
+        };
+        let b = Bitmap::new(place, 1 << 20, 100 << 20, None);
         assert_eq!(b.regions(), 100);
         {
             let (_g, failed) = b.start_write(3 << 20, (5 << 20) + 1, &members);
             assert!(failed.is_empty());
-            let on_disk = Bitmap::read(m.as_ref(), 1 << 20, 100 << 20).unwrap();
+            let on_disk = Bitmap::read(m.as_ref(), place, 1 << 20, 100 << 20).unwrap();
             assert_eq!(on_disk.count(), 3);
             assert!(on_disk.contains(3) && on_disk.contains(4) && on_disk.contains(5));
             // In flight: the cleaner leaves them alone however often it runs.
@@ -297,7 +381,7 @@ mod tests {
         let (n, _) = b.clear_idle(&members(), || {});
         assert_eq!(n, 3);
         assert_eq!(
-            Bitmap::read(m.as_ref(), 1 << 20, 100 << 20)
+            Bitmap::read(m.as_ref(), place, 1 << 20, 100 << 20)
                 .unwrap()
                 .count(),
             0

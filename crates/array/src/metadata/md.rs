@@ -68,10 +68,103 @@ pub struct MdMeta {
     /// Byte offset of the superblock on the member.
     pub sb_offset: u64,
     pub dev_number: u32,
-    /// Whether md keeps an internal write-intent bitmap for the array.
-    pub bitmap: bool,
+    /// md's internal write-intent bitmap of the array, if it keeps one.
+    pub bitmap: Option<MdBitmap>,
     /// The superblock's 4 KiB as read.
     pub raw: Vec<u8>,
+}
+
+/// md's internal write-intent bitmap (the kernel's md-bitmap.h,
+/// bitmap_super_t): a 256-byte superblock `offset` sectors from the md
+/// superblock, then one bit per `chunk` bytes of each member's data area,
+/// bit `i` in bit `i % 8` of byte `i / 8` (version 4: little-endian). raidkit
+/// keeps it as its own bitmap (`BitmapArea` points at md's bits), so that
+/// the kernel re-adds a member raidkit left behind by resyncing only the
+/// chunks written without it, as it would after its own degraded writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MdBitmap {
+    /// Byte offset of the bitmap superblock on the member.
+    pub at: u64,
+    /// Bytes of a member's data area one bit covers.
+    pub chunk: u64,
+    /// The bitmap superblock's 256 bytes as read.
+    pub raw: Vec<u8>,
+    /// The bitmap is out of date (md's BITMAP_STALE, or its event count
+    /// behind the superblock's): every chunk is to be resynced.
+    pub stale: bool,
+    /// Why raidkit cannot keep this bitmap as md does, if it cannot.
+    pub problem: Option<String>,
+}
+
+pub const BITMAP_MAGIC: u32 = 0x6d74_6962;
+/// Bytes of md's bitmap superblock: the bits follow it.
+pub const BITMAP_SB: u64 = 256;
+/// md-bitmap.h's BITMAP_STALE, as a bit of the superblock's state field.
+const BITMAP_STALE: u32 = 1 << 1;
+/// md-bitmap.h's BITMAP_HOSTENDIAN: bits in the writer's byte order.
+const BITMAP_HOSTENDIAN: u32 = 1 << 15;
+
+impl MdBitmap {
+    /// Read and check the bitmap superblock at member byte offset `at`
+    /// for an array of `uuid` whose md superblock has `events`. A bitmap
+    /// raidkit cannot keep (a bad magic, another array's, a version it does
+    /// not know) is kept with its `problem`: the array is read-only then.
+    fn read(m: &dyn Member, at: u64, uuid: Uuid, events: u64, level: Level) -> Result<MdBitmap> {
+        let mut raw = vec![0u8; BITMAP_SB as usize];
+        m.read_at(&mut raw, at)?;
+        let version = u32_at(&raw, 4);
+        let state = u32_at(&raw, 48);
+        let chunk = u64::from(u32_at(&raw, 52));
+        let problem = if u32_at(&raw, 0) != BITMAP_MAGIC {
+            Some("an md bitmap whose superblock raidkit cannot read (bad magic)".to_string())
+        } else if raw[8..24] != uuid.as_bytes()[..] {
+            Some("an md bitmap of another array (uuid mismatch)".to_string())
+        } else if !matches!(version, 3 | 4) {
+            Some(format!(
+                "an md bitmap of version {version} (raidkit keeps 3 and 4)"
+            ))
+        } else if (version == 3 || state & BITMAP_HOSTENDIAN != 0) && cfg!(target_endian = "big") {
+            Some("an md bitmap in another machine's byte order".to_string())
+        } else if chunk < 512 || !chunk.is_power_of_two() {
+            Some(format!("an md bitmap with a chunk of {chunk} bytes"))
+        } else if level == Level::Raid10 {
+            // md's RAID-10 marks array sectors, raidkit's bitmap member
+            // sectors: the two cannot be one.
+            Some("an md internal write-intent bitmap on RAID-10, which raidkit reads past but does not keep up to date".to_string())
+        } else {
+            None
+        };
+        let stale = state & BITMAP_STALE != 0 || u64_at(&raw, 24) < events;
+        Ok(MdBitmap {
+            at,
+            chunk,
+            raw,
+            stale,
+            problem,
+        })
+    }
+
+    /// md's events_cleared as read.
+    pub fn events_cleared(&self) -> u64 {
+        u64_at(&self.raw, 32)
+    }
+
+    /// The bitmap superblock for an md superblock of `events`, with bits
+    /// last cleared at `events_cleared`: written before the md superblock,
+    /// as md_update_sb does, since the kernel takes a bitmap whose count is
+    /// behind the superblock's as stale and resyncs everything.
+    fn header(&self, events: u64, events_cleared: u64) -> Vec<u8> {
+        let mut b = self.raw.clone();
+        if self.stale {
+            // Its bits may miss writes: the raised count must not make
+            // the kernel trust them.
+            let state = u32_at(&b, 48) | BITMAP_STALE;
+            put32(&mut b, 48, state);
+        }
+        put64(&mut b, 24, events);
+        put64(&mut b, 32, events_cleared.min(events));
+        b
+    }
 }
 
 /// What an md superblock says that raidkit's own has no place for.
@@ -90,14 +183,19 @@ pub struct MdInfo {
     pub md_name: String,
 }
 
+/// Where md puts a 1.0 superblock on a member of `len` bytes (at least
+/// 8 KiB): (size in sectors - 8*2) & ~(4*2-1).
+pub fn v1_0_offset(len: u64) -> u64 {
+    ((len / SECTOR).saturating_sub(16) & !7) * SECTOR
+}
+
 /// The offsets where each version's superblock would be on a member of
 /// `len` bytes.
 fn candidates(len: u64) -> Vec<(MdVersion, u64)> {
     let sectors = len / SECTOR;
     let mut out = vec![(MdVersion::V1_2, 8 * SECTOR), (MdVersion::V1_1, 0)];
     if sectors >= 16 {
-        // md: (size in sectors - 8*2) & ~(4*2-1).
-        out.push((MdVersion::V1_0, ((sectors - 16) & !7) * SECTOR));
+        out.push((MdVersion::V1_0, v1_0_offset(len)));
     }
     if len >= 128 << 10 {
         out.push((MdVersion::V0_90, (len & !(65535)) - 65536));
@@ -177,7 +275,7 @@ pub fn read_md(m: &dyn Member) -> Result<Option<(Superblock, MdInfo)>> {
             continue;
         }
         let major = u32_at(&buf, 4);
-        let parsed = match (version, major) {
+        let mut parsed = match (version, major) {
             (MdVersion::V0_90, 0) => decode0(&buf, at, m.len(), name)?,
             (MdVersion::V0_90, _) | (_, 0) => continue,
             (_, 1) => decode1(&buf, version, name)?,
@@ -191,13 +289,46 @@ pub fn read_md(m: &dyn Member) -> Result<Option<(Superblock, MdInfo)>> {
         };
         // A v1 superblock at a place its own offset field disagrees with
         // is some other version's (1.1 read at 4 KiB...): skipped.
-        if parsed.1.sb_offset == at {
-            found.push(parsed);
+        if parsed.1.sb_offset != at {
+            continue;
         }
+        if let Some(off) = parsed.1.bitmap_offset {
+            attach_bitmap(m, &mut parsed.0, off)?;
+        }
+        found.push(parsed);
     }
     // Two superblocks (a disk reused without zeroing): the most recently
     // updated is the array's.
     Ok(found.into_iter().max_by_key(|(sb, _)| sb.utime))
+}
+
+/// Read md's internal bitmap, `off` sectors from the superblock, into
+/// `sb`: raidkit's bitmap then lies on md's bits.
+fn attach_bitmap(m: &dyn Member, sb: &mut Superblock, off: i32) -> Result<()> {
+    let meta = sb.md.as_mut().expect("an md superblock");
+    let at = meta.sb_offset as i64 + i64::from(off) * SECTOR as i64;
+    let Ok(at) = u64::try_from(at) else {
+        return Err(corrupt(
+            m.name(),
+            format!("md bitmap offset {off} before the member's start"),
+        ));
+    };
+    if at + BITMAP_SB > m.len() {
+        return Err(corrupt(
+            m.name(),
+            format!("md bitmap offset {off} beyond the member's end"),
+        ));
+    }
+    let bm = MdBitmap::read(m, at, sb.array_uuid, sb.events, sb.level)?;
+    if bm.problem.is_none() {
+        sb.bitmap = BitmapArea {
+            offset: at + BITMAP_SB,
+            region: bm.chunk,
+            events_cleared: bm.events_cleared(),
+        };
+    }
+    meta.bitmap = Some(bm);
+    Ok(())
 }
 
 /// A role table of `n` roles nobody holds yet (filled from md's table).
@@ -336,7 +467,7 @@ fn decode1(b: &[u8], version: MdVersion, member: &str) -> Result<(Superblock, Md
             version,
             sb_offset,
             dev_number,
-            bitmap: feature & FEATURE_BITMAP_OFFSET != 0,
+            bitmap: None,
             raw: b.to_vec(),
         },
         member,
@@ -427,7 +558,7 @@ fn decode0(b: &[u8], at: u64, len: u64, member: &str) -> Result<(Superblock, MdI
             version: MdVersion::V0_90,
             sb_offset: at,
             dev_number: number,
-            bitmap: false,
+            bitmap: None,
             raw: b.to_vec(),
         },
         member,
@@ -604,7 +735,7 @@ pub fn new_v12(m: &NewMember<'_>) -> MdMeta {
         version: MdVersion::V1_2,
         sb_offset: 8 * SECTOR,
         dev_number: m.dev_number,
-        bitmap: false,
+        bitmap: None,
         raw: b,
     }
 }
@@ -620,13 +751,7 @@ pub fn unwritable(meta: &MdMeta) -> Option<String> {
     if meta.version == MdVersion::V0_90 {
         return Some("md 0.90 metadata, which raidkit reads but does not write".into());
     }
-    if meta.bitmap {
-        return Some(
-            "an md internal write-intent bitmap, which raidkit reads past but does not keep up to date"
-                .into(),
-        );
-    }
-    None
+    meta.bitmap.as_ref().and_then(|b| b.problem.clone())
 }
 
 /// The md device number behind a member uuid `dev_uuid` gave, if it is one.
@@ -715,6 +840,9 @@ pub fn write_md(m: &dyn Member, sb: &Superblock) -> Result<()> {
     }
     let c = sb1_csum(&b);
     put32(&mut b, 216, c);
+    if let Some(bm) = &meta.bitmap {
+        m.write_at(&bm.header(sb.events, sb.bitmap.events_cleared), bm.at)?;
+    }
     m.write_at(&b, meta.sb_offset)?;
     m.flush()?;
     Ok(())
@@ -781,6 +909,70 @@ mod tests {
         assert_eq!(sb.roles.len(), 3);
         assert!(sb.roles.iter().all(|r| r.state == RoleState::Active));
         assert_eq!(sb.roles[1].member_uuid, sb.member_uuid);
+    }
+
+    /// A member with `sb12`'s superblock and md's internal bitmap 8
+    /// sectors after it (bitmap events `bm_events`, cleared at 1).
+    fn with_bitmap(events: u64, bm_events: u64) -> MemMember {
+        let mut b = sb12(5, 2, 3, 0, events);
+        put32(&mut b, 8, FEATURE_BITMAP_OFFSET);
+        put32(&mut b, 96, 8);
+        let c = sb1_csum(&b);
+        put32(&mut b, 216, c);
+        let m = member_with(&b, 4096);
+        let mut h = vec![0u8; 256];
+        put32(&mut h, 0, BITMAP_MAGIC);
+        put32(&mut h, 4, 4);
+        h[8..24].copy_from_slice(&[7u8; 16]);
+        put64(&mut h, 24, bm_events);
+        put64(&mut h, 32, 1);
+        put32(&mut h, 52, 1 << 20);
+        m.write_at(&h, 8192).unwrap();
+        m
+    }
+
+    #[test]
+    fn md_bitmap_is_kept_as_raidkit_bitmap_with_its_events() {
+        let m = with_bitmap(42, 42);
+        let (mut sb, _) = read_md(&m).unwrap().unwrap();
+        assert_eq!(sb.bitmap.offset, 8192 + 256);
+        assert_eq!((sb.bitmap.region, sb.bitmap.events_cleared), (1 << 20, 1));
+        let meta = sb.md.as_ref().unwrap();
+        assert!(unwritable(meta).is_none());
+        assert!(!meta.bitmap.as_ref().unwrap().stale);
+        // A state update writes the bitmap's events and events cleared
+        // along with the superblock's; md would take it stale otherwise.
+        sb.events = 50;
+        sb.bitmap.events_cleared = 45;
+        write_md(&m, &sb).unwrap();
+        let mut h = vec![0u8; 256];
+        m.read_at(&mut h, 8192).unwrap();
+        assert_eq!((u64_at(&h, 24), u64_at(&h, 32)), (50, 45));
+        assert_eq!(u32_at(&h, 48) & BITMAP_STALE, 0);
+        let (again, _) = read_md(&m).unwrap().unwrap();
+        assert_eq!((again.events, again.bitmap.events_cleared), (50, 45));
+    }
+
+    #[test]
+    fn an_md_bitmap_behind_its_superblock_is_stale_and_stays_so() {
+        let m = with_bitmap(42, 40);
+        let (mut sb, _) = read_md(&m).unwrap().unwrap();
+        assert!(sb.md.as_ref().unwrap().bitmap.as_ref().unwrap().stale);
+        sb.events = 43;
+        write_md(&m, &sb).unwrap();
+        let mut h = vec![0u8; 256];
+        m.read_at(&mut h, 8192).unwrap();
+        // Raised to the superblock's count, but marked stale for md.
+        assert_eq!(u64_at(&h, 24), 43);
+        assert_ne!(u32_at(&h, 48) & BITMAP_STALE, 0);
+        // Another array's bitmap, or RAID-10's: read-only.
+        let m = with_bitmap(42, 42);
+        m.write_at(&[9u8; 16], 8192 + 8).unwrap();
+        let (sb, _) = read_md(&m).unwrap().unwrap();
+        assert!(unwritable(sb.md.as_ref().unwrap())
+            .unwrap()
+            .contains("another array"));
+        assert_eq!(sb.bitmap.region, 0);
     }
 
     #[test]
