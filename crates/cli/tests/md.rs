@@ -377,6 +377,106 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
         written >= 2 * chunk && written <= (dirty + 4) * chunk,
         "{written} bytes written to the re-added member for {dirty} dirty {chunk}-byte chunks of {bits}: {out}"
     );
+
+    // A new member added by raidkit to the md array raidkit degraded
+    // (r5-12, member 2 failed above): it gets md's superblock of its own
+    // and is rebuilt; stopped in the middle of that rebuild, with a spare
+    // added meanwhile and data written, the kernel assembles all of it,
+    // goes on rebuilding from where raidkit stopped, and ends whole.
+    let ms = members(dir.path(), "r5-12", 3);
+    let new = dir.path().join("r5-12-new.img").display().to_string();
+    let spare = dir.path().join("r5-12-spare.img").display().to_string();
+    let mut srv = Served::start(dir.path(), &ms[..2], &["--rebuild-max", "4M"]);
+    let ctl = srv.control.display().to_string();
+    ok(&["add", "--control", &ctl, &new]);
+    let t0 = std::time::Instant::now();
+    while srv.status()["recovery"]["bytes_done"].as_u64().unwrap_or(0) < 8 << 20 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{:#}", srv.status());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    ok(&["add", "--control", &ctl, &spare]);
+    let p4 = dir.path().join("p4.img");
+    std::fs::write(&p4, p2_data.iter().map(|b| b ^ 0xa5).collect::<Vec<u8>>()).unwrap();
+    tool(
+        "timeout",
+        &[
+            "60",
+            "qemu-io",
+            "-f",
+            "raw",
+            "-c",
+            &format!("write -s {} 40M 4M", p4.display()),
+            &srv.uri,
+        ],
+    );
+    assert_eq!(srv.stop().code(), Some(0));
+    // mdadm sees what raidkit says: the new member in role 2, recovering
+    // from an offset inside its data; the spare a spare.
+    let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &new]).stdout).unwrap();
+    agrees_with_mdadm("r5-12-new", &new, &e);
+    let offset = e["recovery_offset"].as_u64().expect("a recovery offset");
+    let size = e["data_size"].as_u64().unwrap();
+    assert!(offset >= 8 << 20 && offset < size / 2, "{e:#}");
+    let examined =
+        String::from_utf8_lossy(&tool("timeout", &["60", "mdadm", "--examine", &new]).stdout)
+            .to_string();
+    assert!(
+        examined.contains(&format!("Recovery Offset : {} sectors", offset / 512)),
+        "{examined}"
+    );
+    let examined =
+        String::from_utf8_lossy(&tool("timeout", &["60", "mdadm", "--examine", &spare]).stdout)
+            .to_string();
+    assert!(examined.contains("Device Role : spare"), "{examined}");
+    let out = in_vm(
+        dir.path(),
+        "w0=$(awk '{print $7}' /sys/block/vdc/stat)\n\
+         mdadm --assemble /dev/md0 /dev/vda /dev/vdb /dev/vdc /dev/vdd || exit 3\n\
+         cat /proc/mdstat\n\
+         sleep 1; mdadm --wait /dev/md0; cat /proc/mdstat\n\
+         echo \"WRITTEN $(( $(awk '{print $7}' /sys/block/vdc/stat) - w0 ))\"\n\
+         dd if=/dev/md0 bs=1M skip=8 count=4 2>/dev/null | md5sum\n\
+         dd if=/dev/vde bs=1M count=4 2>/dev/null | md5sum\n\
+         echo \"SUM4 $(dd if=/dev/md0 bs=1M skip=40 count=4 2>/dev/null | md5sum | cut -d' ' -f1)\"\n\
+         echo \"WANT4 $(dd if=/dev/vdf bs=1M count=4 2>/dev/null | md5sum | cut -d' ' -f1)\"\n\
+         echo check > /sys/block/md0/md/sync_action; sleep 1\n\
+         while [ \"$(cat /sys/block/md0/md/sync_action)\" != idle ]; do sleep 1; done\n\
+         echo \"MISMATCH $(cat /sys/block/md0/md/mismatch_cnt)\"\n\
+         mdadm --detail /dev/md0 | sed 's/^/DETAIL /'\n\
+         mdadm --stop /dev/md0\n",
+        &[
+            &ms[0],
+            &ms[1],
+            &new,
+            &spare,
+            &p3.display().to_string(),
+            &p4.display().to_string(),
+        ],
+    );
+    assert!(out.contains("[3/3] [UUU]"), "not whole: {out}");
+    assert_two_equal_sums(&out);
+    let line = |tag: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(tag))
+            .unwrap_or_else(|| panic!("no {tag}: {out}"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(line("SUM4 "), line("WANT4 "), "{out}");
+    assert_eq!(line("MISMATCH "), "0", "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("DETAIL") && l.contains("spare")),
+        "the spare is not md's spare: {out}"
+    );
+    // The kernel went on from raidkit's recovery offset: it wrote the
+    // rest of the member, not all of it.
+    let written: u64 = line("WRITTEN ").parse::<u64>().unwrap() * 512;
+    eprintln!("kernel finished raidkit's rebuild from {offset}: {written} bytes written of {size}");
+    assert!(
+        written <= size - offset + (4 << 20) && written >= (size - offset) / 2,
+        "{written} bytes written to finish a rebuild stopped at {offset} of {size}: {out}"
+    );
 }
 
 /// Serve `ms`, fail its member 2, write `data` at 8 MiB through NBD, stop.
@@ -549,6 +649,23 @@ fn arrays_raidkit_creates_with_md_metadata_the_kernel_assembles() {
         assert_eq!(e["metadata"], "md 1.2", "{e:#}");
         agrees_with_mdadm(name, &ms[0], &e);
         ok(&args(&["write", "-o", "0", "--in", &p("payload.img")], &ms));
+        if name == "r1" {
+            // Replaced by raidkit while served: the new disk gets md's
+            // superblock of its own (a device number past the table
+            // create wrote) and the kernel takes it in the old one's place.
+            let new = p("r1-new.img");
+            let mut srv = Served::start(dir.path(), &ms, &[]);
+            let ctl = srv.control.display().to_string();
+            ok(&["replace", "--control", &ctl, &ms[0], "--with", &new]);
+            ok(&["wait", "--control", &ctl]);
+            assert_eq!(srv.stop().code(), Some(0));
+            let e: Value =
+                serde_json::from_slice(&ok(&["examine", "--json", &new]).stdout).unwrap();
+            assert_eq!(e["role"], 0, "{e:#}");
+            agrees_with_mdadm("r1-new", &new, &e);
+            disks.extend([new, ms[1].clone()]);
+            continue;
+        }
         disks.extend(ms);
     }
     // Asked for what md metadata cannot carry: refused, nothing created.
@@ -575,6 +692,7 @@ fn arrays_raidkit_creates_with_md_metadata_the_kernel_assembles() {
          cat /proc/mdstat\n\
          for m in $(ls /sys/block | grep '^md'); do\n\
            echo \"SUM $(cat /sys/block/$m/md/level) $(dd if=/dev/$m bs=1M count=4 2>/dev/null | md5sum | cut -d' ' -f1)\"\n\
+           echo \"DEGRADED $(cat /sys/block/$m/md/level) $(cat /sys/block/$m/md/degraded)\"\n\
            echo check > /sys/block/$m/md/sync_action; sleep 1\n\
            while [ \"$(cat /sys/block/$m/md/sync_action)\" != idle ]; do sleep 1; done\n\
            echo \"MISMATCH $(cat /sys/block/$m/md/level) $(cat /sys/block/$m/md/mismatch_cnt)\"\n\
@@ -599,6 +717,7 @@ fn arrays_raidkit_creates_with_md_metadata_the_kernel_assembles() {
                 .to_string()
         };
         assert_eq!(get("SUM"), want, "{level}: {out}");
+        assert_eq!(get("DEGRADED"), "0", "{level}: {out}");
         assert_eq!(get("MISMATCH"), "0", "{level}: {out}");
     }
 }

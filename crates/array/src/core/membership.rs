@@ -488,7 +488,8 @@ impl Core {
         };
         let need = sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
         let off = member_layout(m.len(), sb.checksums.enabled()).0;
-        if m.len() < off + need {
+        // md's metadata takes its own room (`md::joining` checks it).
+        if sb.md.is_none() && m.len() < off + need {
             return Err(Error::Invalid(format!(
                 "{} is too small: {} bytes, but {off} bytes of metadata plus {need} bytes of data are needed",
                 m.name(),
@@ -499,7 +500,7 @@ impl Core {
     }
 
     /// A fresh superblock for a member joining as a spare.
-    fn new_member_sb(&self, meta: &Meta, m: &dyn Member) -> Superblock {
+    fn new_member_sb(&self, meta: &Meta, m: &dyn Member) -> Result<Superblock> {
         let mut sb = meta.sb.clone();
         sb.seq = 0;
         sb.member_uuid = Uuid::new_v4();
@@ -508,11 +509,41 @@ impl Core {
         (sb.data_offset, sb.checksums) = member_layout(m.len(), meta.sb.checksums.enabled());
         sb.data_size = meta.sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
         sb.recovery_offset = None;
-        sb
+        if let Some(template) = &meta.sb.md {
+            // md names members by device number: the new one gets a number
+            // nobody in the array holds, and md's superblock of its own.
+            let v = self.view.load();
+            let held: Vec<Uuid> = meta
+                .sb
+                .roles
+                .iter()
+                .map(|r| r.member_uuid)
+                .chain(v.spares.iter().map(|d| d.uuid))
+                .chain(v.failed.iter().map(|f| f.0.uuid))
+                .collect();
+            let j =
+                crate::metadata::md::joining(template, sb.array_uuid, &held, m.len(), m.name())?;
+            sb.member_uuid = j.member_uuid;
+            sb.data_offset = j.data_offset;
+            sb.data_size = j.data_size;
+            sb.md = Some(j.meta);
+        }
+        Ok(sb)
     }
 
     /// Blank a new member's metadata area and write its spare superblock.
     fn init_member(&self, m: &dyn Member, sb: &mut Superblock) -> Result<()> {
+        if let Some(md) = &sb.md {
+            // Neither raidkit's superblock copies of an earlier life
+            // (found before md's) nor old bits of a bitmap may remain.
+            m.write_at(&vec![0u8; 2 * SB_SIZE], 0)?;
+            let used = sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
+            let regions = used.div_ceil(sb.bitmap.region.max(1));
+            if let Some((at, len)) = crate::metadata::md::bitmap_extent(md, regions) {
+                m.write_at(&vec![0u8; len as usize], at)?;
+            }
+            return write_superblock(m, sb);
+        }
         let blank = vec![0u8; (sb.data_offset - 2 * SB_SIZE as u64).min(1 << 20) as usize];
         m.write_at(&blank, 2 * SB_SIZE as u64)?;
         raidkit_member::write_zeroes(m, sb.checksums.offset, sb.checksums.size)?;
@@ -568,7 +599,7 @@ impl Core {
                 }
             }
         }
-        let mut sb = self.new_member_sb(&meta, m.as_ref());
+        let mut sb = self.new_member_sb(&meta, m.as_ref())?;
         self.init_member(m.as_ref(), &mut sb)?;
         let disk = Arc::new(Disk::new(m, sb, true));
         let added = match open_role {
@@ -621,7 +652,7 @@ impl Core {
         // behind, with the old shape), then they all join at once.
         let mut disks = Vec::new();
         for m in prepared {
-            let mut sb = self.new_member_sb(&meta, m.as_ref());
+            let mut sb = self.new_member_sb(&meta, m.as_ref())?;
             self.init_member(m.as_ref(), &mut sb)?;
             let disk = Arc::new(Disk::new(m, sb, true));
             if let Some(b) = &self.bitmap {
@@ -689,7 +720,7 @@ impl Core {
         let mut v = View::clone(&self.view.load());
         let r = self.replaceable(&v, who)?;
         let (m, _) = self.prepare(&meta, &v, with, force)?;
-        let mut sb = self.new_member_sb(&meta, m.as_ref());
+        let mut sb = self.new_member_sb(&meta, m.as_ref())?;
         self.init_member(m.as_ref(), &mut sb)?;
         let disk = Arc::new(Disk::new(m, sb, true));
         if let Some(b) = &self.bitmap {

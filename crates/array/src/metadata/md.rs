@@ -34,6 +34,8 @@ const MAX_SECTOR: u64 = u64::MAX;
 const FEATURE_BITMAP_OFFSET: u32 = 1;
 const FEATURE_RECOVERY_OFFSET: u32 = 2;
 const FEATURE_RESHAPE_ACTIVE: u32 = 4;
+const FEATURE_BAD_BLOCKS: u32 = 8;
+const FEATURE_REPLACEMENT: u32 = 16;
 const FEATURE_CLUSTERED: u32 = 256;
 const FEATURE_JOURNAL: u32 = 512;
 const FEATURE_PPL: u32 = 1024 | 2048;
@@ -740,6 +742,135 @@ pub fn new_v12(m: &NewMember<'_>) -> MdMeta {
     }
 }
 
+/// A member joining an md v1 array (as `mdadm --add` makes one).
+#[derive(Debug)]
+pub struct Joining {
+    pub meta: MdMeta,
+    pub member_uuid: Uuid,
+    pub data_offset: u64,
+    pub data_size: u64,
+}
+
+/// md's superblock for a member of `len` bytes joining the array whose
+/// member's superblock is `template`, as a spare (`write_md` then records
+/// the role it takes): the template's with a device number no member of
+/// the array holds (`held`: the member uuids of the roles and spares), a
+/// new device uuid, its own offsets, no recovery, no bad blocks; 1.1 and
+/// 1.2 keep the template's data offset, 1.0 keeps its reserved space
+/// before the superblock at the member's end. Its bitmap superblock lies
+/// where the template's does, relative to its superblock.
+pub fn joining(
+    template: &MdMeta,
+    array: Uuid,
+    held: &[Uuid],
+    len: u64,
+    name: &str,
+) -> Result<Joining> {
+    if template.version == MdVersion::V0_90 {
+        return Err(Error::Invalid(format!(
+            "{name}: the array has md 0.90 metadata, which raidkit does not write (nothing was written)"
+        )));
+    }
+    let t = &template.raw;
+    let max_dev = u32_at(t, 220);
+    let in_use: Vec<u32> = held.iter().filter_map(|u| dev_of(array, *u)).collect();
+    // md writes 0xffff for numbers nobody holds and for spares; numbers
+    // of members md or raidkit failed (0xfffe) are not reused, so that
+    // such a disk coming back is never taken for the new one.
+    // Beyond the table's end every number is free: the table grows (as
+    // the kernel's super_1_sync grows it), up to what 4 KiB holds.
+    let dev = (0..MAX_DEVS)
+        .find(|&d| {
+            (d >= max_dev || u16_at(t, 256 + 2 * d as usize) == 0xffff) && !in_use.contains(&d)
+        })
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "{name}: md's role table of this array is full ({MAX_DEVS} device numbers); nothing was written"
+            ))
+        })?;
+    let used = u64_at(t, 80);
+    let (sb_sectors, data_offset, data_size) = match template.version {
+        MdVersion::V1_0 => {
+            // The template's space between its data and its superblock
+            // (bitmap, bad-block log) is kept.
+            let reserved = u64_at(t, 144).saturating_sub(u64_at(t, 136));
+            let at = v1_0_offset(len) / SECTOR;
+            (at, 0, at.saturating_sub(reserved))
+        }
+        v => {
+            let at = if v == MdVersion::V1_2 { 8 } else { 0 };
+            let off = u64_at(t, 128);
+            (at, off, (len / SECTOR).saturating_sub(off))
+        }
+    };
+    if data_size < used || (data_offset + data_size) * SECTOR > len {
+        return Err(Error::Invalid(format!(
+            "{name} is too small for this md array: {len} bytes, but {} bytes of data are needed after md's metadata",
+            used * SECTOR
+        )));
+    }
+    let mut b = t.clone();
+    put64(&mut b, 128, data_offset);
+    put64(&mut b, 136, data_size);
+    put64(&mut b, 144, sb_sectors);
+    put64(&mut b, 152, 0);
+    put32(&mut b, 160, dev);
+    put32(&mut b, 164, 0); // corrected read errors
+    b[168..184].copy_from_slice(Uuid::new_v4().as_bytes());
+    b[184] = 0; // devflags (write-mostly, failfast)
+                // Per-device features: no recovery yet, no bad blocks recorded, not a
+                // replacement.
+    let feature =
+        u32_at(&b, 8) & !(FEATURE_RECOVERY_OFFSET | FEATURE_BAD_BLOCKS | FEATURE_REPLACEMENT);
+    put32(&mut b, 8, feature);
+    grow_roles(&mut b, dev + 1);
+    let at = 256 + 2 * dev as usize;
+    b[at..at + 2].copy_from_slice(&0xffffu16.to_le_bytes());
+    let sb_offset = sb_sectors * SECTOR;
+    let bitmap = template.bitmap.as_ref().map(|bm| MdBitmap {
+        at: (sb_offset as i64 + (bm.at as i64 - template.sb_offset as i64)).max(0) as u64,
+        ..bm.clone()
+    });
+    Ok(Joining {
+        meta: MdMeta {
+            version: template.version,
+            sb_offset,
+            dev_number: dev,
+            bitmap,
+            raw: b,
+        },
+        member_uuid: dev_uuid(array, dev),
+        data_offset: data_offset * SECTOR,
+        data_size: data_size * SECTOR,
+    })
+}
+
+/// Device numbers a 4 KiB md v1 superblock has room for.
+const MAX_DEVS: u32 = (4096 - 256) / 2;
+
+/// Make the role table of superblock `b` at least `n` entries long, the
+/// new ones unheld (0xffff).
+fn grow_roles(b: &mut [u8], n: u32) {
+    let max_dev = u32_at(b, 220);
+    if n <= max_dev {
+        return;
+    }
+    for d in max_dev..n {
+        let at = 256 + 2 * d as usize;
+        b[at..at + 2].copy_from_slice(&0xffffu16.to_le_bytes());
+    }
+    put32(b, 220, n);
+}
+
+/// The member bytes a joining member's md metadata takes beyond its
+/// superblock: its bitmap (superblock and bits for `regions` chunks), to be
+/// blanked before it joins.
+pub fn bitmap_extent(meta: &MdMeta, regions: u64) -> Option<(u64, u64)> {
+    meta.bitmap
+        .as_ref()
+        .map(|bm| (bm.at, BITMAP_SB + regions.div_ceil(8)))
+}
+
 /// The member uuid of md device number `dev` of `array` (see `dev_uuid`).
 pub fn member_uuid(array: Uuid, dev: u32) -> Uuid {
     dev_uuid(array, dev)
@@ -818,6 +949,17 @@ pub fn write_md(m: &dyn Member, sb: &Superblock) -> Result<()> {
         }
     }
     put32(&mut b, 8, feature);
+    // A member that joined after this superblock was written may have a
+    // number beyond its table.
+    let needed = sb
+        .roles
+        .iter()
+        .filter_map(|e| dev_of(sb.array_uuid, e.member_uuid))
+        .chain([meta.dev_number])
+        .filter(|&d| d < MAX_DEVS)
+        .max()
+        .map_or(0, |d| d + 1);
+    grow_roles(&mut b, needed);
     let max_dev = u32_at(&b, 220) as usize;
     let set_role = |b: &mut Vec<u8>, dev: u32, v: u16| {
         if (dev as usize) < max_dev {
@@ -825,6 +967,19 @@ pub fn write_md(m: &dyn Member, sb: &Superblock) -> Result<()> {
             b[at..at + 2].copy_from_slice(&v.to_le_bytes());
         }
     };
+    // A device the table has in a role that another member now holds (a
+    // replaced or failed one) is faulty, as md's super_1_sync marks every
+    // device it no longer has: no assembly may take it for that role.
+    for d in 0..max_dev as u32 {
+        let r = u16_at(&b, 256 + 2 * d as usize);
+        let holder = sb
+            .roles
+            .get(usize::from(r))
+            .and_then(|e| dev_of(sb.array_uuid, e.member_uuid));
+        if usize::from(r) < sb.roles.len() && holder != Some(d) && d != meta.dev_number {
+            set_role(&mut b, d, 0xfffe);
+        }
+    }
     for (r, e) in sb.roles.iter().enumerate() {
         let Some(dev) = dev_of(sb.array_uuid, e.member_uuid) else {
             continue;
@@ -973,6 +1128,75 @@ mod tests {
             .unwrap()
             .contains("another array"));
         assert_eq!(sb.bitmap.region, 0);
+    }
+
+    #[test]
+    fn a_joining_member_gets_a_free_number_and_md_offsets_of_its_own() {
+        let m = with_bitmap(42, 42);
+        let (sb, _) = read_md(&m).unwrap().unwrap();
+        let mut template = sb.md.clone().unwrap();
+        // Device 1 failed (md's 0xfffe) and device 3 is a spare raidkit
+        // knows: neither number is given again.
+        template.raw[258..260].copy_from_slice(&0xfffeu16.to_le_bytes());
+        let held = [
+            member_uuid(sb.array_uuid, 0),
+            member_uuid(sb.array_uuid, 2),
+            member_uuid(sb.array_uuid, 3),
+        ];
+        let j = joining(&template, sb.array_uuid, &held, 200 << 20, "n").unwrap();
+        assert_eq!(j.meta.dev_number, 4);
+        assert_eq!(j.member_uuid, member_uuid(sb.array_uuid, 4));
+        assert_eq!((j.data_offset, j.data_size), (1 << 20, 199 << 20));
+        assert_eq!(j.meta.bitmap.as_ref().unwrap().at, 8192);
+        assert_ne!(j.meta.raw[168..184], template.raw[168..184]);
+        // Written and read back: the new member, a spare of the array.
+        let n = MemMember::new("n", 200 << 20);
+        let mut nsb = sb.clone();
+        nsb.member_uuid = j.member_uuid;
+        nsb.role = Role::Spare;
+        nsb.md = Some(j.meta);
+        write_md(&n, &nsb).unwrap();
+        let (back, info) = read_md(&n).unwrap().unwrap();
+        assert_eq!((info.dev_number, back.role), (4, Role::Spare));
+        assert_eq!(back.array_uuid, sb.array_uuid);
+        // Too small, or no number left: refused.
+        let e = joining(&template, sb.array_uuid, &held, 64 << 20, "n").unwrap_err();
+        assert!(e.to_string().contains("too small"), "{e}");
+        let all: Vec<Uuid> = (0..MAX_DEVS)
+            .map(|d| member_uuid(sb.array_uuid, d))
+            .collect();
+        let e = joining(&template, sb.array_uuid, &all, 200 << 20, "n").unwrap_err();
+        assert!(e.to_string().contains("full"), "{e}");
+        // Past the table's end: the table grows for the new member, and
+        // the others' grow when they are next written.
+        let j = joining(&template, sb.array_uuid, &all[..3], 200 << 20, "n").unwrap();
+        assert_eq!((j.meta.dev_number, u32_at(&j.meta.raw, 220)), (3, 4));
+        let mut old = sb.clone();
+        old.roles[1].member_uuid = j.member_uuid;
+        write_md(&m, &old).unwrap();
+        let mut raw = vec![0u8; 4096];
+        m.read_at(&mut raw, 4096).unwrap();
+        assert_eq!((u32_at(&raw, 220), u16_at(&raw, 256 + 6)), (4, 1));
+        assert!(read_md(&m).is_ok());
+    }
+
+    #[test]
+    fn a_member_joining_a_v1_0_array_keeps_the_space_before_its_superblock() {
+        let len = 128u64 << 20;
+        let at = v1_0_offset(len);
+        let mut b = sb12(1, 0, 2, 0, 3);
+        put64(&mut b, 128, 0);
+        put64(&mut b, 136, at / 512 - 16);
+        put64(&mut b, 144, at / 512);
+        let c = sb1_csum(&b);
+        put32(&mut b, 216, c);
+        let (sb, _) = read_md(&member_with(&b, at)).unwrap().unwrap();
+        let bigger = 200u64 << 20;
+        let j = joining(sb.md.as_ref().unwrap(), sb.array_uuid, &[], bigger, "n").unwrap();
+        assert_eq!(j.meta.sb_offset, v1_0_offset(bigger));
+        assert_eq!(j.data_offset, 0);
+        assert_eq!(j.data_size, v1_0_offset(bigger) - 16 * 512);
+        assert_eq!(j.meta.dev_number, 2);
     }
 
     #[test]
