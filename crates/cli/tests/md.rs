@@ -397,19 +397,7 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
     ok(&["add", "--control", &ctl, &spare]);
     let p4 = dir.path().join("p4.img");
     std::fs::write(&p4, p2_data.iter().map(|b| b ^ 0xa5).collect::<Vec<u8>>()).unwrap();
-    tool(
-        "timeout",
-        &[
-            "60",
-            "qemu-io",
-            "-f",
-            "raw",
-            "-c",
-            &format!("write -s {} 40M 4M", p4.display()),
-            &srv.uri,
-        ],
-    );
-    assert_eq!(srv.stop().code(), Some(0));
+    write_and_stop(&mut srv, &p4, "40M");
     // mdadm sees what raidkit says: the new member in role 2, recovering
     // from an offset inside its data; the spare a spare.
     let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &new]).stdout).unwrap();
@@ -488,6 +476,12 @@ fn write_without_member_2(dir: &Path, ms: &[String], data: &Path) {
         &srv.control.display().to_string(),
         &ms[2],
     ]);
+    write_and_stop(&mut srv, data, "8M");
+}
+
+/// Write the 4 MiB file `data` at `offset` of `srv`'s export (qemu-io), then
+/// stop the server cleanly.
+fn write_and_stop(srv: &mut Served, data: &Path, offset: &str) {
     tool(
         "timeout",
         &[
@@ -496,7 +490,7 @@ fn write_without_member_2(dir: &Path, ms: &[String], data: &Path) {
             "-f",
             "raw",
             "-c",
-            &format!("write -s {} 8M 4M", data.display()),
+            &format!("write -s {} {offset} 4M", data.display()),
             &srv.uri,
         ],
     );
@@ -573,6 +567,38 @@ fn agrees_with_mdadm(name: &str, member: &str, e: &Value) {
             r.ends_with(&format!("device {ours}")),
             "{name}: role {r} vs {ours}: {text}"
         );
+    }
+    // 1.x prints sizes in sectors ("N sectors (...)"), 0.90 in KiB.
+    let bytes = |v: &str| -> u64 {
+        let n: u64 = v.split_whitespace().next().unwrap().parse().unwrap();
+        n * if v.contains("sectors") { 512 } else { 1024 }
+    };
+    if let Some(d) = get("Avail Dev Size") {
+        assert_eq!(
+            bytes(&d),
+            e["data_size"].as_u64().unwrap(),
+            "{name}: {text}"
+        );
+    }
+    if let Some(d) = get("Used Dev Size") {
+        let role_size = e["roles"][0]["data_size"].as_u64();
+        assert_eq!(Some(bytes(&d)), role_size, "{name}: {text} {e:#}");
+    }
+    if let Some(st) = get("State") {
+        // md's clean, or active (in use: raidkit's dirty).
+        let ours = if st == "clean" { "clean" } else { "dirty" };
+        assert_eq!(e["state"], ours, "{name}: {text}");
+    }
+    match get("Recovery Offset") {
+        Some(r) => {
+            let sectors: u64 = r.split_whitespace().next().unwrap().parse().unwrap();
+            assert_eq!(
+                Some(sectors * 512),
+                e["recovery_offset"].as_u64(),
+                "{name}: {text}"
+            );
+        }
+        None => assert!(e["recovery_offset"].is_null(), "{name}: {text}"),
     }
     if let Some(n) = get("Name") {
         let short = n.split_whitespace().next().unwrap();
