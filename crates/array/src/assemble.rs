@@ -223,9 +223,13 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
         });
         // Likewise a level takeover (no data moved): one behind with the
         // shape it was converted from is current.
+        // RAID-5 to RAID-6 adds the member for Q as a new last role.
+        let took_q = fresh.level == raidkit_layout::Level::Raid6
+            && sb.level == raidkit_layout::Level::Raid5
+            && sb.raid_disks() + 1 == n;
         let missed_takeover = sb.events + 1 == fresh.events
             && fresh.converted_from == Some((sb.level, sb.layout, sb.chunk))
-            && sb.raid_disks() == n;
+            && (sb.raid_disks() == n || took_q);
         let shape_differs = !missed_takeover
             && (sb.level != fresh.level
                 || sb.layout != fresh.layout
@@ -238,6 +242,9 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
                     .iter()
                     .position(|e| e.member_uuid == sb.member_uuid)
                 {
+                    // (The new member of a RAID-5 to RAID-6 takeover cut
+                    // short, still with its spare superblock, stays a
+                    // spare here and takes its role as spares do.)
                     Some(r) if missed_start && starting.is_some_and(|old| r >= old) => r,
                     _ => {
                         spares.push((m, sb));

@@ -306,7 +306,8 @@ impl Array {
             }
             (Level::Raid5, Level::Raid6) => {
                 return Err(Error::Invalid(
-                    "RAID-5 to RAID-6 is not supported yet (it moves every stripe to make room for Q)".into(),
+                    "a RAID-5 becomes a RAID-6 with one new member for Q: give it (--add MEMBER)"
+                        .into(),
                 ));
             }
             (a, b) => {
@@ -339,11 +340,66 @@ impl Array {
             return Err(e);
         }
         drop(meta);
+        self.level_changed(&cur, &new, "");
+        Ok(new)
+    }
+
+    /// RAID-5 to RAID-6 with `m` (opened by the caller) as the new member,
+    /// as md's takeover with `--layout=preserve`: the RAID-5 layout stays
+    /// on the old members byte for byte and Q goes to the new last member
+    /// (md's "-6" layouts), which is then built as a rebuild builds a
+    /// member, online. The member joins as a spare first (an update of its
+    /// own), then takes the new role with the new level in one superblock
+    /// update; a crash between or during them starts the array at either
+    /// level (see assembly's takeover rule).
+    pub fn take_over_adding(
+        &self,
+        level: Level,
+        m: Arc<dyn Member>,
+        force: bool,
+    ) -> Result<Geometry> {
+        let cur = self.core.geom();
+        let q_last = match (cur.level, level, cur.layout) {
+            (Level::Raid5, Level::Raid6, Layout::Parity(p)) => p.with_q_last(),
+            _ => None,
+        };
+        let Some(q_last) = q_last else {
+            return Err(Error::Invalid(format!(
+                "changing {} to {level} with a new member is not supported (raidkit converts RAID-5 to RAID-6 that way)",
+                cur.level
+            )));
+        };
+        let mut sizes = cur.member_sizes.clone();
+        sizes.push(cur.member_sizes[0]);
+        let new = Geometry::new(Level::Raid6, Layout::Parity(q_last), cur.chunk, sizes)
+            .map_err(|e| Error::Invalid(format!("--level 6: {e}")))?;
+        debug_assert_eq!(new.capacity(), cur.capacity());
+        self.check_quiet("change the level")?;
+        let name = m.name().to_string();
+        match self.core.add_member(m, force)? {
+            crate::core::Added::Spare => {}
+            crate::core::Added::Role { role, .. } => {
+                return Err(Error::Invalid(format!(
+                    "{name} took role {role} of the array instead of becoming the new member for Q; the level is unchanged"
+                )))
+            }
+        }
+        {
+            let _fence = self.reshape.write().unwrap_or_else(|e| e.into_inner());
+            self.core.join_as_new_role(&name, Arc::new(new.clone()))?;
+        }
+        self.core.wake.kick();
+        self.level_changed(&cur, &new, &format!("; Q is being built on {name}"));
+        Ok(new)
+    }
+
+    /// Announce a level change (event `LevelChanged`).
+    fn level_changed(&self, cur: &Geometry, new: &Geometry, more: &str) {
         self.core.emit(
             crate::events::NewEvent::new(
                 "LevelChanged",
                 crate::events::Severity::Info,
-                format!("now {} ({}), no data moved", new.level, new.layout),
+                format!("now {} ({}), no data moved{more}", new.level, new.layout),
             )
             .data(serde_json::json!({
                 "from": cur.level.to_string(),
@@ -351,7 +407,6 @@ impl Array {
                 "layout": new.layout.to_string(),
             })),
         );
-        Ok(new)
     }
 
     /// Refuse a change of shape while the array is not whole and quiet.

@@ -130,7 +130,7 @@ pub fn grow(a: GrowArgs) -> Result<()> {
         (a.size.is_some(), "--size (using members that have grown)"),
     ] {
         if given {
-            bail!("grow {what} is not supported yet; raidkit grows arrays by members (--add) and converts RAID-4 and two-member RAID-1 to RAID-5 (--level 5)");
+            bail!("grow {what} is not supported yet; raidkit grows arrays by members (--add), converts RAID-4 and two-member RAID-1 to RAID-5 (--level 5) and RAID-5 to RAID-6 with one new member (--level 6 --add MEMBER)");
         }
     }
     if a.add.is_empty() && a.level.is_none() {
@@ -149,14 +149,20 @@ pub fn grow(a: GrowArgs) -> Result<()> {
         );
         return Ok(());
     }
+    let q_built = v["level"] == "raid6" && a.level.is_some();
     if a.level.is_some() {
         println!(
-            "raidkit: now {} ({}); no data moved",
+            "raidkit: now {} ({}); no data moved{}",
             v["level"].as_str().unwrap_or("?"),
-            v["layout"].as_str().unwrap_or("?")
+            v["layout"].as_str().unwrap_or("?"),
+            if q_built {
+                "; Q is being built on the new member (raidkit wait to follow it)"
+            } else {
+                ""
+            }
         );
     }
-    if !a.add.is_empty() {
+    if !a.add.is_empty() && !q_built {
         println!(
             "raidkit: growing to {} members, {} to {}; the data moves while the array serves (raidkit wait to follow it)",
             v["members"],

@@ -783,8 +783,9 @@ pub struct GrowArgs {
     #[arg(long, num_args = 1.., value_name = "MEMBER")]
     pub add: Vec<String>,
     /// Convert to another level where no data moves: `5` turns a RAID-4
-    /// or a two-member RAID-1 into a RAID-5 (with `--add`, grown after).
-    /// Other conversions (5 to 6) are refused.
+    /// or a two-member RAID-1 into a RAID-5 (with `--add`, grown after);
+    /// `6` with one `--add` turns a RAID-5 into a RAID-6 whose Q is built
+    /// on the new member (md's "-6" layout). Other conversions are refused.
     #[arg(long, value_name = "LEVEL")]
     pub level: Option<String>,
     /// Change the chunk size: not supported yet, refused.

@@ -908,11 +908,29 @@ fn control_handler(array: Arc<Array>, stats: Arc<Stats>, served: Served) -> Arc<
                 let size = array.capacity();
                 // The level first (no data moves), then the members.
                 let mut g = (*array.geometry()).clone();
-                if let Some(l) = level {
-                    g = array.take_over(l).map_err(|e| e.to_string())?;
+                let mut members = members.as_slice();
+                match level {
+                    // RAID-5 to RAID-6 takes one new member, for Q.
+                    Some(l @ raidkit_layout::Level::Raid6)
+                        if g.level == raidkit_layout::Level::Raid5 =>
+                    {
+                        let [first, rest @ ..] = members else {
+                            return Err("a RAID-5 becomes a RAID-6 with one new member for Q: give it (--add MEMBER)".into());
+                        };
+                        if !rest.is_empty() {
+                            return Err("RAID-5 to RAID-6 takes exactly one new member (for Q); add more with another grow once it is built".into());
+                        }
+                        g = raidkit_open::take_over_adding(&array, l, first, flag("force"))
+                            .map_err(|e| {
+                                crate::admin::in_use_message(&e).unwrap_or(e.to_string())
+                            })?;
+                        members = &[];
+                    }
+                    Some(l) => g = array.take_over(l).map_err(|e| e.to_string())?,
+                    None => {}
                 }
                 if !members.is_empty() {
-                    g = raidkit_open::grow(&array, &members, flag("force")).map_err(|e| {
+                    g = raidkit_open::grow(&array, members, flag("force")).map_err(|e| {
                         crate::admin::in_use_message(&e).unwrap_or(e.to_string())
                     })?;
                 }

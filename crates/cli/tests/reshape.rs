@@ -55,22 +55,56 @@ fn random_file(path: &Path, len: usize) {
     std::fs::write(path, data).unwrap();
 }
 
+/// `grow --level LEVEL --add MEMBER`: the reply says the level, the
+/// member count and the new size.
+fn grow_level(ctl: &str, level: &str, member: &str, members: u64, new_size: Option<u64>) {
+    let out = ok(&[
+        "grow",
+        "--json",
+        "--control",
+        ctl,
+        "--level",
+        level,
+        "--add",
+        member,
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["level"], format!("raid{level}"), "{v}");
+    assert_eq!(v["members"], members, "{v}");
+    assert_eq!(v["new_size"].as_u64(), new_size, "{v}");
+}
+
+/// Member files (`used` of `all`) of a new `level` array of `size` each,
+/// served with the rebuild throttled to `rate`, its first `data` bytes
+/// random ones kept in the file returned.
+fn served_with_data(
+    dir: &Path,
+    level: &str,
+    (used, all): (usize, usize),
+    size: &str,
+    rate: &str,
+    data: usize,
+) -> (Vec<String>, Served, std::path::PathBuf) {
+    let ms = members(dir, all);
+    create(level, &ms[..used], size);
+    let s = Served::start(
+        dir,
+        &ms[..used],
+        &["--rebuild-min", rate, "--rebuild-max", rate],
+    );
+    let file = dir.join("data");
+    random_file(&file, data);
+    tool("nbdcopy", &[&file.display().to_string(), &s.uri, "--flush"]);
+    (ms, s, file)
+}
+
 #[test]
 fn grow_while_fio_verifies_and_the_new_size_comes_at_the_end() {
     let dir = tmp();
-    let ms = members(dir.path(), 5);
-    create("5", &ms[..4], "48M");
-    let mut s = Served::start(
-        dir.path(),
-        &ms[..4],
-        &["--rebuild-min", "16M", "--rebuild-max", "16M"],
-    );
+    // Known data in the first 64 MiB, fio's own in the 32 MiB after.
+    let (ms, mut s, file) = served_with_data(dir.path(), "5", (4, 5), "48M", "16M", 64 << 20);
     let ctl = s.control.display().to_string();
     let before = export_size(&s.uri);
-    // Known data in the first 64 MiB, fio's own in the 32 MiB after.
-    let file = dir.path().join("data");
-    random_file(&file, 64 << 20);
-    tool("nbdcopy", &[&file.display().to_string(), &s.uri, "--flush"]);
     let mut writer = Guarded::spawn(&mut fio(&s.uri, "64m", "32m", 12));
     std::thread::sleep(std::time::Duration::from_millis(500));
     let out = ok(&["grow", "--json", "--control", &ctl, "--add", &ms[4]]);
@@ -249,20 +283,7 @@ fn a_two_disk_mirror_becomes_a_three_disk_raid5_while_served() {
     let file = dir.path().join("data");
     random_file(&file, before as usize);
     tool("nbdcopy", &[&file.display().to_string(), &s.uri, "--flush"]);
-    let out = ok(&[
-        "grow",
-        "--json",
-        "--control",
-        &ctl,
-        "--level",
-        "5",
-        "--add",
-        &ms[2],
-    ]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["level"], "raid5", "{v}");
-    assert_eq!(v["members"], 3, "{v}");
-    assert_eq!(v["new_size"].as_u64(), Some(2 * before), "{v}");
+    grow_level(&ctl, "5", &ms[2], 3, Some(2 * before));
     ok(&["wait", "--control", &ctl]);
     let st = s.status();
     assert_eq!(st["array"]["level"], "raid5", "{st}");
@@ -278,4 +299,81 @@ fn a_two_disk_mirror_becomes_a_three_disk_raid5_while_served() {
         serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
     assert_eq!(d["level"], "raid5", "{d}");
     assert_eq!(d["raid_disks"], 3, "{d}");
+}
+
+#[test]
+fn a_raid5_becomes_a_raid6_with_one_new_disk_while_fio_verifies() {
+    // A RAID-5 of three, a fourth disk bought for a second parity: no
+    // byte of the old members moves (md's "-6" layout, Q on the new
+    // disk), Q is built while fio writes and verifies, and the array then
+    // survives losing any two.
+    let dir = tmp();
+    let (ms, mut s, file) = served_with_data(dir.path(), "5", (3, 5), "32M", "8M", 32 << 20);
+    let ctl = s.control.display().to_string();
+    let size = export_size(&s.uri);
+    // Two new members: refused, nothing changes, no file left behind.
+    fails(
+        &[
+            "grow",
+            "--control",
+            &ctl,
+            "--level",
+            "6",
+            "--add",
+            &ms[3],
+            "--add",
+            &ms[4],
+        ],
+        "exactly one new member",
+    );
+    assert_eq!(s.status()["array"]["level"], "raid5");
+    assert!(!Path::new(&ms[3]).exists() && !Path::new(&ms[4]).exists());
+    let mut writer = Guarded::spawn(&mut fio(&s.uri, "32m", "24m", 8));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    grow_level(&ctl, "6", &ms[3], 4, Some(size));
+    let st = s.status();
+    assert_eq!(st["array"]["layout"], "left-symmetric-6", "{st}");
+    assert_eq!(st["recovery"]["kind"], "rebuild", "{st}");
+    let w = writer.wait_within(std::time::Duration::from_secs(120));
+    assert!(w.success(), "fio failed its verification while Q was built");
+    ok(&[
+        "speed",
+        "--control",
+        &ctl,
+        "--rebuild-min",
+        "0",
+        "--rebuild-max",
+        "0",
+    ]);
+    ok(&["wait", "--control", &ctl]);
+    assert_eq!(s.status()["state"], "optimal");
+    assert_eq!(export_size(&s.uri), size);
+    let v = output_within(
+        fio(&s.uri, "32m", "24m", 2).args(["--rw=randread", "--verify_only"]),
+        DEADLINE,
+    );
+    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stdout));
+    assert!(s.stop().success());
+    ok(&args(&["check"], &ms[..4]));
+    let d: serde_json::Value =
+        serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms[..4])).stdout).unwrap();
+    assert_eq!(d["level"], "raid6", "{d}");
+    assert_eq!(d["raid_disks"], 4, "{d}");
+    // Any two gone (here an old member and the new one): every byte of
+    // the data written before reads back.
+    let two_left = [ms[0].clone(), ms[2].clone()];
+    let back = dir.path().join("back");
+    ok(&args(
+        &[
+            "read",
+            "-o",
+            "0",
+            "-n",
+            "32M",
+            "--out",
+            &back.display().to_string(),
+        ],
+        &two_left,
+    ));
+    assert!(std::fs::read(&back).unwrap() == std::fs::read(&file).unwrap());
 }

@@ -179,6 +179,15 @@ pub enum ParityLayout {
     ParityFirst = 4,
     /// md's ALGORITHM_PARITY_N: P (and Q) on the last members.
     ParityLast = 5,
+    /// RAID-6 only, md's ALGORITHM_*_6: the RAID-5 layout of that name
+    /// over all members but the last, Q always on the last. md's RAID-5 to
+    /// RAID-6 conversion with a new member keeps it (mdadm's
+    /// `--layout=preserve`): no data moves, Q is built on the new member.
+    LeftAsymmetric6 = 16,
+    RightAsymmetric6 = 17,
+    LeftSymmetric6 = 18,
+    RightSymmetric6 = 19,
+    ParityFirst6 = 20,
 }
 
 impl ParityLayout {
@@ -191,6 +200,15 @@ impl ParityLayout {
         ParityLayout::ParityLast,
     ];
 
+    /// The RAID-6 layouts with Q on the last member (md's "-6" ones).
+    pub const Q_LAST: [ParityLayout; 5] = [
+        ParityLayout::LeftAsymmetric6,
+        ParityLayout::RightAsymmetric6,
+        ParityLayout::LeftSymmetric6,
+        ParityLayout::RightSymmetric6,
+        ParityLayout::ParityFirst6,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             ParityLayout::LeftAsymmetric => "left-asymmetric",
@@ -199,7 +217,39 @@ impl ParityLayout {
             ParityLayout::RightSymmetric => "right-symmetric",
             ParityLayout::ParityFirst => "parity-first",
             ParityLayout::ParityLast => "parity-last",
+            ParityLayout::LeftAsymmetric6 => "left-asymmetric-6",
+            ParityLayout::RightAsymmetric6 => "right-asymmetric-6",
+            ParityLayout::LeftSymmetric6 => "left-symmetric-6",
+            ParityLayout::RightSymmetric6 => "right-symmetric-6",
+            ParityLayout::ParityFirst6 => "parity-first-6",
         }
+    }
+
+    /// For a "-6" layout, the RAID-5 layout its P and data follow.
+    pub fn raid5_part(self) -> Option<ParityLayout> {
+        Some(match self {
+            ParityLayout::LeftAsymmetric6 => ParityLayout::LeftAsymmetric,
+            ParityLayout::RightAsymmetric6 => ParityLayout::RightAsymmetric,
+            ParityLayout::LeftSymmetric6 => ParityLayout::LeftSymmetric,
+            ParityLayout::RightSymmetric6 => ParityLayout::RightSymmetric,
+            ParityLayout::ParityFirst6 => ParityLayout::ParityFirst,
+            _ => return None,
+        })
+    }
+
+    /// The RAID-6 layout a RAID-5 of this layout becomes when a member is
+    /// added for Q and nothing moves (md's raid5 to raid6 takeover):
+    /// parity-last keeps its number (P then Q last).
+    pub fn with_q_last(self) -> Option<ParityLayout> {
+        Some(match self {
+            ParityLayout::LeftAsymmetric => ParityLayout::LeftAsymmetric6,
+            ParityLayout::RightAsymmetric => ParityLayout::RightAsymmetric6,
+            ParityLayout::LeftSymmetric => ParityLayout::LeftSymmetric6,
+            ParityLayout::RightSymmetric => ParityLayout::RightSymmetric6,
+            ParityLayout::ParityFirst => ParityLayout::ParityFirst6,
+            ParityLayout::ParityLast => ParityLayout::ParityLast,
+            _ => return None,
+        })
     }
 }
 
@@ -229,7 +279,9 @@ impl Layout {
         match level {
             Level::Raid4 | Level::Raid5 | Level::Raid6 => ParityLayout::ALL
                 .into_iter()
+                .chain(ParityLayout::Q_LAST)
                 .find(|p| *p as u32 == n)
+                .filter(|p| level == Level::Raid6 || p.raid5_part().is_none())
                 .map(Layout::Parity),
             Level::Raid10 if n >> 8 == 1 && (2..=8).contains(&(n & 0xff)) => {
                 Some(Layout::Near((n & 0xff) as u8))
@@ -245,6 +297,7 @@ impl Layout {
         let t = s.trim().to_ascii_lowercase();
         let parsed = ParityLayout::ALL
             .into_iter()
+            .chain(ParityLayout::Q_LAST)
             .find(|p| p.name() == t || short_name(*p) == t)
             .map(Layout::Parity)
             .or_else(|| {
@@ -252,13 +305,7 @@ impl Layout {
                 (2..=8).contains(&n).then_some(Layout::Near(n))
             })
             .ok_or_else(|| LayoutError::UnknownLayout(s.to_string()))?;
-        let fits = matches!(
-            (level, parsed),
-            (
-                Level::Raid4 | Level::Raid5 | Level::Raid6,
-                Layout::Parity(_)
-            ) | (Level::Raid10, Layout::Near(_))
-        );
+        let fits = layout_fits(level, parsed);
         if !fits {
             return Err(LayoutError::LayoutNotForLevel {
                 level,
@@ -266,6 +313,17 @@ impl Layout {
             });
         }
         Ok(parsed)
+    }
+}
+
+/// Whether `level` can have `layout` (the "-6" layouts are RAID-6's).
+fn layout_fits(level: Level, layout: Layout) -> bool {
+    match (level, layout) {
+        (Level::Linear | Level::Raid0 | Level::Raid1, Layout::None) => true,
+        (Level::Raid4 | Level::Raid5, Layout::Parity(p)) => p.raid5_part().is_none(),
+        (Level::Raid6, Layout::Parity(_)) => true,
+        (Level::Raid10, Layout::Near(c)) => (2..=8).contains(&c),
+        _ => false,
     }
 }
 
@@ -278,6 +336,11 @@ fn short_name(p: ParityLayout) -> &'static str {
         ParityLayout::RightSymmetric => "rs",
         ParityLayout::ParityFirst => "parity-0",
         ParityLayout::ParityLast => "parity-n",
+        ParityLayout::LeftAsymmetric6 => "la-6",
+        ParityLayout::RightAsymmetric6 => "ra-6",
+        ParityLayout::LeftSymmetric6 => "ls-6",
+        ParityLayout::RightSymmetric6 => "rs-6",
+        ParityLayout::ParityFirst6 => "parity-0-6",
     }
 }
 
@@ -350,6 +413,39 @@ pub fn check_chunk(chunk: u64) -> Result<(), LayoutError> {
     Ok(())
 }
 
+/// md's RAID-5 placement of stripe `stripe` over `n` members with one
+/// parity: P's member, and the data chunks' members pushed onto `data`.
+fn raid5_placement(
+    alg: ParityLayout,
+    n: usize,
+    stripe: u64,
+    data: &mut SmallVec<[usize; 16]>,
+) -> usize {
+    let k = n - 1;
+    let r = (stripe % n as u64) as usize;
+    let p = match alg {
+        ParityLayout::LeftAsymmetric | ParityLayout::LeftSymmetric => k - r,
+        ParityLayout::RightAsymmetric | ParityLayout::RightSymmetric => r,
+        ParityLayout::ParityFirst => 0,
+        _ => k,
+    };
+    for d in 0..k {
+        data.push(match alg {
+            ParityLayout::LeftAsymmetric | ParityLayout::RightAsymmetric => {
+                if d >= p {
+                    d + 1
+                } else {
+                    d
+                }
+            }
+            ParityLayout::LeftSymmetric | ParityLayout::RightSymmetric => (p + 1 + d) % n,
+            ParityLayout::ParityFirst => d + 1,
+            _ => d,
+        });
+    }
+    p
+}
+
 impl Geometry {
     /// Build a geometry. `member_sizes` are the raw data-area sizes; they are
     /// rounded down to whole chunks (as md does), and for every level but
@@ -362,16 +458,7 @@ impl Geometry {
     ) -> Result<Geometry, LayoutError> {
         check_chunk(chunk)?;
         let n = member_sizes.len();
-        let layout_ok = matches!(
-            (level, layout),
-            (Level::Linear | Level::Raid0 | Level::Raid1, Layout::None)
-                | (
-                    Level::Raid4 | Level::Raid5 | Level::Raid6,
-                    Layout::Parity(_)
-                )
-                | (Level::Raid10, Layout::Near(2..=8))
-        );
-        if !layout_ok {
+        if !layout_fits(level, layout) {
             return Err(LayoutError::LayoutNotForLevel { level, layout });
         }
         let min = level.min_members(layout);
@@ -463,37 +550,17 @@ impl Geometry {
         };
         let r = (stripe % n as u64) as usize;
         let mut data: SmallVec<[usize; 16]> = SmallVec::with_capacity(k);
-        let (p, q) = match self.level {
-            Level::Raid4 => {
+        let (p, q) = match (self.level, alg.raid5_part()) {
+            (Level::Raid4, _) => {
                 data.extend(0..k);
                 (k, None)
             }
-            Level::Raid5 => {
-                let p = match alg {
-                    ParityLayout::LeftAsymmetric | ParityLayout::LeftSymmetric => k - r,
-                    ParityLayout::RightAsymmetric | ParityLayout::RightSymmetric => r,
-                    ParityLayout::ParityFirst => 0,
-                    ParityLayout::ParityLast => k,
-                };
-                for d in 0..k {
-                    data.push(match alg {
-                        ParityLayout::LeftAsymmetric | ParityLayout::RightAsymmetric => {
-                            if d >= p {
-                                d + 1
-                            } else {
-                                d
-                            }
-                        }
-                        ParityLayout::LeftSymmetric | ParityLayout::RightSymmetric => {
-                            (p + 1 + d) % n
-                        }
-                        ParityLayout::ParityFirst => d + 1,
-                        ParityLayout::ParityLast => d,
-                    });
-                }
-                (p, None)
+            (Level::Raid5, _) => (raid5_placement(alg, n, stripe, &mut data), None),
+            // md's ALGORITHM_*_6: RAID-5 over the first n - 1, Q last.
+            (Level::Raid6, Some(base)) => {
+                (raid5_placement(base, n - 1, stripe, &mut data), Some(n - 1))
             }
-            Level::Raid6 => {
+            (Level::Raid6, None) => {
                 let (p, q) = match alg {
                     ParityLayout::LeftAsymmetric | ParityLayout::LeftSymmetric => {
                         let p = n - 1 - r;
@@ -504,6 +571,7 @@ impl Geometry {
                     }
                     ParityLayout::ParityFirst => (0, 1),
                     ParityLayout::ParityLast => (k, k + 1),
+                    _ => unreachable!("a -6 layout has its RAID-5 part"),
                 };
                 for d in 0..k {
                     data.push(match alg {
@@ -520,7 +588,7 @@ impl Geometry {
                             (p + 2 + d) % n
                         }
                         ParityLayout::ParityFirst => d + 2,
-                        ParityLayout::ParityLast => d,
+                        _ => d,
                     });
                 }
                 (p, Some(q))

@@ -136,6 +136,97 @@ fn raid6_pictures_match_md() {
     }
 }
 
+/// md's ALGORITHM_*_6 (raid5_compute_sector): the RAID-5 layout over the
+/// first n - 1 members (stripe modulo n - 1), Q always on the last. Drawn
+/// from the RAID-5 pictures above with a Q column added.
+#[test]
+fn raid6_q_last_pictures_match_md() {
+    let cases = [
+        (
+            ParityLayout::LeftSymmetric6,
+            [
+                "0 1 2 P Q",
+                "4 5 P 3 Q",
+                "8 P 6 7 Q",
+                "P 9 10 11 Q",
+                "12 13 14 P Q",
+            ],
+        ),
+        (
+            ParityLayout::LeftAsymmetric6,
+            [
+                "0 1 2 P Q",
+                "3 4 P 5 Q",
+                "6 P 7 8 Q",
+                "P 9 10 11 Q",
+                "12 13 14 P Q",
+            ],
+        ),
+        (
+            ParityLayout::RightSymmetric6,
+            [
+                "P 0 1 2 Q",
+                "5 P 3 4 Q",
+                "7 8 P 6 Q",
+                "9 10 11 P Q",
+                "P 12 13 14 Q",
+            ],
+        ),
+        (
+            ParityLayout::RightAsymmetric6,
+            [
+                "P 0 1 2 Q",
+                "3 P 4 5 Q",
+                "6 7 P 8 Q",
+                "9 10 11 P Q",
+                "P 12 13 14 Q",
+            ],
+        ),
+        (
+            ParityLayout::ParityFirst6,
+            [
+                "P 0 1 2 Q",
+                "P 3 4 5 Q",
+                "P 6 7 8 Q",
+                "P 9 10 11 Q",
+                "P 12 13 14 Q",
+            ],
+        ),
+    ];
+    for (alg, want) in cases {
+        let g = geom(Level::Raid6, Layout::Parity(alg), 5, 8);
+        assert_eq!(picture(&g, 5), rows(&want), "{alg:?}");
+        // Q's sources in member order from the first (raid6_d0: Q is last).
+        let sm = g.stripe_map(1);
+        let mut by_member: Vec<(usize, usize)> = sm
+            .data
+            .iter()
+            .zip(&sm.syndrome)
+            .map(|(&m, &slot)| (m, slot))
+            .collect();
+        by_member.sort();
+        assert!(by_member
+            .iter()
+            .enumerate()
+            .all(|(i, &(_, slot))| slot == i));
+        // The RAID-5 it came from: the same bytes on the first n - 1.
+        let base = alg.raid5_part().unwrap();
+        assert_eq!(ParityLayout::with_q_last(base), Some(alg));
+        let g5 = geom(Level::Raid5, Layout::Parity(base), 4, 8);
+        for s in 0..g5.stripes() {
+            let (a, b) = (g5.stripe_map(s), g.stripe_map(s));
+            assert_eq!((a.p, &a.data), (b.p, &b.data), "{alg:?} stripe {s}");
+        }
+    }
+    // RAID-5 has no "-6" layouts.
+    assert!(Layout::from_md_number(Level::Raid5, 18).is_none());
+    assert!(Layout::parse(Level::Raid5, "left-symmetric-6").is_err());
+    assert_eq!(
+        Layout::parse(Level::Raid6, "ls-6").unwrap(),
+        Layout::Parity(ParityLayout::LeftSymmetric6)
+    );
+}
+
 #[test]
 fn raid6_syndrome_order_follows_member_order_after_q() {
     // Left-asymmetric, 5 members, stripe 2: "6 7 P Q 8": md's syndrome walk
@@ -249,6 +340,11 @@ fn all_shapes() -> Vec<(Level, Layout, usize)> {
                     v.push((Level::Raid6, Layout::Parity(alg), n));
                 }
             }
+            if n >= 4 {
+                for alg in ParityLayout::Q_LAST {
+                    v.push((Level::Raid6, Layout::Parity(alg), n));
+                }
+            }
             for c in 2..=3u8 {
                 if n >= c as usize {
                     v.push((Level::Raid10, Layout::Near(c), n));
@@ -344,6 +440,7 @@ fn parity_rotates_as_md() {
                         ParityLayout::RightAsymmetric | ParityLayout::RightSymmetric => r,
                         ParityLayout::ParityFirst => 0,
                         ParityLayout::ParityLast => k,
+                        other => unreachable!("{other:?} is not in ALL"),
                     };
                     assert_eq!(sm.p, want_p);
                     if let Some(q) = sm.q {

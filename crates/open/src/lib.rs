@@ -157,6 +157,25 @@ pub fn grow(array: &Array, specs: &[String], force: bool) -> Result<raidkit_layo
     r
 }
 
+/// Change the array's level with one new member (RAID-5 to RAID-6: the
+/// member holds Q), opened as `grow` opens members; a file created here is
+/// removed again if the change is refused.
+pub fn take_over_adding(
+    array: &Array,
+    level: raidkit_layout::Level,
+    spec: &str,
+    force: bool,
+) -> Result<raidkit_layout::Geometry> {
+    let s = Spec::parse(spec)?;
+    array.check_not_in_service(spec, s.path())?;
+    let (m, created) = open_or_create(array, &s)?;
+    let r = array.take_over_adding(level, m, force);
+    if r.is_err() {
+        forget_created(created);
+    }
+    r
+}
+
 /// Open the member a spec names for `add` or `replace`; a plain file that
 /// does not exist is created, as large as the array's members (as
 /// `create` makes missing member files). Some(path): it was created here.

@@ -681,6 +681,43 @@ impl Core {
         r
     }
 
+    /// The spare `name` takes a new last role of `geom` (one member more,
+    /// every other byte where it was: RAID-5 to RAID-6 with Q on the new
+    /// member) and is rebuilt there; the new shape and the one it came from
+    /// are recorded in one superblock update. The caller holds requests
+    /// off while the geometry changes.
+    pub(crate) fn join_as_new_role(&self, name: &str, geom: Arc<Geometry>) -> Result<()> {
+        let mut meta = self.meta.locked();
+        let before = (meta.sb.clone(), self.view.load_full());
+        let mut v = View::clone(&before.1);
+        let i = v
+            .spares
+            .iter()
+            .position(|d| same_member(d.name(), name))
+            .ok_or_else(|| Error::Invalid(format!("{name} is not a spare of the array")))?;
+        let disk = v.spares.remove(i);
+        let data_size = meta.sb.roles.iter().map(|e| e.data_size).max().unwrap_or(0);
+        meta.sb.roles.push(RoleEntry {
+            member_uuid: disk.uuid,
+            state: RoleState::Rebuilding,
+            data_size,
+        });
+        v.roles.push(RoleView::default());
+        meta.sb.converted_from = Some((meta.sb.level, meta.sb.layout, meta.sb.chunk));
+        (meta.sb.level, meta.sb.layout, meta.sb.chunk) = (geom.level, geom.layout, geom.chunk);
+        v.geom = geom;
+        let r = v.roles.len() - 1;
+        let done = self
+            .enter_role(&mut meta, &mut v, r, disk, None)
+            .and_then(|()| self.commit(&mut meta, v));
+        if done.is_err() {
+            // Not recorded: the array stays as the members say.
+            meta.sb = before.0;
+            self.view.store(before.1);
+        }
+        done
+    }
+
     /// Whether `who` could be replaced now: the role it serves in. To be
     /// asked before opening the new member.
     pub fn check_replaceable(&self, who: &str) -> Result<usize> {

@@ -14,8 +14,8 @@
 //!
 //! What raidkit does not handle is refused with a message that names it:
 //! a reshape in progress, an md journal device or PPL, clustered md,
-//! layouts raidkit lacks (RAID-10 far/offset, RAID-6's rotating and
-//! "-6" variants), external metadata (IMSM, DDF: no md superblock at all).
+//! layouts raidkit lacks (RAID-10 far/offset, RAID-6's rotating DDF
+//! variants), external metadata (IMSM, DDF: no md superblock at all).
 
 use super::superblock::{
     ArrayState, BitmapArea, ChecksumArea, JournalArea, Role, RoleEntry, RoleState, Superblock,
