@@ -16,6 +16,7 @@
 #   r5f-12  1.2       RAID-5 left-sym  3      64K  (member 2 failed by md, then the payload written)
 #   r5b-12  1.2       RAID-5 left-sym  3      64K  internal bitmap, 1 MiB chunks
 #   r1b-10  1.0       RAID-1           2      -    internal bitmap (before the superblock), 1 MiB chunks
+#   r6p-12  1.2       RAID-6 left-sym-6 4     64K  made a RAID-5 of 3, then md's --grow --level=6 --layout=preserve
 #
 # Writes OUTDIR/<array>-<n>.img (n from 0), OUTDIR/payload.img (4 MiB,
 # deterministic: AES-128-CTR keystream of a fixed all-zero key/IV), the first
@@ -48,7 +49,9 @@ r5ra-12 1.2 5   3 --chunk=64:--layout=right-asymmetric:--assume-clean:--bitmap=n
 r5f-12 1.2  5   3 --chunk=64:--layout=left-symmetric:--assume-clean:--bitmap=none:FAIL 5a5a0008:00000000:00000000:00000012
 r5b-12 1.2  5   3 --chunk=64:--layout=left-symmetric:--assume-clean:--bitmap=internal:--bitmap-chunk=1024 5a5a0009:00000000:00000000:00000012
 r1b-10 1.0  1   2 --assume-clean:--bitmap=internal:--bitmap-chunk=1024                     5a5a000a:00000000:00000000:00000010
+r6p-12 1.2  6   4 --chunk=64:--layout=left-symmetric:--assume-clean:--bitmap=none:GROW6 5a5a000b:00000000:00000000:00000012
 '
+# GROW6: see r6p-12 above.
 # FAIL: the last member is failed (mdadm --fail) before the payload is
 # written, so the array is left degraded with that member stale.
 
@@ -66,7 +69,7 @@ letters=abcdefghijklmnopqrstuvwxyz
 # takes at most 24 disks, the payload one of them, so the arrays are made
 # in batches of at most 23 member disks.
 batch() {
-  local name meta level n opts uuid devs i img first last fail
+  local name meta level n opts uuid devs i img first last fail after mklevel mkn mkdevs
   disks=()
   idx=0
   md=0
@@ -88,13 +91,25 @@ batch() {
     first=${devs# }; first=${first%% *}
     last=${devs##* }
     fail=''
+    after=''
+    mklevel=$level
+    mkn=$n
+    mkdevs=$devs
     case "$opts" in
       *:FAIL) opts=${opts%:FAIL}; fail="run mdadm /dev/md$md --fail $last" ;;
+      *:GROW6)
+        # Made a RAID-5 of n-1, then md's own RAID-5 to RAID-6 conversion
+        # with the last disk, keeping the layout (Q on the new disk).
+        opts=${opts%:GROW6}; mklevel=5; mkn=$((n - 1)); mkdevs=${devs% *}
+        after="run mdadm /dev/md$md --add $last
+run mdadm --grow /dev/md$md --level=6 --raid-devices=$n --layout=preserve
+sleep 1; mdadm --wait /dev/md$md || true" ;;
     esac
     cat >> "$vmscript" <<EOF
-run mdadm --create /dev/md$md --run --metadata=$meta --level=$level --raid-devices=$n ${opts//:/ } --uuid=$uuid$devs
+run mdadm --create /dev/md$md --run --metadata=$meta --level=$mklevel --raid-devices=$mkn ${opts//:/ } --uuid=$uuid$mkdevs
 $fail
 run dd if=/dev/PAYLOAD of=/dev/md$md bs=1M count=4 conv=fsync
+$after
 echo "MDFIX-MD5 $name \$(dd if=/dev/md$md bs=1M count=4 2>/dev/null | md5sum | cut -d' ' -f1)"
 cat /proc/mdstat
 run mdadm --stop /dev/md$md
