@@ -669,7 +669,7 @@ pub struct ExportArgs {
 pub struct AccessArgs {
     /// TLS (NBD_OPT_STARTTLS): off, on (offered; clients choose) or
     /// require (clients must switch to TLS before anything else). on and
-    /// require need --tls-cert and --tls-key.
+    /// require need --tls-cert and --tls-key, or --tls-psk.
     #[arg(long, value_name = "MODE", default_value = "off", value_parser = ["off", "on", "require"])]
     pub tls: String,
     /// The server's certificate chain (PEM).
@@ -681,9 +681,9 @@ pub struct AccessArgs {
     /// Require clients to show a certificate signed by this authority (PEM).
     #[arg(long, value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
-    /// Pre-shared keys (nbdkit's --tls-psk format): not available, said
-    /// and refused (the TLS library, rustls, has no external PSKs); use
-    /// X.509 certificates.
+    /// Pre-shared keys instead of certificates: a file of lines
+    /// IDENTITY:HEXKEY (nbdkit's and qemu's --tls-psk format, as GnuTLS's
+    /// psktool writes it); clients must know one of them.
     #[arg(long, value_name = "FILE")]
     pub tls_psk: Option<PathBuf>,
     /// Let in only peers from these addresses or networks

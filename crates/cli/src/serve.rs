@@ -176,19 +176,29 @@ pub(crate) fn secure(
     a: &crate::cli::AccessArgs,
     listen: Option<&str>,
 ) -> Result<()> {
-    if a.tls_psk.is_some() {
-        bail!("--tls-psk: pre-shared keys are not supported (the TLS library, rustls, has none); use X.509 certificates (--tls-cert, --tls-key)");
-    }
     let tls = match a.tls.as_str() {
         "off" => {
-            if a.tls_cert.is_some() || a.tls_key.is_some() || a.tls_ca.is_some() {
-                bail!("--tls-cert, --tls-key and --tls-ca need --tls on or --tls require");
+            if a.tls_cert.is_some()
+                || a.tls_key.is_some()
+                || a.tls_ca.is_some()
+                || a.tls_psk.is_some()
+            {
+                bail!(
+                    "--tls-cert, --tls-key, --tls-ca and --tls-psk need --tls on or --tls require"
+                );
             }
             None
         }
+        mode if a.tls_psk.is_some() => {
+            if a.tls_cert.is_some() || a.tls_key.is_some() || a.tls_ca.is_some() {
+                bail!("--tls-psk or --tls-cert/--tls-key (with --tls-ca): one kind of TLS credentials, not both");
+            }
+            let file = a.tls_psk.as_deref().expect("given");
+            Some(raidkit_nbd::ServerTls::psk(file, mode == "require").context("TLS")?)
+        }
         mode => {
             let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) else {
-                bail!("--tls {mode} needs --tls-cert FILE and --tls-key FILE (PEM)");
+                bail!("--tls {mode} needs --tls-cert FILE and --tls-key FILE (PEM), or --tls-psk FILE");
             };
             Some(
                 raidkit_nbd::ServerTls::x509(cert, key, a.tls_ca.as_deref(), mode == "require")

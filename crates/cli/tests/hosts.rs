@@ -644,6 +644,54 @@ fn certificates(dir: &std::path::Path) {
     );
 }
 
+/// QEMU's client with TLS credentials `creds` writes `len` bytes of
+/// `byte` at `at` of the export `served` names and reads them back;
+/// then nbdcopy over `uri` (into `back`) finds them, and `data` around
+/// them.
+fn qemu_io_writes_over_tls(
+    creds: &str,
+    served: &str,
+    (at, len, byte): (usize, usize, u8),
+    (data, uri, back): (&[u8], &str, &std::path::Path),
+) {
+    let port = served
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    let export = served.rsplit('/').next().unwrap();
+    let q = tool(
+        "timeout",
+        &[
+            "60",
+            "qemu-io",
+            "--object",
+            creds,
+            "--image-opts",
+            &format!(
+                "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port={port},export={export},tls-creds=tls0"
+            ),
+            "-c",
+            &format!("write -P {byte:#x} {at} {len}"),
+            "-c",
+            &format!("read -P {byte:#x} {at} {len}"),
+        ],
+    );
+    assert!(
+        !String::from_utf8_lossy(&q.stdout).contains("Pattern verification failed"),
+        "{q:?}"
+    );
+    let mut want = data.to_vec();
+    want[at..at + len].fill(byte);
+    tool(
+        "timeout",
+        &["60", "nbdcopy", uri, &back.display().to_string()],
+    );
+    assert!(std::fs::read(back).unwrap()[..want.len()] == want[..]);
+}
+
 #[test]
 fn tls_on_every_connection_and_only_allowed_peers() {
     let dir = tmp();
@@ -715,45 +763,12 @@ fn tls_on_every_connection_and_only_allowed_peers() {
     );
     assert!(std::fs::read(&back).unwrap()[..data.len()] == data[..]);
     // QEMU's client over TLS: a write and a read at odd offsets.
-    let port = s
-        .uri
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
-    let export = s.uri.rsplit('/').next().unwrap().to_string();
-    let q = tool(
-        "timeout",
-        &[
-            "60",
-            "qemu-io",
-            "--object",
-            &format!("tls-creds-x509,id=tls0,dir={pki},endpoint=client"),
-            "--image-opts",
-            &format!(
-                "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port={port},export={export},tls-creds=tls0"
-            ),
-            "-c",
-            "write -P 0x5a 1001 3333",
-            "-c",
-            "read -P 0x5a 1001 3333",
-        ],
+    qemu_io_writes_over_tls(
+        &format!("tls-creds-x509,id=tls0,dir={pki},endpoint=client"),
+        &s.uri,
+        (1001, 3333, 0x5a),
+        (&data, &uri, &back),
     );
-    assert!(
-        !String::from_utf8_lossy(&q.stdout).contains("Pattern verification failed"),
-        "{q:?}"
-    );
-    // Around it, what nbdcopy wrote.
-    let mut want = data.clone();
-    want[1001..4334].fill(0x5a);
-    tool(
-        "timeout",
-        &["60", "nbdcopy", &uri, &back.display().to_string()],
-    );
-    assert!(std::fs::read(&back).unwrap()[..want.len()] == want[..]);
     // Without TLS: refused.
     let out = try_tool("timeout", &["20", "nbdinfo", "--size", &s.uri]);
     assert!(!out.status.success(), "{out:?}");
@@ -782,17 +797,89 @@ fn tls_on_every_connection_and_only_allowed_peers() {
     assert!(s.status()["connections"]["refused"].as_u64().unwrap() >= 1);
     assert_eq!(s.stop().code(), Some(0));
 
-    // Pre-shared keys: not offered, said so.
-    let psk = dir.path().join("keys.psk");
-    std::fs::write(&psk, "alice:0123456789abcdef\n").unwrap();
+    // Pre-shared keys (nbdkit's and qemu's key file): the array served
+    // to clients that know a key, libnbd's and QEMU's.
+    let pskdir = dir.path().join("psk");
+    std::fs::create_dir(&pskdir).unwrap();
+    let psk = pskdir.join("keys.psk");
+    std::fs::write(
+        &psk,
+        "alice:8d4d3b9f0c1e2a7b6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b\n",
+    )
+    .unwrap();
+    let psk_s = psk.display().to_string();
+    let mut s = Served::start(
+        dir.path(),
+        &members,
+        &["--tls", "require", "--tls-psk", &psk_s],
+    );
+    let with_key = |user: &str, file: &str| {
+        format!(
+            "{}?tls-psk-file={file}",
+            s.uri.replacen("nbd://", &format!("nbds://{user}@"), 1)
+        )
+    };
+    let uri = with_key("alice", &psk_s);
+    tool(
+        "timeout",
+        &["60", "nbdcopy", &input.display().to_string(), &uri],
+    );
+    qemu_io_writes_over_tls(
+        &format!(
+            "tls-creds-psk,id=tls0,dir={},username=alice,endpoint=client",
+            pskdir.display()
+        ),
+        &s.uri,
+        (7777, 2222, 0xc3),
+        (&data, &uri, &back),
+    );
+    // Without TLS, with a wrong key, as an unknown user who has alice's
+    // key: refused.
+    let wrong = pskdir.join("wrong.psk");
+    std::fs::write(&wrong, "alice:00112233445566778899aabbccddeeff\n").unwrap();
+    let mallory = pskdir.join("mallory.psk");
+    let alice_key = std::fs::read_to_string(&psk)
+        .unwrap()
+        .replace("alice:", "mallory:");
+    std::fs::write(&mallory, alice_key).unwrap();
+    for bad in [
+        s.uri.clone(),
+        with_key("alice", &wrong.display().to_string()),
+        with_key("mallory", &mallory.display().to_string()),
+    ] {
+        let out = try_tool("timeout", &["20", "nbdinfo", "--size", &bad]);
+        assert!(!out.status.success(), "{bad}: {out:?}");
+    }
+    assert_eq!(s.stop().code(), Some(0));
+    // Keys without TLS, keys and certificates at once, a file that is
+    // not keys: refused, nothing served.
     let f = dir.path().join("h0.img").display().to_string();
-    let out = raidkit_refused(&[
-        "export",
-        "--tls",
-        "require",
-        "--tls-psk",
-        &psk.display().to_string(),
-        &f,
-    ]);
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let garbage = pskdir.join("garbage.psk");
+    std::fs::write(&garbage, "alice:not-hex\n").unwrap();
+    for args in [
+        vec!["export", "--tls-psk", &psk_s, &f],
+        vec![
+            "export",
+            "--tls",
+            "require",
+            "--tls-psk",
+            &psk_s,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            &f,
+        ],
+        vec![
+            "export",
+            "--tls",
+            "require",
+            "--tls-psk",
+            garbage.to_str().unwrap(),
+            &f,
+        ],
+    ] {
+        let out = raidkit_refused(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+    }
 }

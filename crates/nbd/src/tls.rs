@@ -12,8 +12,11 @@
 //! under one lock, so they leave in the order they were sealed; nothing
 //! blocks on the network while holding the connection's lock.
 //!
-//! Pre-shared keys (nbdkit's --tls-psk) are not offered: rustls has no
-//! external-PSK support.
+//! Pre-shared keys (`--tls-psk`, in nbdkit's and qemu's key file format)
+//! are served with OpenSSL instead: rustls has no external PSKs
+//! (rustls#174). OpenSSL's connection cannot be read and written from two
+//! threads at once, so one thread pumps both directions, polling the
+//! socket and the pair without blocking on either.
 
 use crate::stream::Stream;
 use rustls::pki_types::pem::PemObject;
@@ -27,9 +30,15 @@ use std::sync::{Arc, Mutex};
 /// What a server does about TLS.
 #[derive(Clone)]
 pub struct ServerTls {
-    config: Arc<rustls::ServerConfig>,
+    kind: Kind,
     /// Clients must switch to TLS before anything else (NBD's FORCEDTLS).
     pub require: bool,
+}
+
+#[derive(Clone)]
+enum Kind {
+    X509(Arc<rustls::ServerConfig>),
+    Psk(openssl::ssl::SslContext),
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -93,7 +102,34 @@ impl ServerTls {
         };
         let config = builder.with_single_cert(chain, key).map_err(bad)?;
         Ok(ServerTls {
-            config: Arc::new(config),
+            kind: Kind::X509(Arc::new(config)),
+            require,
+        })
+    }
+
+    /// Pre-shared keys from `file`: lines `IDENTITY:HEXKEY`, as nbdkit's
+    /// and qemu's `--tls-psk` files (GnuTLS's psktool writes them). A client
+    /// must know one identity's key; TLS 1.3, or TLS 1.2 with (EC)DHE-PSK.
+    pub fn psk(file: &Path, require: bool) -> io::Result<Self> {
+        use openssl::ssl::{SslContextBuilder, SslMethod, SslVersion};
+        let keys = Arc::new(psk_keys(file)?);
+        let mut b = SslContextBuilder::new(SslMethod::tls_server()).map_err(bad)?;
+        b.set_min_proto_version(Some(SslVersion::TLS1_2))
+            .map_err(bad)?;
+        b.set_cipher_list("kECDHEPSK:kDHEPSK:!eNULL").map_err(bad)?;
+        b.set_psk_server_callback(move |_ssl, identity, out| {
+            let key = identity.and_then(|id| keys.iter().find(|(i, _)| i.as_bytes() == id));
+            match key {
+                Some((_, k)) if k.len() <= out.len() => {
+                    out[..k.len()].copy_from_slice(k);
+                    Ok(k.len())
+                }
+                // Unknown identity: no key, the handshake fails.
+                _ => Ok(0),
+            }
+        });
+        Ok(ServerTls {
+            kind: Kind::Psk(b.build()),
             require,
         })
     }
@@ -101,8 +137,181 @@ impl ServerTls {
     /// Switch `s` to TLS as the server (after NBD_OPT_STARTTLS was
     /// acknowledged): the TLS handshake, then the plain side.
     pub(crate) fn accept(&self, s: &Stream) -> io::Result<Stream> {
-        let conn = rustls::ServerConnection::new(self.config.clone()).map_err(bad)?;
-        carry(rustls::Connection::Server(conn), s)
+        match &self.kind {
+            Kind::X509(config) => {
+                let conn = rustls::ServerConnection::new(config.clone()).map_err(bad)?;
+                carry(rustls::Connection::Server(conn), s)
+            }
+            Kind::Psk(ctx) => carry_openssl(ctx, s),
+        }
+    }
+}
+
+/// The keys of a PSK file: `IDENTITY:HEXKEY` per line.
+fn psk_keys(file: &Path) -> io::Result<Vec<(String, Vec<u8>)>> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", file.display())))?;
+    let mut keys = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let wrong = || {
+            bad(format!(
+                "{}: line {}: not IDENTITY:HEXKEY",
+                file.display(),
+                i + 1
+            ))
+        };
+        let (id, hex) = line.rsplit_once(':').ok_or_else(wrong)?;
+        if id.is_empty() || hex.is_empty() || hex.len() % 2 != 0 {
+            return Err(wrong());
+        }
+        let key = (0..hex.len())
+            .step_by(2)
+            .map(|j| u8::from_str_radix(&hex[j..j + 2], 16))
+            .collect::<Result<Vec<u8>, _>>()
+            .map_err(|_| wrong())?;
+        keys.push((id.to_string(), key));
+    }
+    if keys.is_empty() {
+        return Err(bad(format!("{}: no keys in it", file.display())));
+    }
+    Ok(keys)
+}
+
+/// The TLS handshake with OpenSSL on `net`, then one thread that pumps
+/// both directions between it and a local socket pair; returns the pair's
+/// plain end.
+fn carry_openssl(ctx: &openssl::ssl::SslContext, net: &Stream) -> io::Result<Stream> {
+    let ssl = openssl::ssl::Ssl::new(ctx).map_err(bad)?;
+    let tls = ssl
+        .accept(net.try_clone()?)
+        .map_err(|e| io::Error::other(format!("TLS handshake: {e}")))?;
+    let (mine, theirs) = UnixStream::pair()?;
+    mine.set_nonblocking(true)?;
+    tls.get_ref().set_nonblocking(true)?;
+    std::thread::Builder::new()
+        .name("tls-psk".into())
+        .spawn(move || {
+            let mut tls = tls;
+            if let Err(e) = pump(&mut tls, &mine) {
+                tracing::debug!("TLS connection ended: {e}");
+            }
+            tls.get_ref().shutdown(Shutdown::Both);
+            let _ = mine.shutdown(Shutdown::Both);
+        })?;
+    Ok(Stream::Unix(theirs))
+}
+
+/// Both directions of a non-blocking OpenSSL connection and the plain
+/// side, until both have ended: what comes in is handed on once the plain
+/// side took what came before, what the plain side writes is sealed and
+/// sent; when neither can move, wait for either socket.
+fn pump(tls: &mut openssl::ssl::SslStream<Stream>, mut plain: &UnixStream) -> io::Result<()> {
+    use openssl::ssl::ErrorCode;
+    let mut buf = vec![0u8; 64 << 10];
+    let (mut inbound, mut outbound) = (Vec::new(), Vec::new());
+    let (mut net_done, mut plain_done, mut closed) = (false, false, false);
+    let would_block = |e: &io::Error| e.kind() == io::ErrorKind::WouldBlock;
+    loop {
+        let mut moved = false;
+        let mut net_wants_write = false;
+        if !inbound.is_empty() {
+            match plain.write(&inbound) {
+                Ok(n) => {
+                    inbound.drain(..n);
+                    moved = true;
+                }
+                Err(e) if would_block(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if inbound.is_empty() && !net_done {
+            match tls.ssl_read(&mut buf) {
+                Ok(n) if n > 0 => {
+                    inbound.extend_from_slice(&buf[..n]);
+                    moved = true;
+                }
+                Ok(_) => net_done = true,
+                Err(e) => match e.code() {
+                    ErrorCode::WANT_READ => {}
+                    ErrorCode::WANT_WRITE => net_wants_write = true,
+                    ErrorCode::ZERO_RETURN => net_done = true,
+                    // The peer went without close_notify.
+                    ErrorCode::SYSCALL if e.io_error().is_none() => net_done = true,
+                    _ => return Err(io::Error::other(e.to_string())),
+                },
+            }
+            if net_done {
+                // The plain side reads to its end, and may still reply.
+                let _ = plain.shutdown(Shutdown::Write);
+                moved = true;
+            }
+        }
+        if outbound.is_empty() && !plain_done {
+            match plain.read(&mut buf) {
+                Ok(0) => plain_done = true,
+                Ok(n) => outbound.extend_from_slice(&buf[..n]),
+                Err(e) if would_block(&e) => {}
+                Err(e) => return Err(e),
+            }
+            moved |= plain_done || !outbound.is_empty();
+        }
+        if !outbound.is_empty() {
+            match tls.ssl_write(&outbound) {
+                Ok(n) => {
+                    outbound.drain(..n);
+                    moved = true;
+                }
+                Err(e) => match e.code() {
+                    ErrorCode::WANT_WRITE => net_wants_write = true,
+                    ErrorCode::WANT_READ => {}
+                    _ => return Err(io::Error::other(e.to_string())),
+                },
+            }
+        }
+        if plain_done && outbound.is_empty() && !closed {
+            let _ = tls.shutdown();
+            closed = true;
+            moved = true;
+        }
+        if closed && net_done && inbound.is_empty() {
+            return Ok(());
+        }
+        if !moved {
+            let mut fds = [
+                libc::pollfd {
+                    fd: tls.get_ref().raw_fd(),
+                    events: if net_wants_write { libc::POLLOUT } else { 0 }
+                        | if inbound.is_empty() && !net_done {
+                            libc::POLLIN
+                        } else {
+                            0
+                        },
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: std::os::fd::AsRawFd::as_raw_fd(plain),
+                    events: if inbound.is_empty() { 0 } else { libc::POLLOUT }
+                        | if outbound.is_empty() && !plain_done {
+                            libc::POLLIN
+                        } else {
+                            0
+                        },
+                    revents: 0,
+                },
+            ];
+            // SAFETY: fds is a valid array of two pollfd for the call.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, 1000) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
     }
 }
 
