@@ -338,6 +338,8 @@ fn six_storage_hosts_lose_links_come_back_and_rejoin_by_bitmap() {
     let (_, head) = hosts.addr(7);
     let listen = format!("{head}:0");
     let logged = log.display().to_string();
+    // Only the client's network may use the array.
+    let clients = format!("10.{}.7.0/24", hosts.net);
     let start = || -> Served {
         Served::start_on(
             dir.path(),
@@ -350,10 +352,37 @@ fn six_storage_hosts_lose_links_come_back_and_rejoin_by_bitmap() {
                 "25",
                 "--events-log",
                 &logged,
+                "--allow",
+                &clients,
             ],
         )
     };
     let mut s = start();
+
+    // Host 6, routed to the head, is outside the list: its connection
+    // reaches the server (counted) and is closed before the handshake.
+    Hosts::ip(&[
+        "-n",
+        &hosts.ns(6),
+        "route",
+        "add",
+        &clients,
+        "via",
+        &hosts.addr(6).1,
+    ]);
+    let refused = |s: &Served| s.status()["connections"]["refused"].as_u64().unwrap_or(0);
+    let before = refused(&s);
+    let out = output_within(
+        hosts
+            .cmd(6, "timeout")
+            .args(["20", "nbdinfo", "--size", &s.uri]),
+        Duration::from_secs(30),
+    );
+    assert!(!out.status.success(), "host 6 let in: {out:?}");
+    assert!(
+        refused(&s) > before,
+        "host 6 not refused by --allow: {out:?}"
+    );
 
     // Two links cut while the client writes (and then verifies).
     let writer = {
