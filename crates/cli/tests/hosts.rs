@@ -673,6 +673,28 @@ fn certificates(dir: &std::path::Path) {
     );
 }
 
+/// `raidkit export` of a new 32 MiB file at `f` on a free loopback port
+/// with `tls` settings: the process and its URI.
+fn tls_export(f: &std::path::Path, tls: &[&str]) -> (Guarded, String) {
+    std::fs::File::create(f).unwrap().set_len(32 << 20).unwrap();
+    let mut g = Guarded::spawn(
+        Command::new(BIN)
+            .args(["export", "--listen", "127.0.0.1:0"])
+            .args(tls)
+            .arg(f)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
+    );
+    let out = g.child().stdout.take().unwrap();
+    let line = BufReader::new(out)
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.contains("nbd://"))
+        .expect("export URI");
+    let uri = line[line.find("nbd://").unwrap()..].to_string();
+    (g, uri)
+}
+
 /// QEMU's client with TLS credentials `creds` writes `len` bytes of
 /// `byte` at `at` of the export `served` names and reads them back;
 /// then nbdcopy over `uri` (into `back`) finds them, and `data` around
@@ -739,30 +761,9 @@ fn tls_on_every_connection_and_only_allowed_peers() {
     };
     // Three storage hosts that require TLS; the array's members are
     // nbds:// URIs.
-    let mut hosts = Vec::new();
-    for i in 0..3 {
-        let f = dir.path().join(format!("h{i}.img")).display().to_string();
-        std::fs::File::create(&f)
-            .unwrap()
-            .set_len(32 << 20)
-            .unwrap();
-        let mut g = Guarded::spawn(
-            Command::new(BIN)
-                .args(["export", "--listen", "127.0.0.1:0"])
-                .args(tls)
-                .arg(&f)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null()),
-        );
-        let out = g.child().stdout.take().unwrap();
-        let line = BufReader::new(out)
-            .lines()
-            .map_while(Result::ok)
-            .find(|l| l.contains("nbd://"))
-            .expect("export URI");
-        let uri = line[line.find("nbd://").unwrap()..].to_string();
-        hosts.push((g, uri));
-    }
+    let hosts: Vec<(Guarded, String)> = (0..3)
+        .map(|i| tls_export(&dir.path().join(format!("h{i}.img")), &tls))
+        .collect();
     // A plain client is refused by a host.
     let out = try_tool("timeout", &["20", "nbdinfo", "--size", &hosts[0].1]);
     assert!(!out.status.success(), "{out:?}");
@@ -880,6 +881,39 @@ fn tls_on_every_connection_and_only_allowed_peers() {
         assert!(!out.status.success(), "{bad}: {out:?}");
     }
     assert_eq!(s.stop().code(), Some(0));
+    // A member on a host that requires keys: nbds://USER@...?tls-psk-file.
+    let (_keyed, kuri) = tls_export(
+        &dir.path().join("k.img"),
+        &["--tls", "require", "--tls-psk", &psk_s],
+    );
+    let remote = format!(
+        "{}?tls-psk-file={psk_s}",
+        kuri.replacen("nbd://", "nbds://alice@", 1)
+    );
+    let local = dir.path().join("k-local.img").display().to_string();
+    create("1", &[local.clone(), remote.clone()], "16M");
+    ok(&[
+        "write",
+        &local,
+        &remote,
+        "-o",
+        "1M",
+        "--in",
+        &input.display().to_string(),
+    ]);
+    // Read from the remote member alone: the bytes went over TLS.
+    ok(&[
+        "read",
+        &remote,
+        "-o",
+        "1M",
+        "-n",
+        "3M",
+        "--out",
+        &back.display().to_string(),
+    ]);
+    assert!(std::fs::read(&back).unwrap() == data);
+    ok(&["check", &local, &remote]);
     // Keys without TLS, keys and certificates at once, a file that is
     // not keys: refused, nothing served.
     let f = dir.path().join("h0.img").display().to_string();

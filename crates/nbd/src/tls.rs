@@ -116,7 +116,7 @@ impl ServerTls {
         let mut b = SslContextBuilder::new(SslMethod::tls_server()).map_err(bad)?;
         b.set_min_proto_version(Some(SslVersion::TLS1_2))
             .map_err(bad)?;
-        b.set_cipher_list("kECDHEPSK:kDHEPSK:!eNULL").map_err(bad)?;
+        b.set_cipher_list(PSK_CIPHERS).map_err(bad)?;
         b.set_psk_server_callback(move |_ssl, identity, out| {
             let key = identity.and_then(|id| keys.iter().find(|(i, _)| i.as_bytes() == id));
             match key {
@@ -142,7 +142,13 @@ impl ServerTls {
                 let conn = rustls::ServerConnection::new(config.clone()).map_err(bad)?;
                 carry(rustls::Connection::Server(conn), s)
             }
-            Kind::Psk(ctx) => carry_openssl(ctx, s),
+            Kind::Psk(ctx) => {
+                let ssl = openssl::ssl::Ssl::new(ctx).map_err(bad)?;
+                let tls = ssl
+                    .accept(s.try_clone()?)
+                    .map_err(|e| io::Error::other(format!("TLS handshake: {e}")))?;
+                carry_openssl(tls)
+            }
         }
     }
 }
@@ -181,14 +187,14 @@ fn psk_keys(file: &Path) -> io::Result<Vec<(String, Vec<u8>)>> {
     Ok(keys)
 }
 
-/// The TLS handshake with OpenSSL on `net`, then one thread that pumps
-/// both directions between it and a local socket pair; returns the pair's
+/// TLS 1.2's key exchanges with pre-shared keys and forward secrecy
+/// (TLS 1.3 has its own suites).
+const PSK_CIPHERS: &str = "kECDHEPSK:kDHEPSK:!eNULL";
+
+/// After an OpenSSL handshake: one thread that pumps both directions
+/// between the connection and a local socket pair; returns the pair's
 /// plain end.
-fn carry_openssl(ctx: &openssl::ssl::SslContext, net: &Stream) -> io::Result<Stream> {
-    let ssl = openssl::ssl::Ssl::new(ctx).map_err(bad)?;
-    let tls = ssl
-        .accept(net.try_clone()?)
-        .map_err(|e| io::Error::other(format!("TLS handshake: {e}")))?;
+fn carry_openssl(tls: openssl::ssl::SslStream<Stream>) -> io::Result<Stream> {
     let (mine, theirs) = UnixStream::pair()?;
     mine.set_nonblocking(true)?;
     tls.get_ref().set_nonblocking(true)?;
@@ -318,15 +324,26 @@ fn pump(tls: &mut openssl::ssl::SslStream<Stream>, mut plain: &UnixStream) -> io
 /// What a client does about TLS: whom it trusts and whom it expects.
 #[derive(Clone)]
 pub struct ClientTls {
-    config: Arc<rustls::ClientConfig>,
-    name: ServerName<'static>,
+    kind: ClientKind,
+}
+
+#[derive(Clone)]
+enum ClientKind {
+    X509 {
+        config: Arc<rustls::ClientConfig>,
+        name: ServerName<'static>,
+    },
+    Psk(openssl::ssl::SslContext),
 }
 
 impl std::fmt::Debug for ClientTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientTls")
-            .field("name", &self.name)
-            .finish()
+        match &self.kind {
+            ClientKind::X509 { name, .. } => {
+                f.debug_struct("ClientTls").field("name", name).finish()
+            }
+            ClientKind::Psk(_) => f.write_str("ClientTls(psk)"),
+        }
     }
 }
 
@@ -352,17 +369,60 @@ impl ClientTls {
             None => builder.with_no_client_auth(),
         };
         Ok(ClientTls {
-            config: Arc::new(config),
-            name,
+            kind: ClientKind::X509 {
+                config: Arc::new(config),
+                name,
+            },
+        })
+    }
+
+    /// As `user`, with `user`'s pre-shared key from `file` (the server's
+    /// key file format), by OpenSSL as the server side.
+    pub fn psk(user: &str, file: &Path) -> io::Result<ClientTls> {
+        use openssl::ssl::{SslContextBuilder, SslMethod, SslVersion};
+        let key = psk_keys(file)?
+            .into_iter()
+            .find(|(id, _)| id == user)
+            .map(|(_, k)| k)
+            .ok_or_else(|| bad(format!("{}: no key for '{user}'", file.display())))?;
+        let identity = user.as_bytes().to_vec();
+        let mut b = SslContextBuilder::new(SslMethod::tls_client()).map_err(bad)?;
+        b.set_min_proto_version(Some(SslVersion::TLS1_2))
+            .map_err(bad)?;
+        b.set_cipher_list(PSK_CIPHERS).map_err(bad)?;
+        b.set_psk_client_callback(move |_ssl, _hint, id_out, key_out| {
+            // The identity NUL-terminated, the key as is.
+            if identity.len() < id_out.len() && key.len() <= key_out.len() {
+                id_out[..identity.len()].copy_from_slice(&identity);
+                id_out[identity.len()] = 0;
+                key_out[..key.len()].copy_from_slice(&key);
+                Ok(key.len())
+            } else {
+                Ok(0)
+            }
+        });
+        Ok(ClientTls {
+            kind: ClientKind::Psk(b.build()),
         })
     }
 
     /// Switch `s` to TLS as the client (after the server acknowledged
     /// NBD_OPT_STARTTLS).
     pub(crate) fn connect(&self, s: &Stream) -> io::Result<Stream> {
-        let conn =
-            rustls::ClientConnection::new(self.config.clone(), self.name.clone()).map_err(bad)?;
-        carry(rustls::Connection::Client(conn), s)
+        match &self.kind {
+            ClientKind::X509 { config, name } => {
+                let conn =
+                    rustls::ClientConnection::new(config.clone(), name.clone()).map_err(bad)?;
+                carry(rustls::Connection::Client(conn), s)
+            }
+            ClientKind::Psk(ctx) => {
+                let ssl = openssl::ssl::Ssl::new(ctx).map_err(bad)?;
+                let tls = ssl
+                    .connect(s.try_clone()?)
+                    .map_err(|e| io::Error::other(format!("TLS handshake: {e}")))?;
+                carry_openssl(tls)
+            }
+        }
     }
 }
 

@@ -9,7 +9,8 @@ use std::io;
 /// as libnbd's: `tls-certificates=DIR` (DIR/ca-cert.pem to trust, and
 /// DIR/client-cert.pem with DIR/client-key.pem to show, if there),
 /// `tls-ca=FILE`, and `tls-hostname=NAME` (the name the server's
-/// certificate must carry; default the URI's host).
+/// certificate must carry; default the URI's host); or pre-shared keys,
+/// `nbds://USER@HOST/EXPORT?tls-psk-file=FILE` (USER's key in FILE).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Address {
     pub endpoint: Endpoint,
@@ -30,6 +31,9 @@ pub struct TlsParams {
     pub ca: Option<String>,
     pub certificates: Option<String>,
     pub hostname: Option<String>,
+    pub psk_file: Option<String>,
+    /// The identity whose pre-shared key is used (the URI's user).
+    pub username: Option<String>,
 }
 
 impl TlsParams {
@@ -37,6 +41,15 @@ impl TlsParams {
     /// names another.
     pub(crate) fn client(&self, host: &str) -> io::Result<crate::tls::ClientTls> {
         use std::path::PathBuf;
+        if let Some(file) = &self.psk_file {
+            let user = self.username.as_deref().ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "?tls-psk-file needs the identity as the URI's user: nbds://USER@HOST/EXPORT",
+                )
+            })?;
+            return crate::tls::ClientTls::psk(user, std::path::Path::new(file));
+        }
         let dir = self.certificates.as_ref().map(PathBuf::from);
         let ca = match (&self.ca, &dir) {
             (Some(f), _) => PathBuf::from(f),
@@ -80,10 +93,17 @@ impl Address {
                 .filter(|v| !v.is_empty())
                 .map(str::to_string)
         };
+        // USER@ before the host: the pre-shared key's identity.
+        let (username, path) = match path.split_once('@') {
+            Some((u, rest)) if !u.contains('/') => (Some(u.to_string()), rest),
+            _ => (None, path),
+        };
         let tls = tls.then(|| TlsParams {
             ca: param("tls-ca"),
             certificates: param("tls-certificates"),
             hostname: param("tls-hostname"),
+            psk_file: param("tls-psk-file"),
+            username: username.clone(),
         });
         if unix {
             let socket = param("socket").ok_or_else(|| {
