@@ -142,13 +142,7 @@ impl ServerTls {
                 let conn = rustls::ServerConnection::new(config.clone()).map_err(bad)?;
                 carry(rustls::Connection::Server(conn), s)
             }
-            Kind::Psk(ctx) => {
-                let ssl = openssl::ssl::Ssl::new(ctx).map_err(bad)?;
-                let tls = ssl
-                    .accept(s.try_clone()?)
-                    .map_err(|e| io::Error::other(format!("TLS handshake: {e}")))?;
-                carry_openssl(tls)
-            }
+            Kind::Psk(ctx) => carry_openssl(ctx, s, true),
         }
     }
 }
@@ -191,10 +185,18 @@ fn psk_keys(file: &Path) -> io::Result<Vec<(String, Vec<u8>)>> {
 /// (TLS 1.3 has its own suites).
 const PSK_CIPHERS: &str = "kECDHEPSK:kDHEPSK:!eNULL";
 
-/// After an OpenSSL handshake: one thread that pumps both directions
-/// between the connection and a local socket pair; returns the pair's
-/// plain end.
-fn carry_openssl(tls: openssl::ssl::SslStream<Stream>) -> io::Result<Stream> {
+/// The TLS handshake with OpenSSL on `net` (as the server or the client),
+/// then one thread that pumps both directions between the connection and
+/// a local socket pair; returns the pair's plain end.
+fn carry_openssl(ctx: &openssl::ssl::SslContext, net: &Stream, server: bool) -> io::Result<Stream> {
+    let ssl = openssl::ssl::Ssl::new(ctx).map_err(bad)?;
+    let net = net.try_clone()?;
+    let tls = if server {
+        ssl.accept(net)
+    } else {
+        ssl.connect(net)
+    }
+    .map_err(|e| io::Error::other(format!("TLS handshake: {e}")))?;
     let (mine, theirs) = UnixStream::pair()?;
     mine.set_nonblocking(true)?;
     tls.get_ref().set_nonblocking(true)?;
@@ -415,13 +417,7 @@ impl ClientTls {
                     rustls::ClientConnection::new(config.clone(), name.clone()).map_err(bad)?;
                 carry(rustls::Connection::Client(conn), s)
             }
-            ClientKind::Psk(ctx) => {
-                let ssl = openssl::ssl::Ssl::new(ctx).map_err(bad)?;
-                let tls = ssl
-                    .connect(s.try_clone()?)
-                    .map_err(|e| io::Error::other(format!("TLS handshake: {e}")))?;
-                carry_openssl(tls)
-            }
+            ClientKind::Psk(ctx) => carry_openssl(ctx, s, false),
         }
     }
 }
