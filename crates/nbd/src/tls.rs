@@ -214,14 +214,15 @@ fn carry_openssl(ctx: &openssl::ssl::SslContext, net: &Stream, server: bool) -> 
 }
 
 /// Both directions of a non-blocking OpenSSL connection and the plain
-/// side, until both have ended: what comes in is handed on once the plain
-/// side took what came before, what the plain side writes is sealed and
-/// sent; when neither can move, wait for either socket.
+/// side, until the plain side has ended and all it wrote is sent: what
+/// comes in is handed on once the plain side took what came before, what
+/// the plain side writes is sealed and sent; when neither can move, wait
+/// for either socket.
 fn pump(tls: &mut openssl::ssl::SslStream<Stream>, mut plain: &UnixStream) -> io::Result<()> {
     use openssl::ssl::ErrorCode;
     let mut buf = vec![0u8; 64 << 10];
     let (mut inbound, mut outbound) = (Vec::new(), Vec::new());
-    let (mut net_done, mut plain_done, mut closed) = (false, false, false);
+    let (mut net_done, mut plain_done) = (false, false);
     let would_block = |e: &io::Error| e.kind() == io::ErrorKind::WouldBlock;
     loop {
         let mut moved = false;
@@ -280,12 +281,11 @@ fn pump(tls: &mut openssl::ssl::SslStream<Stream>, mut plain: &UnixStream) -> io
                 },
             }
         }
-        if plain_done && outbound.is_empty() && !closed {
+        if plain_done && outbound.is_empty() {
+            // The plain side is gone and all it wrote is sent: nothing
+            // would take what still comes in (the caller then shuts the
+            // socket, as the rustls carrier does).
             let _ = tls.shutdown();
-            closed = true;
-            moved = true;
-        }
-        if closed && net_done && inbound.is_empty() {
             return Ok(());
         }
         if !moved {
