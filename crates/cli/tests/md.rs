@@ -207,15 +207,6 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
             "{name}: NBD read differs"
         );
         assert_eq!(srv.stop().code(), Some(0), "{name}");
-
-        // 0.90 metadata raidkit does not write: read-write is refused,
-        // with nothing written.
-        if metadata == "md 0.90" {
-            fails(
-                &args(&["serve", "--listen", "127.0.0.1:0"], &ms),
-                "read-only",
-            );
-        }
     }
 
     // A member md failed (and the payload written after): raidkit knows
@@ -234,18 +225,14 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
     assert!(read_4m(dir.path(), &ms) == payload, "r5f-12: read differs");
     assert_eq!(digest(&all), before, "a member file changed");
 
-    // raidkit writes each md v1 array; the kernel assembles what it left,
+    // raidkit writes each md array; the kernel assembles what it left,
     // reads raidkit's data, and its own check finds nothing to repair.
     let p2 = dir.path().join("p2.img");
     let p2_data: Vec<u8> = (0..4u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
     std::fs::write(&p2, &p2_data).unwrap();
-    let writable: Vec<(&str, usize)> = ARRAYS
-        .iter()
-        .filter(|a| a.2 != "md 0.90")
-        .map(|a| (a.0, a.1))
-        .collect();
+    let writable: Vec<(&str, usize)> = ARRAYS.iter().map(|a| (a.0, a.1)).collect();
     for (_, ms) in writable
         .iter()
         .map(|(name, n)| (name, members(dir.path(), name, *n)))
@@ -294,26 +281,28 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
         !out.contains("out of date") && !out.contains("invalid bitmap"),
         "{out}"
     );
-    let ms = members(dir.path(), "r5-12", 3);
-
     // Degraded: a member failed through raidkit, data written after; the
     // kernel starts the array without the stale member and reads the new
-    // data from the other two.
+    // data from the other two. Also with md 0.90's superblock, whose disk
+    // descriptors mark the member faulty.
     let p3 = dir.path().join("p3.img");
     let p3_data: Vec<u8> = p2_data.iter().map(|b| b ^ 0x3c).collect();
     std::fs::write(&p3, &p3_data).unwrap();
-    write_without_member_2(dir.path(), &ms, &p3);
-    let out = in_vm(
-        dir.path(),
-        "mdadm --assemble /dev/md0 /dev/vda /dev/vdb /dev/vdc || exit 3\n\
-         cat /proc/mdstat\n\
-         dd if=/dev/md0 bs=1M skip=8 count=4 2>/dev/null | md5sum\n\
-         dd if=/dev/vdd bs=1M count=4 2>/dev/null | md5sum\n\
-         mdadm --stop /dev/md0\n",
-        &[&ms[0], &ms[1], &ms[2], &p3.display().to_string()],
-    );
-    assert!(out.contains("[3/2] [UU_]"), "{out}");
-    assert_two_equal_sums(&out);
+    for name in ["r5-12", "r5-090"] {
+        let ms = members(dir.path(), name, 3);
+        write_without_member_2(dir.path(), &ms, &p3);
+        let out = in_vm(
+            dir.path(),
+            "mdadm --assemble /dev/md0 /dev/vda /dev/vdb /dev/vdc || exit 3\n\
+             cat /proc/mdstat\n\
+             dd if=/dev/md0 bs=1M skip=8 count=4 2>/dev/null | md5sum\n\
+             dd if=/dev/vdd bs=1M count=4 2>/dev/null | md5sum\n\
+             mdadm --stop /dev/md0\n",
+            &[&ms[0], &ms[1], &ms[2], &p3.display().to_string()],
+        );
+        assert!(out.contains("[3/2] [UU_]"), "{name}: {out}");
+        assert_two_equal_sums(&out);
+    }
 
     // With md's bitmap: raidkit's degraded writes are marked in it, so the
     // kernel re-adds the member raidkit failed by resyncing only the chunks

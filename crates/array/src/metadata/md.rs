@@ -879,10 +879,84 @@ pub fn member_uuid(array: Uuid, dev: u32) -> Uuid {
 /// Why raidkit cannot keep this md array's metadata as md would, if it
 /// cannot: then the array is opened read-only or not at all.
 pub fn unwritable(meta: &MdMeta) -> Option<String> {
-    if meta.version == MdVersion::V0_90 {
-        return Some("md 0.90 metadata, which raidkit reads but does not write".into());
-    }
     meta.bitmap.as_ref().and_then(|b| b.problem.clone())
+}
+
+/// Write `sb`'s state into the member's md 0.90 superblock, md's way
+/// (md_p.h's mdp_super_t, little-endian words as on x86): events, update
+/// time, the clean bit and resync checkpoint, each disk descriptor's state
+/// (active and in sync, faulty; a member being rebuilt is not yet in sync,
+/// as 0.90 records no recovery offset, so md rebuilds it whole), the
+/// counters, this disk's copy, the checksum.
+fn write_md0(m: &dyn Member, sb: &Superblock, meta: &MdMeta) -> Result<()> {
+    const FAULTY: u32 = 1;
+    const ACTIVE_SYNC: u32 = 2 | 4;
+    let mut b = meta.raw.clone();
+    let w = |b: &[u8], i: usize| u32_at(b, 4 * i);
+    let set = |b: &mut Vec<u8>, i: usize, v: u32| put32(b, 4 * i, v);
+    set(&mut b, 39, sb.events as u32);
+    set(&mut b, 40, (sb.events >> 32) as u32);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    set(&mut b, 32, now as u32);
+    let unit = if sb.level.is_parity() || sb.level == Level::Raid10 || sb.level == Level::Raid1 {
+        sb.chunk
+    } else {
+        0
+    };
+    // Clean: the clean bit. Otherwise md resyncs from recovery_cp when the
+    // checkpoint's events are the superblock's, else from the start.
+    let (clean, cp) = match (sb.state, sb.resync) {
+        (ArrayState::Clean, None) => (true, u32::MAX),
+        (ArrayState::Clean, Some(u)) => (false, (u.saturating_mul(unit) / SECTOR) as u32),
+        (ArrayState::Dirty, _) => (false, 0),
+    };
+    let state = w(&b, 33);
+    set(&mut b, 33, if clean { state | 1 } else { state & !1 });
+    set(&mut b, 41, sb.events as u32);
+    set(&mut b, 42, (sb.events >> 32) as u32);
+    set(&mut b, 43, cp);
+    let (mut active, mut failed) = (0, 0);
+    for d in 0..27 {
+        let at = 128 + 32 * d;
+        let number = w(&b, at);
+        let old = w(&b, at + 4);
+        if old == 0 && number == 0 && d != 0 {
+            continue; // an empty descriptor
+        }
+        let held = sb
+            .roles
+            .iter()
+            .enumerate()
+            .find(|(_, e)| dev_of(sb.array_uuid, e.member_uuid) == Some(number));
+        let (raid_disk, st) = match held {
+            Some((r, e)) if e.state == RoleState::Active => (r as u32, ACTIVE_SYNC),
+            Some((r, e)) if e.state == RoleState::Rebuilding => (r as u32, 0),
+            Some((r, _)) => (r as u32, FAULTY),
+            // In the table for a role another member now holds: faulty.
+            None if old & ACTIVE_SYNC != 0 => (w(&b, at + 3), FAULTY),
+            None => continue,
+        };
+        set(&mut b, at + 3, raid_disk);
+        set(&mut b, at + 4, st);
+        active += u32::from(st == ACTIVE_SYNC);
+        failed += u32::from(st == FAULTY);
+        if number == meta.dev_number {
+            for k in 0..5 {
+                let v = w(&b, at + k);
+                set(&mut b, 992 + k, v);
+            }
+        }
+    }
+    set(&mut b, 34, active);
+    set(&mut b, 35, active);
+    set(&mut b, 36, failed);
+    let c = sb0_csum(&b);
+    set(&mut b, 38, c);
+    m.write_at(&b, meta.sb_offset)?;
+    m.flush()?;
+    Ok(())
 }
 
 /// The md device number behind a member uuid `dev_uuid` gave, if it is one.
@@ -919,6 +993,9 @@ pub fn write_md(m: &dyn Member, sb: &Superblock) -> Result<()> {
             "{}: adding a member to an md array is not supported yet (nothing was written)",
             m.name()
         )));
+    }
+    if meta.version == MdVersion::V0_90 {
+        return write_md0(m, sb, meta);
     }
     let mut b = meta.raw.clone();
     put64(&mut b, 200, sb.events);
