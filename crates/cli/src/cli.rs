@@ -139,12 +139,20 @@ pub struct StorageBenchArgs {
     /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
     #[arg(value_name = "SIZE", long, value_parser = size)]
     pub size: Option<u64>,
-    /// Runs of each test; the median is reported with min and max.
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
-    /// Seconds per random-I/O measurement.
-    #[arg(long, default_value_t = 2.0)]
-    pub seconds: f64,
+    /// Runs of each test; the median is reported with min and max
+    /// [default: 3; 1 with --quick].
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// Seconds per random-I/O measurement, and the most each per-character
+    /// test and random_seeks run may take [default: 2; 0.5 with --quick].
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// A short pass over every test asked for: one run, 0.5 s per timed
+    /// test, a 64 MiB working set, whole-target zones, 1024 files. Flags
+    /// given beside it win. The whole set takes under 30 s on a small
+    /// target.
+    #[arg(long)]
+    pub quick: bool,
     /// Queue depths of randread_4k and randwrite_4k (comma-separated, 1 to 256).
     #[arg(long, default_value = "1,32")]
     pub qd: String,
@@ -168,9 +176,10 @@ pub struct StorageBenchArgs {
     /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
     #[arg(value_name = "SIZE", long, value_parser = size, default_value = "8K")]
     pub chunk: u64,
-    /// Files for file_create (bonnie++'s -n, here a plain count).
-    #[arg(long, default_value_t = 16384)]
-    pub files: usize,
+    /// Files for file_create (bonnie++'s -n, here a plain count)
+    /// [default: 16384; 1024 with --quick].
+    #[arg(long)]
+    pub files: Option<usize>,
     /// Print JSON: {"config": {...}, "results": [{test, value, unit, runs, min, max, zone, qd}]}.
     #[arg(long)]
     pub json: bool,
@@ -193,6 +202,64 @@ pub struct StorageBenchArgs {
     /// Allow the write tests to overwrite an existing file, device or export.
     #[arg(long)]
     pub destroy_data: bool,
+    /// Qualification thresholds, judged after the run: PASS or FAIL each,
+    /// and exit status 3 when one fails. TEST[@qdN][@ZONE][@xK] OP
+    /// VALUE[UNIT], comma separated, such as
+    /// 'seq_write>=10MB/s,randread_4k@qd32>=5000'; OP is >=, >, <= or <;
+    /// units MB/s, GB/s, KB/s, IOPS, seeks/s, files/s, %, x; 5k is 5000.
+    /// Every zone must meet it.
+    #[arg(long, value_name = "REQUIREMENTS")]
+    pub require: Option<String>,
+    /// Keep this run's JSON (configuration, machine, the target's model,
+    /// serial, firmware and write cache, an array's level and state) as a
+    /// new file in DIR: the permanent record that `raidkit bench compare`
+    /// and `raidkit bench report` read.
+    #[arg(long, value_name = "DIR")]
+    pub record: Option<PathBuf>,
+    /// A name for this run in the record and the reports (such as the
+    /// vendor's offer or the disk's slot).
+    #[arg(long)]
+    pub label: Option<String>,
+    /// For an array[...] target: first measure each of its members alone
+    /// and all at once, read-only, as `raidkit bench members` does (with
+    /// this run's --runs, --seconds, --qd and --record), then the array.
+    #[arg(long)]
+    pub members_first: bool,
+    /// Run streams_write and streams_read from N separate client
+    /// processes, each with its own connection to the NBD export (N
+    /// streams; --streams is then unused): the aggregate and each client's
+    /// figure.
+    #[arg(long, value_name = "N")]
+    pub clients: Option<usize>,
+    /// Start each client through this command prefix, `{i}` being the
+    /// client's number from 1: 'ssh farm{i}' (raidkit at the same path
+    /// there), 'ip netns exec lab{i}'.
+    #[arg(long, value_name = "COMMAND", requires = "clients")]
+    pub client_via: Option<String>,
+    /// For an NBD export served by raidkit: its control socket, to record
+    /// the array's level and whether it was degraded or rebuilding at the
+    /// start and the end of the run.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+}
+
+impl StorageBenchArgs {
+    pub fn runs(&self) -> usize {
+        self.runs.unwrap_or(if self.quick { 1 } else { 3 })
+    }
+    pub fn seconds(&self) -> f64 {
+        self.seconds.unwrap_or(if self.quick { 0.5 } else { 2.0 })
+    }
+    pub fn files(&self) -> usize {
+        self.files.unwrap_or(if self.quick { 1024 } else { 16384 })
+    }
+    pub fn whole(&self) -> bool {
+        self.whole || self.quick
+    }
+    /// The working set asked for: --size, or 64 MiB with --quick.
+    pub fn size_limit(&self) -> Option<u64> {
+        self.size.or(self.quick.then_some(64 << 20))
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -208,6 +275,89 @@ pub enum BenchCommand {
     /// sequential writes and 4 KiB random writes on RAID-0, RAID-5 and
     /// RAID-6 built over the same member files.
     Engine(BenchEngineArgs),
+    /// Each drive alone, then all at once, read-only: sequential reads per
+    /// zone and 4 KiB random reads per member, the aggregate with every
+    /// member reading together, and the members that differ from the
+    /// median of their peers named as outliers.
+    Members(BenchMembersArgs),
+    /// Runs kept with --record side by side: each result's median per run,
+    /// the ratio to the first run, and whether the difference exceeds the
+    /// runs' own spread.
+    Compare(BenchCompareArgs),
+    /// One self-contained HTML evaluation sheet (tables and plots, no
+    /// outside file) of every run kept in a --record directory.
+    Report(BenchReportArgs),
+    /// One client of `raidkit bench --clients` (started by it).
+    #[command(hide = true)]
+    StreamWorker(StreamWorkerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StreamWorkerArgs {
+    /// The NBD export.
+    pub target: String,
+    #[arg(long)]
+    pub offset: u64,
+    #[arg(long)]
+    pub length: u64,
+    #[arg(long)]
+    pub write: bool,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchMembersArgs {
+    /// The members: files, block devices or nbd:// exports (opened
+    /// read-only).
+    #[arg(required = true)]
+    pub members: Vec<String>,
+    /// Runs of each measurement; the median is reported with min and max.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Seconds per measurement (each zone's sequential read is cut there,
+    /// as hdparm -t reads for 3 s).
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Queue depths of the random reads (comma-separated, 1 to 256).
+    #[arg(long, default_value = "1,32")]
+    pub qd: String,
+    /// Measure only the first SIZE bytes of each member (zones are thirds
+    /// of it). Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", long, value_parser = size)]
+    pub size: Option<u64>,
+    /// A member whose figure differs from the median of its peers' by more
+    /// than this percentage (either way) is named an outlier.
+    #[arg(long, default_value_t = 25.0)]
+    pub outlier: f64,
+    /// Print JSON: {"config", "identity", "results": [{member, test, zone, qd, value, unit, ...}], "outliers": [...]}.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep the run's JSON as a new file in DIR (see `raidkit bench --record`).
+    #[arg(long, value_name = "DIR")]
+    pub record: Option<PathBuf>,
+    /// A name for this run in the record and the reports.
+    #[arg(long)]
+    pub label: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchCompareArgs {
+    /// Records written by --record (two or more).
+    #[arg(required = true, num_args = 2..)]
+    pub records: Vec<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchReportArgs {
+    /// A --record directory.
+    pub dir: PathBuf,
+    /// Where to write the page (default: DIR/report.html).
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -43,6 +43,20 @@ pub fn run(cli: Cli) -> Result<()> {
             Some(crate::cli::BenchCommand::Parity(a)) => crate::bench::parity(a),
             Some(crate::cli::BenchCommand::Engine(a)) => crate::bench::engine::engine(a),
             Some(crate::cli::BenchCommand::Sweep(a)) => crate::bench::sweep::sweep(a),
+            Some(crate::cli::BenchCommand::StreamWorker(a)) => {
+                crate::bench::storage::clients::stream_worker(a)
+            }
+            Some(crate::cli::BenchCommand::Members(a)) => {
+                crate::bench::storage::members::members(a)
+            }
+            Some(crate::cli::BenchCommand::Compare(a)) => {
+                crate::bench::storage::record::compare(&a.records, a.json)
+            }
+            Some(crate::cli::BenchCommand::Report(a)) => {
+                let p = crate::bench::storage::record::report(&a.dir, a.output.as_deref())?;
+                println!("{}", p.display());
+                Ok(())
+            }
             None => crate::bench::storage::run(b.storage),
         },
     }

@@ -34,13 +34,15 @@ fn main() {
             .map(|id| id.as_str().to_string())
             .collect();
     }
-    if matches!(
-        args.command,
+    let offline_report = match &args.command {
         cli::Command::Examine(_)
-            | cli::Command::Detail(_)
-            | cli::Command::Read(_)
-            | cli::Command::Check(_)
-    ) {
+        | cli::Command::Detail(_)
+        | cli::Command::Read(_)
+        | cli::Command::Check(_) => true,
+        cli::Command::Bench(b) => matches!(b.command, Some(cli::BenchCommand::Compare(_))),
+        _ => false,
+    };
+    if offline_report {
         // Reports cut short by their reader (`raidkit detail | head`) end
         // quietly, as other tools' do, not with a panic on EPIPE. Only for
         // the offline commands, whose sole other file is a member: a server
@@ -90,6 +92,11 @@ fn main() {
             }
         }
         say::error(&msg);
-        std::process::exit(1);
+        // A bench run whose requirements failed completed: 3 tells it
+        // from a run that did not.
+        let failed_requirements = e
+            .downcast_ref::<bench::storage::require::Failed>()
+            .is_some();
+        std::process::exit(if failed_requirements { 3 } else { 1 });
     }
 }

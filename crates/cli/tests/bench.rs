@@ -89,7 +89,10 @@ fn an_array_and_a_small_buffered_working_set_warn_of_the_cache() {
     assert_eq!(v["config"]["kind"], "raidkit array");
     assert_eq!(v["results"].as_array().unwrap().len(), 6);
     let text = std::fs::read_to_string(&csv).unwrap();
-    assert!(text.starts_with("test,zone,qd,value,unit,runs,min,max,streams\n"));
+    // Columns are only ever added at the end: the first nine stay put.
+    assert!(text.starts_with(
+        "test,zone,qd,value,unit,runs,min,max,streams,cpu,client_bound,client\n"
+    ));
     assert_eq!(text.lines().count(), 7);
     // The array is intact afterwards.
     ok(&args(&["check"], &ms));

@@ -1,14 +1,17 @@
 //! bonnie++'s tests, as bonnie++ 2.00 does them:
 //! - char_write / char_read: one byte per write(2) / read(2) system call
-//!   over --char-size bytes (bonnie++'s -f, 20 MiB), through the file
-//!   system's cache: a measure of per-call cost more than of storage. In a
+//!   over --char-size bytes (bonnie++'s -f, 20 MiB) or for --seconds,
+//!   whichever ends first (at under 1 MB/s, 20 MiB would take most of a
+//!   short run), through the file system's cache: a measure of per-call
+//!   cost more than of storage. In a
 //!   directory they use a file of their own, written from empty as
 //!   bonnie++'s is (bytes written into an existing file whose pages have
 //!   left the cache cost a page read each, which bonnie++ never pays);
 //! - block_write / block_read: the working set in --chunk pieces (8 KiB);
 //! - rewrite: each chunk read, changed and written back in place;
 //! - random_seeks: 8192 chunk reads at random places by 5 processes (here
-//!   threads), one in ten changed and written back; seeks per second;
+//!   threads; stopped early at --seconds), one in ten changed and written
+//!   back; seeks per second;
 //! - file_create (a directory only): --files empty files created, stat'ed
 //!   and deleted in name order, then in random order; files per second.
 //!
@@ -30,11 +33,11 @@ const SEEKERS: usize = 5;
 pub(super) fn run(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
     match test {
         "file_create" => file_create(ctx),
-        "random_seeks" => Ok(vec![ctx.series(
-            Series::new(test, "seeks/s"),
-            test,
-            || random_seeks(ctx),
-        )?]),
+        "random_seeks" => {
+            let mut s = Series::new(test, "seeks/s");
+            s.threads = SEEKERS;
+            Ok(vec![ctx.series(s, test, || random_seeks(ctx))?])
+        }
         "char_write" | "char_read" => {
             let n = ctx.a.char_size.min(ctx.size);
             let series = Series::new(test, "MB/s");
@@ -53,10 +56,10 @@ pub(super) fn run(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
                 .expect("char tests only run on file targets");
             Ok(vec![ctx.series(series, test, || {
                 if test == "char_write" {
-                    char_write(f, n, &mut Writer::new(ctx.pattern))
+                    char_write(f, n, &mut Writer::new(ctx.pattern), ctx.a.seconds())
                 } else {
                     ctx.t.drop_cache()?;
-                    char_read(f, n)
+                    char_read(f, n, ctx.a.seconds())
                 }
             })?])
         }
@@ -82,7 +85,7 @@ fn char_file(ctx: &Ctx, test: &str, series: Series, path: &Path, n: u64) -> Resu
     if test == "char_write" {
         return ctx.series(series, test, || {
             let f = open(true)?;
-            char_write(&f, n, &mut Writer::new(ctx.pattern))
+            char_write(&f, n, &mut Writer::new(ctx.pattern), ctx.a.seconds())
         });
     }
     // char_read: the file written first (in blocks), then read back from
@@ -97,18 +100,21 @@ fn char_file(ctx: &Ctx, test: &str, series: Series, path: &Path, n: u64) -> Resu
     }
     ctx.series(series, test, || {
         super::drop_file_cache(&f)?;
-        char_read(&f, n)
+        char_read(&f, n, ctx.a.seconds())
     })
 }
 
-fn char_write(mut f: &File, n: u64, w: &mut Writer) -> Result<f64> {
+/// Bytes moved one at a time between looks at the clock.
+const CHAR_STEP: usize = 64 << 10;
+
+fn char_write(mut f: &File, n: u64, w: &mut Writer, secs: f64) -> Result<f64> {
     f.seek(SeekFrom::Start(0))?;
     let t0 = Instant::now();
     let mut off = 0u64;
-    while off < n {
-        // The bytes of the next megabyte, stamped as any write's; then one
+    while off < n && (off == 0 || t0.elapsed().as_secs_f64() < secs) {
+        // The bytes of the next piece, stamped as any write's; then one
         // system call per byte, as bonnie++'s per-character test.
-        let k = (n - off).min(super::BLOCK as u64) as usize;
+        let k = (n - off).min(CHAR_STEP as u64) as usize;
         for c in w.data(0, k, off).chunks(1) {
             if f.write(c)? != 1 {
                 bail!("short write in char_write");
@@ -117,23 +123,28 @@ fn char_write(mut f: &File, n: u64, w: &mut Writer) -> Result<f64> {
         off += k as u64;
     }
     f.sync_data()?;
-    Ok(n as f64 / t0.elapsed().as_secs_f64() / 1e6)
+    Ok(off as f64 / t0.elapsed().as_secs_f64() / 1e6)
 }
 
-fn char_read(mut f: &File, n: u64) -> Result<f64> {
+fn char_read(mut f: &File, n: u64, secs: f64) -> Result<f64> {
     f.seek(SeekFrom::Start(0))?;
     let mut c = [0u8; 1];
     let mut sum = 0u64;
     let t0 = Instant::now();
-    for _ in 0..n {
-        if f.read(&mut c)? != 1 {
-            bail!("unexpected end of file in char_read");
+    let mut done = 0u64;
+    while done < n && (done == 0 || t0.elapsed().as_secs_f64() < secs) {
+        let k = (n - done).min(CHAR_STEP as u64);
+        for _ in 0..k {
+            if f.read(&mut c)? != 1 {
+                bail!("unexpected end of file in char_read");
+            }
+            sum = sum.wrapping_add(c[0] as u64);
         }
-        sum = sum.wrapping_add(c[0] as u64);
+        done += k;
     }
     let secs = t0.elapsed().as_secs_f64();
     std::hint::black_box(sum);
-    Ok(n as f64 / secs / 1e6)
+    Ok(done as f64 / secs / 1e6)
 }
 
 /// block_write, rewrite, block_read over the working set.
@@ -175,21 +186,28 @@ fn random_seeks(ctx: &Ctx) -> Result<f64> {
     let chunks = ctx.size / chunk as u64;
     ctx.t.drop_cache()?;
     let seeds: Vec<u64> = (0..SEEKERS).map(|_| ctx.draw_seed() | 1).collect();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let secs = ctx.a.seconds();
     let t0 = Instant::now();
     let errors: Vec<anyhow::Error> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..SEEKERS)
             .map(|p| {
                 let mut x = seeds[p];
+                let done = &done;
                 sc.spawn(move || -> Result<()> {
                     let mut buf = vec![0u8; chunk];
                     let mine = SEEKS / SEEKERS + usize::from(p < SEEKS % SEEKERS);
                     for i in 0..mine {
+                        if i % 64 == 63 && t0.elapsed().as_secs_f64() >= secs {
+                            break;
+                        }
                         let off = (xorshift(&mut x) % chunks) * chunk as u64;
                         io.read_at(&mut buf, off)?;
                         if i % 10 == 0 {
                             buf[0] = buf[0].wrapping_add(1);
                             io.write_at(&buf, off)?;
                         }
+                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     Ok(())
                 })
@@ -203,7 +221,7 @@ fn random_seeks(ctx: &Ctx) -> Result<f64> {
         return Err(e);
     }
     io.flush()?;
-    Ok(SEEKS as f64 / t0.elapsed().as_secs_f64())
+    Ok(done.into_inner() as f64 / t0.elapsed().as_secs_f64())
 }
 
 /// A small deterministic shuffle (xorshift Fisher–Yates): the same random
@@ -307,13 +325,13 @@ fn file_create(ctx: &Ctx) -> Result<Vec<Series>> {
     std::fs::create_dir(&d).with_context(|| format!("creating {}", d.display()))?;
     let mut out: Vec<Series> = NAMES.iter().map(|t| Series::new(t, "files/s")).collect();
     let result = (|| -> Result<()> {
-        for run in 0..ctx.a.runs {
+        for run in 0..ctx.a.runs() {
             ctx.progress.start(format!(
                 "file_create ({} files) run {}",
-                ctx.a.files,
+                ctx.a.files(),
                 run + 1
             ));
-            let r = file_round(&d, ctx.a.files, ctx)?;
+            let r = file_round(&d, ctx.a.files(), ctx)?;
             for (s, v) in out.iter_mut().zip(r) {
                 s.values.push(v);
             }

@@ -12,8 +12,14 @@
 //! lab's data-path tests ([`datapath`]).
 
 mod bonnie;
+pub(crate) mod clients;
+pub(crate) mod cpu;
 mod datapath;
+mod identity;
+pub(crate) mod members;
+pub(crate) mod record;
 mod report;
+pub(crate) mod require;
 
 use crate::cli::StorageBenchArgs;
 use crate::units::human;
@@ -386,7 +392,14 @@ pub(crate) struct Series {
     zone: Option<&'static str>,
     qd: Option<usize>,
     streams: Option<usize>,
+    /// Which client process (from 1) of --clients, for its own figure.
+    client: Option<usize>,
     values: Vec<f64>,
+    /// The client's CPU use during each run, in % of one CPU.
+    cpu: Vec<f64>,
+    /// Threads the client drove the test from (what its CPU use is
+    /// judged against).
+    threads: usize,
 }
 
 impl Series {
@@ -397,7 +410,10 @@ impl Series {
             zone: None,
             qd: None,
             streams: None,
+            client: None,
             values: Vec::new(),
+            cpu: Vec::new(),
+            threads: 1,
         }
     }
 }
@@ -479,6 +495,20 @@ impl Writer {
     }
 }
 
+/// How fast a writer prepares data (MB/s): the stamps of 256 MiB of 1 MiB
+/// writes, the only work a write's data costs once the pattern is made.
+/// Recorded with the results, so that a write figure can be seen to be far
+/// from the cost of making its data.
+fn prepare_rate(pattern: &Aligned) -> f64 {
+    let mut w = Writer::new(pattern);
+    let n = 256u64;
+    let t0 = Instant::now();
+    for i in 0..n {
+        std::hint::black_box(w.data(0, BLOCK, i * BLOCK as u64));
+    }
+    (n * BLOCK as u64) as f64 / t0.elapsed().as_secs_f64().max(1e-9) / 1e6
+}
+
 /// Stamp each whole sector of `b` (to be written at `off`) with its own
 /// offset and `serial`.
 fn stamp(b: &mut [u8], off: u64, serial: u64) {
@@ -542,6 +572,10 @@ pub(crate) struct Ctx<'a> {
     draws: AtomicU64,
     progress: Progress,
     notes: Vec<String>,
+    /// The target pipelines requests from one thread (an NBD export).
+    nbd: bool,
+    /// The target as given (what --clients' processes connect to).
+    target_text: &'a str,
 }
 
 impl Ctx<'_> {
@@ -560,9 +594,11 @@ impl Ctx<'_> {
         label: &str,
         mut f: impl FnMut() -> Result<f64>,
     ) -> Result<Series> {
-        for run in 0..self.a.runs {
+        for run in 0..self.a.runs() {
             self.progress.start(format!("{label} run {}", run + 1));
+            let clock = cpu::Clock::start();
             s.values.push(f()?);
+            s.cpu.push(clock.pct());
             self.progress.step();
         }
         Ok(s)
@@ -588,7 +624,7 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
         anyhow!("give a TARGET (a file, block device, directory, nbd://HOST:PORT/EXPORT or array[...]), or a subcommand: parity, engine, sweep")
     })?;
     let mut tests = parse_tests(&a.tests)?;
-    if a.runs == 0 {
+    if a.runs() == 0 {
         bail!("--runs must be at least 1");
     }
     if a.streams == 0 {
@@ -597,10 +633,52 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
     if a.chunk < 512 || a.chunk > BLOCK as u64 || !a.chunk.is_multiple_of(512) {
         bail!("--chunk must be a multiple of 512 bytes between 512 and 1M");
     }
-    if a.files == 0 {
+    if !(a.seconds() > 0.0 && a.seconds() <= 3600.0) {
+        bail!("--seconds must be more than 0 and at most 3600");
+    }
+    if a.files() == 0 {
         bail!("--files must be at least 1");
     }
     let qds = parse_qds(&a.qd)?;
+    if let Some(n) = a.clients {
+        if !(1..=64).contains(&n) {
+            bail!("--clients must be between 1 and 64");
+        }
+        if !(target_text.starts_with("nbd://") || target_text.starts_with("nbd+unix://")) {
+            bail!("--clients runs separate client processes against an NBD export (nbd://...); {target_text} is not one");
+        }
+        if !tests.iter().any(|t| t.starts_with("streams_")) {
+            bail!("--clients runs streams_write and streams_read: name them in --tests");
+        }
+    }
+    let reqs = match &a.require {
+        Some(r) => require::parse(r)?,
+        None => Vec::new(),
+    };
+    let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let control_status = |a: &StorageBenchArgs| -> Result<Option<serde_json::Value>> {
+        let Some(path) = &a.control else {
+            return Ok(None);
+        };
+        let v = raidkit_control::call(
+            path,
+            &serde_json::json!({"cmd": "status"}),
+            Duration::from_secs(10),
+        )
+        .map_err(|e| anyhow!("--control {}: {e}", path.display()))?;
+        Ok(Some(identity::array_state(&v)))
+    };
+    if a.control.is_some()
+        && !(target_text.starts_with("nbd://") || target_text.starts_with("nbd+unix://"))
+    {
+        bail!("--control is for an NBD export served by raidkit; an array[...] target is described without it");
+    }
+    let array_start = control_status(&a)?;
+    let members_first = if a.members_first {
+        Some(members_first(&a, &target_text)?)
+    } else {
+        None
+    };
     let seed = a.seed.unwrap_or_else(|| {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -644,6 +722,7 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
     let mut notes: Vec<String> = Vec::new();
     let mut ram_fs = false;
     let mut nbd = false;
+    let mut array: Option<Arc<raidkit_array::Array>> = None;
     let (target, size, kind) = if target_text.starts_with("nbd://")
         || target_text.starts_with("nbd+unix://")
     {
@@ -659,7 +738,7 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
         }
         nbd = true;
         let len = c.len();
-        let size = a.size.unwrap_or(len).min(len);
+        let size = a.size_limit().unwrap_or(len).min(len);
         (
             Target {
                 main: Box::new(Arc::new(c)),
@@ -675,8 +754,14 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
         || target_text.starts_with("sim:")
     {
         let s = Spec::parse(&target_text)?;
-        let m = spec::open(&s, false)?;
-        let size = a.size.unwrap_or(m.len()).min(m.len());
+        let m: Arc<dyn Member> = if matches!(s, Spec::Array(_)) {
+            let arr = Arc::new(spec::open_array(&s, false)?);
+            array = Some(arr.clone());
+            arr
+        } else {
+            spec::open(&s, false)?
+        };
+        let size = a.size_limit().unwrap_or(m.len()).min(m.len());
         (Target::device(m), size, "raidkit array")
     } else {
         let path = PathBuf::from(&target_text);
@@ -684,7 +769,7 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
         match meta {
             Ok(m) if m.is_dir() => {
                 let f = path.join(format!("raidkit-bench-{}.tmp", std::process::id()));
-                let size = a.size.unwrap_or(1 << 30);
+                let size = a.size_limit().unwrap_or(1 << 30);
                 let (file, direct) = open_file(&f, true)?;
                 cleanup = Some(f.clone());
                 file.set_len(size)
@@ -721,7 +806,7 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
                         path.display()
                     );
                 }
-                let size = a.size.unwrap_or(len).min(len);
+                let size = a.size_limit().unwrap_or(len).min(len);
                 (
                     Target {
                         main: Box::new(file),
@@ -745,7 +830,7 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
                 if !parent.is_dir() {
                     bail!("{}: no such file or directory", path.display());
                 }
-                let size = a.size.unwrap_or(1 << 30);
+                let size = a.size_limit().unwrap_or(1 << 30);
                 let (file, direct) = open_file(&path, true)?;
                 cleanup = Some(path.clone());
                 file.set_len(size)?;
@@ -763,6 +848,9 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
             Err(e) => return Err(anyhow!(e).context(format!("{}", path.display()))),
         }
     };
+    let array_start_here = array
+        .as_deref()
+        .map(|x| identity::array_state(&array_status(x)));
     if let Some(p) = cleanup.as_deref().or(Some(Path::new(&target_text))) {
         ram_fs = target.buffered.is_some() && in_ram(p);
     }
@@ -799,6 +887,8 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
             draws: AtomicU64::new(0),
             progress: Progress::new(0),
             notes: Vec::new(),
+            nbd,
+            target_text: &target_text,
         };
         // A scratch file we created is sparse: fill it, so that reads read
         // the medium rather than holes.
@@ -816,7 +906,7 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
                 _ => 1,
             })
             .sum::<usize>()
-            * a.runs;
+            * a.runs();
         ctx.progress = Progress::new(steps as u64);
         let mut out = Vec::new();
         for &test in &tests {
@@ -837,6 +927,35 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
     }
     let (series, more_notes) = result?;
     notes.extend(more_notes);
+    if report::any_client_bound(&series) {
+        notes.push(format!(
+            "figures marked client-bound were taken while raidkit bench itself used at least {}% of the CPUs its threads could use: they show the client's limit, not the target's",
+            cpu::BOUND_PCT
+        ));
+    }
+    let prepare_mbs = prepare_rate(&pattern);
+    let mut extra = serde_json::json!({
+        "time": started,
+        "label": a.label,
+        "identity": if nbd || array.is_some() {
+            serde_json::json!({"target": target_text})
+        } else {
+            identity::path(Path::new(&target_text))
+        },
+    });
+    if let Some(m) = members_first {
+        extra["members_first"] = m;
+    }
+    let array_end = match &array {
+        Some(arr) => {
+            extra["array"] = serde_json::json!({"start": array_start_here, "end": identity::array_state(&array_status(arr))});
+            None
+        }
+        None => control_status(&a)?,
+    };
+    if let (Some(s), Some(e)) = (&array_start, &array_end) {
+        extra["array"] = serde_json::json!({"start": s, "end": e});
+    }
 
     let ram = ram_bytes();
     let cache_bound = ram_fs || (!target.direct && size < 2 * ram);
@@ -857,7 +976,7 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
             human(ram)
         ));
     }
-    report::emit(
+    let (doc, failed) = report::emit(
         &a,
         &report::Meta {
             target_text: &target_text,
@@ -866,15 +985,79 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
             direct: target.direct,
             data_source: &data_source,
             tests: &tests,
-            ram,
             cache_bound,
             ram_fs,
             seed,
             qds: &qds,
+            prepare_mbs,
+            reqs: &reqs,
+            extra,
         },
         &series,
         &notes,
-    )
+    )?;
+    if let Some(dir) = &a.record {
+        let p = record::save(dir, &doc)?;
+        eprintln!("raidkit: recorded in {}", p.display());
+    }
+    if failed > 0 {
+        return Err(require::Failed {
+            failed,
+            of: reqs.len(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// `--members-first`: the members of an array[...] target measured alone
+/// and together (read-only) before the array is opened; their record.
+fn members_first(a: &StorageBenchArgs, target_text: &str) -> Result<serde_json::Value> {
+    let s = Spec::parse(target_text)?;
+    let Spec::Array(members) = &s else {
+        bail!("--members-first needs an array[MEMBER,...] target, whose members it can name");
+    };
+    let names: Vec<String> = members
+        .iter()
+        .map(|m| match m {
+            Spec::File(p) | Spec::Nbd(p) => Ok(p.clone()),
+            other => Err(anyhow!(
+                "--members-first measures files, block devices and nbd:// exports; member {other} is none of them"
+            )),
+        })
+        .collect::<Result<_>>()?;
+    let ma = crate::cli::BenchMembersArgs {
+        members: names.clone(),
+        runs: a.runs(),
+        seconds: a.seconds(),
+        qd: a.qd.clone(),
+        size: None,
+        outlier: 25.0,
+        json: a.json,
+        record: a.record.clone(),
+        label: a.label.as_ref().map(|l| format!("{l} (members)")),
+    };
+    let doc = members::run(&ma, &names, !a.json)?;
+    if !a.json {
+        println!();
+    }
+    Ok(doc)
+}
+
+/// An array opened here, described as a server's `status` describes it.
+fn array_status(arr: &raidkit_array::Array) -> serde_json::Value {
+    let sb = arr.superblock();
+    serde_json::json!({
+        "state": arr.state_name(),
+        "array": {
+            "name": sb.name,
+            "level": sb.level.to_string(),
+            "chunk": sb.chunk,
+            "consistency_policy": raidkit_array::create::Policy::of(&sb).name(),
+        },
+        "members": arr.members_status(),
+        "recovery": arr.recovery_status(),
+    })
 }
 
 /// `--qd`: comma-separated queue depths, 1 to 256 each.
@@ -890,7 +1073,7 @@ fn parse_qds(text: &str) -> Result<Vec<usize>> {
 }
 
 fn zones(a: &StorageBenchArgs) -> &'static [&'static str] {
-    if a.whole {
+    if a.whole() {
         &["all"]
     } else {
         &["outer", "middle", "inner"]
@@ -915,33 +1098,48 @@ fn dd_test(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
             let mut s = Series::new(test, if qd == 0 { "MB/s" } else { "IOPS" });
             s.zone = Some(zone);
             s.qd = (qd > 0).then_some(qd);
+            // Pipelining targets keep the queue from one thread; the others
+            // have a thread per request in flight.
+            s.threads = if ctx.nbd { 1 } else { qd.max(1) };
             let label = if qd > 0 {
                 format!("{test} {zone} qd{qd}")
             } else {
                 format!("{test} {zone}")
             };
-            out.push(ctx.series(s, &label, || match test {
-                "seq_write" => {
-                    let mut w = Writer::new(ctx.pattern);
-                    let t0 = Instant::now();
-                    let mut off = z0;
-                    while off < z0 + zone_len {
-                        t.main.write_at(w.data(0, BLOCK, off), off)?;
-                        off += BLOCK as u64;
+            out.push(ctx.series(s, &label, || {
+                match test {
+                    "seq_write" => {
+                        let mut w = Writer::new(ctx.pattern);
+                        let t0 = Instant::now();
+                        let mut off = z0;
+                        while off < z0 + zone_len {
+                            t.main.write_at(w.data(0, BLOCK, off), off)?;
+                            off += BLOCK as u64;
+                        }
+                        t.main.flush()?;
+                        Ok(zone_len as f64 / t0.elapsed().as_secs_f64() / 1e6)
                     }
-                    t.main.flush()?;
-                    Ok(zone_len as f64 / t0.elapsed().as_secs_f64() / 1e6)
-                }
-                "seq_read" => {
-                    let t0 = Instant::now();
-                    let mut off = z0;
-                    while off < z0 + zone_len {
-                        t.main.read_at(buf.as_mut_slice(), off)?;
-                        off += BLOCK as u64;
+                    "seq_read" => {
+                        let t0 = Instant::now();
+                        let mut off = z0;
+                        while off < z0 + zone_len {
+                            t.main.read_at(buf.as_mut_slice(), off)?;
+                            off += BLOCK as u64;
+                        }
+                        Ok(zone_len as f64 / t0.elapsed().as_secs_f64() / 1e6)
                     }
-                    Ok(zone_len as f64 / t0.elapsed().as_secs_f64() / 1e6)
+                    _ => RandomJob {
+                        t: &*ctx.t.main,
+                        secs: ctx.a.seconds(),
+                        pattern: ctx.pattern,
+                        seed: ctx.draw_seed(),
+                        z0,
+                        len: zone_len,
+                        qd,
+                        write: test == "randwrite_4k",
+                    }
+                    .run(),
                 }
-                _ => random_io(ctx, z0, zone_len, qd, test == "randwrite_4k"),
             })?);
         }
     }
@@ -951,77 +1149,98 @@ fn dd_test(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
 /// 4 KiB random reads or writes within `[z0, z0 + len)` by `qd` threads
 /// for --seconds, at offsets drawn from a seed of their own (writes end
 /// with a flush inside the timing); IOPS.
-fn random_io(ctx: &Ctx, z0: u64, len: u64, qd: usize, write: bool) -> Result<f64> {
-    let (t, secs, pattern) = (&*ctx.t.main, ctx.a.seconds, ctx.pattern);
-    let seed = ctx.draw_seed();
-    let blocks = len / SMALL as u64;
-    let deadline = Duration::from_secs_f64(secs.max(0.05));
-    // Targets that pipeline: one thread keeps qd requests in flight.
-    let mut x = seed | 1;
-    let mut next = || z0 + (xorshift(&mut x) % blocks) * SMALL as u64;
-    let mut k = 0usize;
-    let mut fill = write.then(|| {
-        let mut w = Writer::new(pattern);
-        move |off: u64, b: &mut [u8]| {
-            k = (k + 1) % (BLOCK / SMALL);
-            b.copy_from_slice(w.data(k * SMALL, b.len(), off));
+struct RandomJob<'a> {
+    t: &'a dyn Rw,
+    secs: f64,
+    pattern: &'a Aligned,
+    seed: u64,
+    z0: u64,
+    len: u64,
+    qd: usize,
+    write: bool,
+}
+
+impl RandomJob<'_> {
+    fn run(self) -> Result<f64> {
+        let RandomJob {
+            t,
+            secs,
+            pattern,
+            seed,
+            z0,
+            len,
+            qd,
+            write,
+        } = self;
+        let blocks = len / SMALL as u64;
+        let deadline = Duration::from_secs_f64(secs.max(0.05));
+        // Targets that pipeline: one thread keeps qd requests in flight.
+        let mut x = seed | 1;
+        let mut next = || z0 + (xorshift(&mut x) % blocks) * SMALL as u64;
+        let mut k = 0usize;
+        let mut fill = write.then(|| {
+            let mut w = Writer::new(pattern);
+            move |off: u64, b: &mut [u8]| {
+                k = (k + 1) % (BLOCK / SMALL);
+                b.copy_from_slice(w.data(k * SMALL, b.len(), off));
+            }
+        });
+        let payload = fill.as_mut().map(|f| f as &mut FillWrite);
+        let t0 = Instant::now();
+        if let Some(n) = t.queue(qd, payload, t0 + deadline, &mut next) {
+            let n = n?;
+            if write {
+                t.flush()?;
+            }
+            return Ok(n as f64 / t0.elapsed().as_secs_f64());
         }
-    });
-    let payload = fill.as_mut().map(|f| f as &mut FillWrite);
-    let t0 = Instant::now();
-    if let Some(n) = t.queue(qd, payload, t0 + deadline, &mut next) {
-        let n = n?;
+        let ops = AtomicU64::new(0);
+        // Each thread's buffers made before the clock starts.
+        let kits: Vec<(Aligned, Option<Writer>)> = (0..qd)
+            .map(|_| (Aligned::new(SMALL), write.then(|| Writer::new(pattern))))
+            .collect();
+        let t0 = Instant::now();
+        let errors: Vec<anyhow::Error> = std::thread::scope(|sc| {
+            let handles: Vec<_> = kits
+                .into_iter()
+                .enumerate()
+                .map(|(i, (mut buf, mut w))| {
+                    let ops = &ops;
+                    sc.spawn(move || -> Result<()> {
+                        let mut x = splitmix64(seed ^ i as u64) | 1;
+                        // At least one batch, however late the thread starts.
+                        loop {
+                            for _ in 0..16 {
+                                let off = z0 + (xorshift(&mut x) % blocks) * SMALL as u64;
+                                if let Some(w) = &mut w {
+                                    let at = ((x >> 20) as usize % (BLOCK / SMALL)) * SMALL;
+                                    t.write_at(w.data(at, SMALL, off), off)?;
+                                } else {
+                                    t.read_at(buf.as_mut_slice(), off)?;
+                                }
+                            }
+                            ops.fetch_add(16, Ordering::Relaxed);
+                            if t0.elapsed() >= deadline {
+                                break;
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .filter_map(|h| h.join().expect("bench thread").err())
+                .collect()
+        });
+        if let Some(e) = errors.into_iter().next() {
+            return Err(e);
+        }
         if write {
             t.flush()?;
         }
-        return Ok(n as f64 / t0.elapsed().as_secs_f64());
+        Ok(ops.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64())
     }
-    let ops = AtomicU64::new(0);
-    // Each thread's buffers made before the clock starts.
-    let kits: Vec<(Aligned, Option<Writer>)> = (0..qd)
-        .map(|_| (Aligned::new(SMALL), write.then(|| Writer::new(pattern))))
-        .collect();
-    let t0 = Instant::now();
-    let errors: Vec<anyhow::Error> = std::thread::scope(|sc| {
-        let handles: Vec<_> = kits
-            .into_iter()
-            .enumerate()
-            .map(|(i, (mut buf, mut w))| {
-                let ops = &ops;
-                sc.spawn(move || -> Result<()> {
-                    let mut x = splitmix64(seed ^ i as u64) | 1;
-                    // At least one batch, however late the thread starts.
-                    loop {
-                        for _ in 0..16 {
-                            let off = z0 + (xorshift(&mut x) % blocks) * SMALL as u64;
-                            if let Some(w) = &mut w {
-                                let at = ((x >> 20) as usize % (BLOCK / SMALL)) * SMALL;
-                                t.write_at(w.data(at, SMALL, off), off)?;
-                            } else {
-                                t.read_at(buf.as_mut_slice(), off)?;
-                            }
-                        }
-                        ops.fetch_add(16, Ordering::Relaxed);
-                        if t0.elapsed() >= deadline {
-                            break;
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .filter_map(|h| h.join().expect("bench thread").err())
-            .collect()
-    });
-    if let Some(e) = errors.into_iter().next() {
-        return Err(e);
-    }
-    if write {
-        t.flush()?;
-    }
-    Ok(ops.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64())
 }
 
 #[cfg(test)]

@@ -16,11 +16,27 @@ pub(super) struct Meta<'a> {
     pub direct: bool,
     pub data_source: &'a str,
     pub tests: &'a [&'static str],
-    pub ram: u64,
     pub cache_bound: bool,
     pub ram_fs: bool,
     pub seed: u64,
     pub qds: &'a [usize],
+    /// How fast the client prepares the data it writes (MB/s).
+    pub prepare_mbs: f64,
+    /// Requirements to judge (--require).
+    pub reqs: &'a [super::require::Requirement],
+    /// Fields added to the JSON document (time, label, identity, array).
+    pub extra: Value,
+}
+
+/// The machine the client ran on.
+pub(super) fn machine() -> Value {
+    json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "ram": super::ram_bytes(),
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        "cpu": std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|x| x.trim().to_string())),
+        "host": std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim(),
+    })
 }
 
 fn result_json(s: &Series) -> Value {
@@ -41,53 +57,68 @@ fn result_json(s: &Series) -> Value {
     if let Some(k) = s.streams {
         o["streams"] = json!(k);
     }
+    if let Some(c) = s.client {
+        o["client"] = json!(c);
+    }
+    if !s.cpu.is_empty() {
+        let c = median(&s.cpu);
+        o["cpu"] = json!((c * 10.0).round() / 10.0);
+        o["threads"] = json!(s.threads);
+        o["client_bound"] = json!(super::cpu::client_bound(c, s.threads));
+    }
     o
+}
+
+/// Whether any result was taken while the client was the bound.
+pub(super) fn any_client_bound(series: &[Series]) -> bool {
+    series
+        .iter()
+        .any(|s| !s.cpu.is_empty() && super::cpu::client_bound(median(&s.cpu), s.threads))
 }
 
 fn f(v: &Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or(0.0)
 }
 
+/// Print the results; the JSON document of the run (what --json prints
+/// and --record keeps), and how many requirements failed.
 pub(super) fn emit(
     a: &StorageBenchArgs,
     m: &Meta,
     series: &[Series],
     notes: &[String],
-) -> Result<()> {
+) -> Result<(Value, usize)> {
     let config = json!({
         "target": m.target_text,
         "kind": m.kind,
         "size": m.size,
         "direct_io": m.direct,
-        "runs": a.runs,
-        "seconds": a.seconds,
+        "runs": a.runs(),
+        "seconds": a.seconds(),
         "streams": a.streams,
         "char_size": a.char_size,
         "chunk": a.chunk,
-        "files": a.files,
-        "zones": if a.whole { "whole" } else { "thirds" },
+        "files": a.files(),
+        "zones": if a.whole() { "whole" } else { "thirds" },
         "qd": m.qds,
         "seed": m.seed,
         "data": m.data_source,
         "tests": m.tests,
-        "machine": {
-            "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-            "ram": m.ram,
-            "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-            "cpu": std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|x| x.trim().to_string())),
-        },
+        "machine": machine(),
         "cache_bound": m.cache_bound,
+        "data_prepare_mbs": m.prepare_mbs.round(),
         "ram_fs": m.ram_fs,
         "raidkit": env!("CARGO_PKG_VERSION"),
     });
     let results: Vec<Value> = series.iter().map(result_json).collect();
     if let Some(csv) = &a.csv {
         // Columns are only ever added at the end: scripts read them by position.
-        let mut text = String::from("test,zone,qd,value,unit,runs,min,max,streams\n");
+        let mut text =
+            String::from("test,zone,qd,value,unit,runs,min,max,streams,cpu,client_bound,client\n");
         for r in &results {
             let _ = writeln!(
                 text,
-                "{},{},{},{:.3},{},{},{:.3},{:.3},{}",
+                "{},{},{},{:.3},{},{},{:.3},{:.3},{},{},{},{}",
                 r["test"].as_str().unwrap_or(""),
                 r["zone"].as_str().unwrap_or(""),
                 r["qd"].as_u64().map(|q| q.to_string()).unwrap_or_default(),
@@ -99,6 +130,15 @@ pub(super) fn emit(
                 r["streams"]
                     .as_u64()
                     .map(|q| q.to_string())
+                    .unwrap_or_default(),
+                r["cpu"].as_f64().map(|c| c.to_string()).unwrap_or_default(),
+                r["client_bound"]
+                    .as_bool()
+                    .map(|b| b.to_string())
+                    .unwrap_or_default(),
+                r["client"]
+                    .as_u64()
+                    .map(|c| c.to_string())
                     .unwrap_or_default(),
             );
         }
@@ -123,14 +163,27 @@ pub(super) fn emit(
     for n in notes {
         eprintln!("raidkit: {n}");
     }
+    let verdicts: Vec<super::require::Verdict> = m
+        .reqs
+        .iter()
+        .map(|r| super::require::judge(r, &results))
+        .collect();
+    let failed = verdicts.iter().filter(|v| !v.pass).count();
+    let mut doc = json!({
+        "format": super::record::FORMAT,
+        "config": config,
+        "results": results,
+        "notes": notes,
+        "requirements": verdicts.iter().map(|v| v.json.clone()).collect::<Vec<_>>(),
+    });
+    if let (Some(d), Some(e)) = (doc.as_object_mut(), m.extra.as_object()) {
+        for (k, v) in e {
+            d.insert(k.clone(), v.clone());
+        }
+    }
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(
-                &json!({"config": config, "results": results, "notes": notes})
-            )?
-        );
-        return Ok(());
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok((doc, failed));
     }
     println!(
         "raidkit bench {} ({}, {} working set, {} I/O, {} run(s), data {}, seed {})",
@@ -138,24 +191,34 @@ pub(super) fn emit(
         m.kind,
         human(m.size),
         if m.direct { "direct" } else { "buffered" },
-        a.runs,
+        a.runs(),
         m.data_source,
         m.seed
     );
-    bonnie_table(m.size, a.files, &results);
+    bonnie_table(m.size, a.files(), &results);
     println!();
     println!(
-        "{:<26} {:<7} {:>3} {:>12} {:<8} {:>12} {:>12}",
-        "test", "zone", "qd", "median", "unit", "min", "max"
+        "{:<26} {:<7} {:>3} {:>12} {:<8} {:>12} {:>12} {:>6}",
+        "test", "zone", "qd", "median", "unit", "min", "max", "%cpu"
     );
     for r in &results {
         let qd = r["qd"]
             .as_u64()
             .or(r["streams"].as_u64())
             .map(|q| q.to_string())
+            .or(r["client"].as_u64().map(|c| format!("#{c}")))
             .unwrap_or_else(|| "-".into());
+        let cpu = r["cpu"]
+            .as_f64()
+            .map(|c| format!("{c:.0}"))
+            .unwrap_or_else(|| "-".into());
+        let bound = if r["client_bound"] == true {
+            "  client-bound"
+        } else {
+            ""
+        };
         println!(
-            "{:<26} {:<7} {:>3} {:>12.1} {:<8} {:>12.1} {:>12.1}",
+            "{:<26} {:<7} {:>3} {:>12.1} {:<8} {:>12.1} {:>12.1} {:>6}{bound}",
             r["test"].as_str().unwrap_or(""),
             r["zone"].as_str().unwrap_or("-"),
             qd,
@@ -163,9 +226,21 @@ pub(super) fn emit(
             r["unit"].as_str().unwrap_or(""),
             f(r, "min"),
             f(r, "max"),
+            cpu,
         );
     }
-    Ok(())
+    if !verdicts.is_empty() {
+        println!();
+        println!(
+            "requirements ({} of {} met):",
+            verdicts.len() - failed,
+            verdicts.len()
+        );
+        for v in &verdicts {
+            println!("  {}", v.line);
+        }
+    }
+    Ok((doc, failed))
 }
 
 /// bonnie++'s two-line summary, when its tests ran (MB/s rather than K/s).
@@ -205,7 +280,7 @@ fn bonnie_table(size: u64, files: usize, results: &[Value]) {
 
 /// A horizontal bar chart of one unit's results, medians as bars and the
 /// min–max spread as whiskers.
-fn bars(target: &str, unit: &str, rows: &[&Value]) -> String {
+pub(super) fn bars(target: &str, unit: &str, rows: &[&Value]) -> String {
     let row_h = 22.0;
     let left = 260.0;
     let width = 900.0;
@@ -238,6 +313,9 @@ fn bars(target: &str, unit: &str, rows: &[&Value]) -> String {
         }
         if let Some(k) = r["streams"].as_u64() {
             label.push_str(&format!(" x{k}"));
+        }
+        if let Some(c) = r["client"].as_u64() {
+            label.push_str(&format!(" client {c}"));
         }
         let v = f(r, "value");
         let _ = writeln!(
