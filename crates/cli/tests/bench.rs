@@ -90,9 +90,9 @@ fn an_array_and_a_small_buffered_working_set_warn_of_the_cache() {
     assert_eq!(v["results"].as_array().unwrap().len(), 6);
     let text = std::fs::read_to_string(&csv).unwrap();
     // Columns are only ever added at the end: the first nine stay put.
-    assert!(text.starts_with(
-        "test,zone,qd,value,unit,runs,min,max,streams,cpu,client_bound,client\n"
-    ));
+    assert!(
+        text.starts_with("test,zone,qd,value,unit,runs,min,max,streams,cpu,client_bound,client\n")
+    );
     assert_eq!(text.lines().count(), 7);
     // The array is intact afterwards.
     ok(&args(&["check"], &ms));
@@ -465,4 +465,312 @@ fn random_offsets_come_from_a_recorded_seed() {
             c.len()
         );
     }
+}
+
+fn records(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The procurement kit on a small target on the machine's disk: --quick
+/// runs every test in under 30 s, requirements are judged PASS or FAIL
+/// (exit status 3 on a failure), every run is kept in the record with the
+/// client's CPU beside each figure, two runs are compared, and the record
+/// becomes one HTML sheet that a browser renders.
+#[test]
+fn quick_runs_are_judged_recorded_compared_and_reported() {
+    let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dir = tmp();
+    let rec = dir.path().join("record");
+    let rec_s = rec.to_str().unwrap();
+    let target = scratch.path().to_str().unwrap();
+    let t0 = std::time::Instant::now();
+    let o = raidkit(&[
+        "bench",
+        target,
+        "--quick",
+        "--tests",
+        "all",
+        "--record",
+        rec_s,
+        "--label",
+        "first",
+        "--require",
+        "seq_write>=1MB/s, seq_read>=1000000GB/s, randread_4k@qd32>=1",
+    ]);
+    let took = t0.elapsed();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    // A failed requirement: the run completed, its status says so.
+    assert_eq!(o.status.code(), Some(3), "{out}\n{err}");
+    assert!(err.contains("1 of 3 requirements failed"), "{err}");
+    assert!(out.contains("PASS  seq_write>=1MB/s"), "{out}");
+    assert!(out.contains("FAIL  seq_read>=1000000GB/s"), "{out}");
+    assert!(out.contains("PASS  randread_4k@qd32>=1"), "{out}");
+    assert!(took.as_secs() < 30, "--quick took {took:?}");
+    // Nothing but the record is left of the run.
+    assert_eq!(std::fs::read_dir(scratch.path()).unwrap().count(), 0);
+
+    let files = records(&rec);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&files[0]).unwrap()).unwrap();
+    assert_eq!(v["format"], 1);
+    assert_eq!(v["label"], "first");
+    assert!(v["time"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(v["config"]["runs"], 1);
+    assert_eq!(v["config"]["zones"], "whole");
+    let verdicts: Vec<bool> = v["requirements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["pass"].as_bool().unwrap())
+        .collect();
+    assert_eq!(verdicts, [true, false, true]);
+    // The target's identity: the file system and the disk under it.
+    assert!(
+        v["identity"]["file_system"]["type"].is_string(),
+        "{}",
+        v["identity"]
+    );
+    assert!(
+        v["identity"]["disk"]["device"].is_string(),
+        "{}",
+        v["identity"]
+    );
+    // Every timed figure has the client's CPU beside it.
+    let results = v["results"].as_array().unwrap();
+    assert!(results.len() >= 30, "{}", results.len());
+    for r in results.iter().filter(|r| r["unit"] != "files/s") {
+        assert!(r["cpu"].as_f64().is_some_and(|c| c >= 0.0), "{r}");
+        assert!(r["client_bound"].is_boolean(), "{r}");
+    }
+    // One byte per system call: the client is the bound, and it says so.
+    assert_eq!(result(&v, "char_write")["client_bound"], true);
+    assert!(v["config"]["data_prepare_mbs"].as_f64().unwrap() > 1000.0);
+    // The seeds' streams figures, defined: scaling is aggregate / one.
+    let one = result(&v, "streams_write_one")["value"].as_f64().unwrap();
+    let agg = result(&v, "streams_write")["value"].as_f64().unwrap();
+    let scaling = result(&v, "streams_write_scaling")["value"]
+        .as_f64()
+        .unwrap();
+    assert!((scaling - agg / one).abs() < 1e-6 * scaling.max(1.0));
+
+    // A second run, of two rounds each, to compare with.
+    let o = raidkit(&[
+        "bench", target, "--quick", "--tests", "dd", "--runs", "2", "--record", rec_s, "--label",
+        "second",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let files = records(&rec);
+    assert_eq!(files.len(), 2);
+    let (a, b) = (files[0].to_str().unwrap(), files[1].to_str().unwrap());
+    let o = ok(&["bench", "compare", a, b]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("seq_write all"))
+        .unwrap_or_else(|| panic!("{text}"));
+    // One run in the first record: the spread is unknown, and said so.
+    assert!(row.trim_end().ends_with('?'), "{row}");
+    let o = ok(&["bench", "compare", a, b, "--json"]);
+    let c: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let seq = c["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["result"] == "seq_write all")
+        .unwrap();
+    let ratio = seq["runs"][1]["ratio"].as_f64().unwrap();
+    let (va, vb) = (
+        seq["runs"][0]["value"].as_f64().unwrap(),
+        seq["runs"][1]["value"].as_f64().unwrap(),
+    );
+    assert!((ratio - vb / va).abs() < 1e-9, "{seq}");
+    // Not a record: a clear error.
+    let junk = dir.path().join("junk.json");
+    std::fs::write(&junk, "{\"not\": 1}").unwrap();
+    fails(
+        &["bench", "compare", a, junk.to_str().unwrap()],
+        "not a raidkit bench record",
+    );
+
+    // The evaluation sheet, as a browser shows it.
+    let o = ok(&["bench", "report", rec_s]);
+    let page = rec.join("report.html");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        page.to_str().unwrap()
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        !html.contains("<script") && !html.contains("src="),
+        "not self-contained"
+    );
+    let profile = dir.path().join("chromium");
+    let p = format!("--user-data-dir={}", profile.display());
+    let url = format!("file://{}", page.display());
+    let dom = tool(
+        "timeout",
+        &[
+            "60",
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            &p,
+            "--dump-dom",
+            &url,
+        ],
+    );
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    for needle in [
+        "Run 1: first",
+        "Run 2: second",
+        ">FAIL<",
+        ">PASS<",
+        "<svg",
+        "seq_write all",
+    ] {
+        assert!(dom.contains(needle), "{needle} not in the rendered page");
+    }
+}
+
+/// Each member alone, then all together, read-only; the one that reads at
+/// a quarter of its peers' rate is named. Members: nbdkit exports of files,
+/// three limited to 400 Mbit/s and one to 100 Mbit/s.
+#[test]
+fn members_are_checked_alone_then_together_and_the_slow_one_is_named() {
+    let dir = tmp();
+    let mut servers = Vec::new();
+    let mut uris = Vec::new();
+    let mut sums = Vec::new();
+    for i in 0..4 {
+        let f = dir.path().join(format!("m{i}.img"));
+        let data: Vec<u8> = (0..24u32 << 20)
+            .map(|x| (x.wrapping_mul(2654435761) >> 13) as u8 ^ i as u8)
+            .collect();
+        std::fs::write(&f, &data).unwrap();
+        sums.push(data);
+        let sock = dir.path().join(format!("m{i}.sock"));
+        let rate = if i == 2 { "rate=100M" } else { "rate=400M" };
+        servers.push(Guarded::spawn(
+            std::process::Command::new("nbdkit")
+                .args(["-f", "-U", sock.to_str().unwrap(), "--filter=rate", "file"])
+                .arg(&f)
+                .args([rate, "burstiness=0.01"]),
+        ));
+        uris.push(format!("nbd+unix:///?socket={}", sock.display()));
+    }
+    for u in &uris {
+        wait_for(&format!("{u} to serve"), 30, || {
+            try_tool("timeout", &["5", "nbdinfo", "--size", u])
+                .status
+                .success()
+        });
+    }
+    let mut a = vec![
+        "bench",
+        "members",
+        "--runs",
+        "1",
+        "--seconds",
+        "0.4",
+        "--qd",
+        "1,8",
+        "--json",
+    ];
+    a.extend(uris.iter().map(|s| s.as_str()));
+    let v: Value = serde_json::from_slice(&ok(&a).stdout).unwrap();
+    let results = v["results"].as_array().unwrap();
+    let get = |m: &str, test: &str, zone: &str| {
+        results
+            .iter()
+            .find(|r| r["member"] == m && r["test"] == test && r["zone"] == zone)
+            .unwrap_or_else(|| panic!("no {test} {zone} for {m}"))["value"]
+            .as_f64()
+            .unwrap()
+    };
+    for u in &uris {
+        for z in ["outer", "middle", "inner"] {
+            assert!(get(u, "seq_read", z) > 0.0);
+        }
+        assert!(get(u, "seq_read_together", "outer") > 0.0);
+        for qd in [1, 8] {
+            assert!(results
+                .iter()
+                .any(|r| r["member"] == u.as_str() && r["test"] == "randread_4k" && r["qd"] == qd));
+        }
+    }
+    let slow = get(&uris[2], "seq_read", "outer");
+    let fast = get(&uris[0], "seq_read", "outer");
+    assert!(slow < fast / 2.0, "slow {slow} fast {fast}");
+    // The slow one, and only it, is named, on every sequential zone.
+    let outliers = v["outliers"].as_array().unwrap();
+    for o in outliers.iter().filter(|o| o["test"] == "seq_read") {
+        assert_eq!(o["member"], uris[2].as_str(), "{o}");
+        assert!(o["ratio"].as_f64().unwrap() < 0.5, "{o}");
+    }
+    assert_eq!(
+        outliers.iter().filter(|o| o["test"] == "seq_read").count(),
+        3,
+        "{outliers:?}"
+    );
+    let agg = results
+        .iter()
+        .find(|r| r["test"] == "seq_read_aggregate")
+        .unwrap();
+    assert!(agg["value"].as_f64().unwrap() > fast, "{agg}");
+    drop(servers);
+    // Read-only: the members' bytes are as they were.
+    for (i, data) in sums.iter().enumerate() {
+        let now = std::fs::read(dir.path().join(format!("m{i}.img"))).unwrap();
+        assert!(now == *data, "member {i} changed");
+    }
+
+    // --members-first: an array's members, then the array, in one record.
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "12M");
+    let before: Vec<Vec<u8>> = ms.iter().map(|m| std::fs::read(m).unwrap()).collect();
+    let spec = format!("array[{}]", ms.join(","));
+    let o = ok(&[
+        "bench",
+        &spec,
+        "--members-first",
+        "--tests",
+        "seq_read",
+        "--runs",
+        "1",
+        "--seconds",
+        "0.1",
+        "--json",
+    ]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mf = v["members_first"]["results"].as_array().unwrap();
+    for m in &ms {
+        assert!(mf
+            .iter()
+            .any(|r| r["member"] == m.as_str() && r["test"] == "seq_read"));
+    }
+    assert_eq!(v["array"]["start"]["level"], "raid5");
+    assert_eq!(v["array"]["start"]["degraded"], false);
+    assert_eq!(v["array"]["end"]["state"], "optimal");
+    assert!(result(&v, "seq_read")["value"].as_f64().unwrap() > 0.0);
+    for (m, b) in ms.iter().zip(&before) {
+        assert!(
+            std::fs::read(m).unwrap() == *b,
+            "{m} changed by a read-only bench"
+        );
+    }
+    // No members: a usage error (clap's status 2).
+    let o = raidkit_refused(&["bench", "members"]);
+    assert_eq!(o.status.code(), Some(2));
+    fails(
+        &["bench", &ms[0], "--members-first", "--tests", "seq_read"],
+        "--members-first needs an array",
+    );
 }

@@ -754,12 +754,15 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
         || target_text.starts_with("sim:")
     {
         let s = Spec::parse(&target_text)?;
+        // Read tests alone open the array read-only: nothing on its
+        // members changes, not even the superblocks' event counts.
+        let read_only = !writes(&tests);
         let m: Arc<dyn Member> = if matches!(s, Spec::Array(_)) {
-            let arr = Arc::new(spec::open_array(&s, false)?);
+            let arr = Arc::new(spec::open_array(&s, read_only)?);
             array = Some(arr.clone());
             arr
         } else {
-            spec::open(&s, false)?
+            spec::open(&s, read_only)?
         };
         let size = a.size_limit().unwrap_or(m.len()).min(m.len());
         (Target::device(m), size, "raidkit array")
