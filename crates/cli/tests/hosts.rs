@@ -946,3 +946,138 @@ fn tls_on_every_connection_and_only_allowed_peers() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
     }
 }
+
+/// An address of this (the head's) namespace on its loopback device, for
+/// one test; removed when dropped, also when the test fails.
+struct HeadAddress(String);
+
+impl HeadAddress {
+    fn add(addr: &str) -> HeadAddress {
+        Hosts::ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"]);
+        HeadAddress(addr.to_string())
+    }
+}
+
+impl Drop for HeadAddress {
+    fn drop(&mut self) {
+        cleanup(
+            "ip",
+            &["addr", "del", &format!("{}/32", self.0), "dev", "lo"],
+            Duration::from_secs(10),
+        );
+    }
+}
+
+/// The lab's three farm nodes reading one server at once: `raidkit bench
+/// --clients 3` runs its streams from three processes, each started in a
+/// network namespace of its own (--client-via) with its own connection to
+/// one served RAID-5, and reports the aggregate and each client's figure.
+#[test]
+fn bench_clients_on_three_hosts_share_one_array() {
+    let dir = tmp();
+    let mut hosts = Hosts::new();
+    for i in 1..=3 {
+        hosts.add(i);
+    }
+    // One address of the server's that every host reaches over its link.
+    let head = format!("10.{}.250.1", hosts.net);
+    let _head = HeadAddress::add(&head);
+    for i in 1..=3 {
+        let via = hosts.addr(i).1;
+        Hosts::ip(&[
+            "-n",
+            &hosts.ns(i),
+            "route",
+            "add",
+            &format!("{head}/32"),
+            "via",
+            &via,
+        ]);
+    }
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "48M");
+    let log = dir.path().join("events.jsonl");
+    let logged = log.display().to_string();
+    let mut s = Served::start_on(
+        dir.path(),
+        &ms,
+        &["--listen", &format!("{head}:0")],
+        &["--events-log", &logged],
+    );
+    assert!(s.uri.contains(&head), "{}", s.uri);
+    let via = format!("ip netns exec {}n{{i}}", hosts.prefix);
+    let o = output_within(
+        Command::new(env!("CARGO_BIN_EXE_raidkit")).args([
+            "bench",
+            &s.uri,
+            "--destroy-data",
+            "--tests",
+            "streams_write,streams_read",
+            "--clients",
+            "3",
+            "--client-via",
+            &via,
+            // One run: the bound below holds per run, not between medians.
+            "--runs",
+            "1",
+            "--size",
+            "36M",
+            "--json",
+        ]),
+        DEADLINE,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let results = v["results"].as_array().unwrap();
+    for side in ["write", "read"] {
+        let find = |t: &str| {
+            results
+                .iter()
+                .filter(|r| r["test"] == t)
+                .collect::<Vec<_>>()
+        };
+        let clients = find(&format!("streams_{side}_client"));
+        let mut numbers: Vec<u64> = clients
+            .iter()
+            .map(|r| r["client"].as_u64().unwrap())
+            .collect();
+        numbers.sort();
+        assert_eq!(numbers, [1, 2, 3], "{clients:?}");
+        let agg = find(&format!("streams_{side}"));
+        assert_eq!(agg.len(), 1);
+        assert_eq!(agg[0]["streams"], 3);
+        let total = agg[0]["value"].as_f64().unwrap();
+        // The aggregate is 3 parts over the slowest client's time: at
+        // least 3 times the slowest client's rate, at most the sum.
+        let rates: Vec<f64> = clients
+            .iter()
+            .map(|r| r["value"].as_f64().unwrap())
+            .collect();
+        let slowest = rates.iter().copied().fold(f64::INFINITY, f64::min);
+        assert!(total > 0.0 && rates.iter().all(|&r| r > 0.0), "{agg:?}");
+        assert!(total >= 3.0 * slowest * 0.999, "{total} against {rates:?}");
+        for c in &clients {
+            assert!(c["cpu"].as_f64().is_some(), "{c}");
+        }
+    }
+    // The connections came from the three hosts' own addresses.
+    s.stop();
+    let peers: std::collections::BTreeSet<String> = events(&log)
+        .iter()
+        .filter(|e| e["event"] == "ClientConnected")
+        .filter_map(|e| e["data"]["peer"].as_str())
+        .map(|p| p.rsplit_once(':').map(|x| x.0).unwrap_or(p).to_string())
+        .collect();
+    let want: std::collections::BTreeSet<String> = (1..=3).map(|i| hosts.addr(i).0).collect();
+    assert!(
+        want.is_subset(&peers),
+        "connections from {peers:?}, expected {want:?}"
+    );
+    // Each client process ended with its run: none is left.
+    let left = try_tool("pgrep", &["-f", "bench stream-worker"]);
+    assert!(
+        !left.status.success(),
+        "{}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+}
