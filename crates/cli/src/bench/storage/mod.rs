@@ -20,6 +20,7 @@ pub(crate) mod members;
 pub(crate) mod record;
 mod report;
 pub(crate) mod require;
+mod uring;
 
 use crate::cli::StorageBenchArgs;
 use crate::units::human;
@@ -162,6 +163,10 @@ trait Rw: Sync {
     ) -> Option<Result<u64>> {
         None
     }
+    /// Whether `queue` keeps `qd` requests in flight from one thread.
+    fn pipelines(&self, _qd: usize) -> bool {
+        false
+    }
 }
 
 impl Rw for File {
@@ -174,6 +179,30 @@ impl Rw for File {
     fn flush(&self) -> Result<()> {
         self.sync_data().map_err(Into::into)
     }
+    /// Queue depths above 1 through io_uring from one thread (fio's libaio
+    /// or io_uring at that iodepth); depth 1 stays a plain pread/pwrite
+    /// (fio's psync), as does everything where io_uring is not available.
+    fn queue(
+        &self,
+        qd: usize,
+        write: Option<&mut FillWrite>,
+        deadline: Instant,
+        next: &mut dyn FnMut() -> u64,
+    ) -> Option<Result<u64>> {
+        if qd < 2 || !uring_available() {
+            return None;
+        }
+        uring::run(self.as_raw_fd(), qd, write, deadline, next).map(|r| r.map_err(Into::into))
+    }
+    fn pipelines(&self, qd: usize) -> bool {
+        qd >= 2 && uring_available()
+    }
+}
+
+/// Whether io_uring can be set up here (kernels may disable it).
+fn uring_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| io_uring::IoUring::new(2).is_ok())
 }
 
 impl Rw for Arc<dyn Member> {
@@ -211,6 +240,9 @@ impl Rw for Arc<raidkit_nbd::NbdClient> {
             self.run_queue(qd, SMALL as u32, write, deadline, next)
                 .map_err(|e| anyhow!("{}: {e}", self.name())),
         )
+    }
+    fn pipelines(&self, _qd: usize) -> bool {
+        true
     }
 }
 
@@ -572,8 +604,6 @@ pub(crate) struct Ctx<'a> {
     draws: AtomicU64,
     progress: Progress,
     notes: Vec<String>,
-    /// The target pipelines requests from one thread (an NBD export).
-    nbd: bool,
     /// The target as given (what --clients' processes connect to).
     target_text: &'a str,
 }
@@ -890,7 +920,6 @@ pub fn run(a: StorageBenchArgs) -> Result<()> {
             draws: AtomicU64::new(0),
             progress: Progress::new(0),
             notes: Vec::new(),
-            nbd,
             target_text: &target_text,
         };
         // A scratch file we created is sparse: fill it, so that reads read
@@ -1103,7 +1132,11 @@ fn dd_test(ctx: &Ctx, test: &'static str) -> Result<Vec<Series>> {
             s.qd = (qd > 0).then_some(qd);
             // Pipelining targets keep the queue from one thread; the others
             // have a thread per request in flight.
-            s.threads = if ctx.nbd { 1 } else { qd.max(1) };
+            s.threads = if ctx.t.main.pipelines(qd) {
+                1
+            } else {
+                qd.max(1)
+            };
             let label = if qd > 0 {
                 format!("{test} {zone} qd{qd}")
             } else {
