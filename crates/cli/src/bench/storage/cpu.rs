@@ -2,6 +2,11 @@
 //! columns: the process's user and system time over the wall time of a
 //! measurement, in % of one CPU. A figure taken while the client's threads
 //! had no CPU to spare measures the client, not the target.
+//!
+//! The wall time leaves out what the measuring thread spent waiting for a
+//! CPU (its run-queue delay, /proc/thread-self/schedstat): a client that
+//! other processes kept off the CPU is as much the bound as one that used
+//! it all, and on a busy machine bonnie++'s plain ratio would hide that.
 
 use std::time::{Duration, Instant};
 
@@ -17,10 +22,20 @@ fn process_cpu() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// Time this thread has waited on a run queue for a CPU.
+fn run_delay() -> Duration {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map(Duration::from_nanos)
+        .unwrap_or(Duration::ZERO)
+}
+
 /// A running measurement of the process's CPU use.
 pub(crate) struct Clock {
     wall: Instant,
     cpu: Duration,
+    delay: Duration,
 }
 
 impl Clock {
@@ -28,12 +43,15 @@ impl Clock {
         Clock {
             wall: Instant::now(),
             cpu: process_cpu(),
+            delay: run_delay(),
         }
     }
 
-    /// CPU used since the start, in % of one CPU.
+    /// CPU used since the start, in % of one CPU, over the time the
+    /// measuring thread was not waiting for a CPU.
     pub(crate) fn pct(&self) -> f64 {
-        let wall = self.wall.elapsed().as_secs_f64();
+        let waited = run_delay().saturating_sub(self.delay);
+        let wall = self.wall.elapsed().saturating_sub(waited).as_secs_f64();
         if wall <= 0.0 {
             return 0.0;
         }

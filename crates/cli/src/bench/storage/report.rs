@@ -229,6 +229,17 @@ pub(super) fn emit(
             cpu,
         );
     }
+    if results.iter().any(|r| {
+        r["test"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("streams_"))
+    }) {
+        println!();
+        println!("streams: _one = one copy alone; the aggregate = all copies' bytes over the time until the last ended;");
+        println!("  _per_stream = the mean of each copy's own rate; _overhead = 1 - per_stream / one (what sharing cost");
+        println!("  each stream; negative when one stream alone left the target idle part of the time); _scaling =");
+        println!("  aggregate / one (the number of streams at best, 1 for a target one stream saturates)");
+    }
     if !verdicts.is_empty() {
         println!();
         println!(
@@ -252,15 +263,30 @@ fn bonnie_table(size: u64, files: usize, results: &[Value]) {
             .map(|r| format!("{:.1}", f(r, "value")))
             .unwrap_or_else(|| "-".into())
     };
+    // The client's CPU, as bonnie++'s %CP beside each figure.
+    let cp = |t: &str| {
+        results
+            .iter()
+            .find(|r| r["test"] == t)
+            .and_then(|r| r["cpu"].as_f64())
+            .map(|c| format!("{c:.0}"))
+            .unwrap_or_else(|| "-".into())
+    };
     let io = &super::BONNIE[..6];
     if io.iter().any(|t| results.iter().any(|r| r["test"] == *t)) {
         println!();
-        println!("         ------Sequential Output------ --Sequential Input- --Random-");
-        println!("         -Per Chr- --Block-- -Rewrite- -Per Chr- --Block-- --Seeks--");
-        println!("Size          MB/s      MB/s      MB/s      MB/s      MB/s      /sec");
+        println!(
+            "         ----------Sequential Output---------- ----Sequential Input--- ---Random---"
+        );
+        println!(
+            "         --Per Chr-- ---Block--- --Rewrite-- --Per Chr-- ---Block--- ---Seeks---"
+        );
+        println!(
+            "Size        MB/s %CP    MB/s %CP    MB/s %CP    MB/s %CP    MB/s %CP    /sec %CP"
+        );
         let mut line = format!("{:<8}", human(size));
         for t in io {
-            let _ = write!(line, " {:>9}", get(t));
+            let _ = write!(line, " {:>7} {:>3}", get(t), cp(t));
         }
         println!("{line}");
     }
