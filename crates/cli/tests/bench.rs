@@ -269,6 +269,7 @@ fn an_nbd_export_is_measured_within_its_working_set_only() {
     let mut s = Served::start(dir.path(), &ms, &[]);
     // Writing to someone's export needs consent.
     fails(&["bench", &s.uri, "--tests", "seq_write"], "--destroy-data");
+    let ctl = s.control.to_str().unwrap().to_string();
     let (v, err) = bench_json(&[
         &s.uri,
         "--destroy-data",
@@ -277,8 +278,19 @@ fn an_nbd_export_is_measured_within_its_working_set_only() {
         "--whole",
         "--size",
         "8M",
+        "--control",
+        &ctl,
     ]);
     assert_eq!(v["config"]["kind"], "NBD export");
+    // The served array's level and state, asked of its server before and
+    // after the run.
+    for when in ["start", "end"] {
+        let a = &v["array"][when];
+        assert_eq!(a["level"], "raid5", "{a}");
+        assert_eq!(a["state"], "optimal", "{a}");
+        assert_eq!(a["degraded"], false, "{a}");
+        assert_eq!(a["members"], 3, "{a}");
+    }
     assert!(err.contains("char_write and char_read skipped"), "{err}");
     assert!(
         v["results"]
@@ -328,6 +340,25 @@ fn an_nbd_export_is_measured_within_its_working_set_only() {
     ));
     assert!(std::fs::read(&head).unwrap().iter().any(|&b| b != 0));
     ok(&args(&["check"], &ms));
+    // Served again, with a member failed: the record says the array was
+    // degraded.
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let ctl = s.control.to_str().unwrap().to_string();
+    // A member failed: the record says the array was degraded.
+    ok(&["fail", "--control", &ctl, &ms[1]]);
+    let (dv, _) = bench_json(&[
+        &s.uri,
+        "--tests",
+        "seq_read",
+        "--whole",
+        "--size",
+        "4M",
+        "--control",
+        &ctl,
+    ]);
+    assert_eq!(dv["array"]["start"]["degraded"], true, "{}", dv["array"]);
+    assert_eq!(dv["array"]["start"]["state"], "degraded", "{}", dv["array"]);
+    assert_eq!(s.stop().code(), Some(0));
 }
 
 /// How many 4 KiB blocks of `data` are not all zero, and how many of those
