@@ -119,7 +119,9 @@ impl Events {
         Arc::new(Events::default())
     }
 
-    /// Call `f` with every event from now on. `f` must not block.
+    /// Call `f` with every event from now on, in their order. `f` must not
+    /// block, nor emit events: it is called under the lock that numbers
+    /// them.
     pub fn subscribe(&self, f: impl Fn(&Event) + Send + Sync + 'static) {
         self.subscribers.locked().push(Arc::new(f));
     }
@@ -147,6 +149,13 @@ impl Events {
             while r.kept.len() > KEEP {
                 r.kept.pop_front();
             }
+            // Handed over under the lock that numbers them, so that every
+            // subscriber (the events log) gets events in their order;
+            // subscribers do not block.
+            let subs: Vec<Subscriber> = self.subscribers.locked().clone();
+            for s in subs {
+                s(&ev);
+            }
             ev
         };
         self.arrived.notify_all();
@@ -156,10 +165,6 @@ impl Events {
             Severity::Warning | Severity::Critical => {
                 tracing::warn!(event = ev.event, array, "{}", ev.detail)
             }
-        }
-        let subs: Vec<Subscriber> = self.subscribers.locked().clone();
-        for s in subs {
-            s(&ev);
         }
         ev
     }
@@ -226,5 +231,33 @@ mod tests {
         assert_eq!(all.len(), KEEP);
         assert_eq!(all.last().unwrap().seq, last);
         assert_eq!(ev.recent(3).len(), 3);
+    }
+}
+
+#[cfg(test)]
+mod order {
+    use super::*;
+
+    /// Events emitted from many threads at once reach a subscriber (the
+    /// events log) in the order of their numbers.
+    #[test]
+    fn subscribers_see_events_in_number_order() {
+        let ev = Events::new();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        ev.subscribe(move |e| s2.lock().unwrap().push(e.seq));
+        std::thread::scope(|sc| {
+            for _ in 0..4 {
+                sc.spawn(|| {
+                    for _ in 0..2000 {
+                        ev.emit("a", NewEvent::new("TestMessage", Severity::Debug, ""));
+                    }
+                });
+            }
+        });
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 8000);
+        let out_of_order = seen.windows(2).filter(|w| w[0] >= w[1]).count();
+        assert_eq!(out_of_order, 0, "{out_of_order} events out of order");
     }
 }
