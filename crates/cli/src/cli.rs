@@ -339,6 +339,14 @@ pub struct BenchMembersArgs {
     /// A name for this run in the record and the reports.
     #[arg(long)]
     pub label: Option<String>,
+    /// Also measure writes: seq_write per zone and randwrite_4k at each
+    /// --qd. They overwrite the members' data (needs --destroy-data): for
+    /// drives not yet in an array.
+    #[arg(long)]
+    pub write: bool,
+    /// Allow --write to overwrite the members.
+    #[arg(long)]
+    pub destroy_data: bool,
 }
 
 #[derive(Debug, Args)]

@@ -763,6 +763,51 @@ fn members_are_checked_alone_then_together_and_the_slow_one_is_named() {
         assert!(now == *data, "member {i} changed");
     }
 
+    // --write: drives not yet in an array, overwritten only when asked.
+    let blank: Vec<String> = (0..2)
+        .map(|i| {
+            let f = dir.path().join(format!("blank{i}.img"));
+            std::fs::write(&f, vec![0u8; 12 << 20]).unwrap();
+            f.display().to_string()
+        })
+        .collect();
+    fails(
+        &["bench", "members", "--write", &blank[0], &blank[1]],
+        "--destroy-data",
+    );
+    assert!(std::fs::read(&blank[0]).unwrap().iter().all(|&b| b == 0));
+    let o = ok(&[
+        "bench",
+        "members",
+        "--write",
+        "--destroy-data",
+        "--runs",
+        "1",
+        "--seconds",
+        "0.1",
+        "--qd",
+        "4",
+        "--json",
+        &blank[0],
+        &blank[1],
+    ]);
+    let w: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(w["config"]["read_only"], false);
+    let wr = w["results"].as_array().unwrap();
+    for m in &blank {
+        for z in ["outer", "middle", "inner"] {
+            assert!(wr.iter().any(|r| r["member"] == m.as_str()
+                && r["test"] == "seq_write"
+                && r["zone"] == z
+                && r["value"].as_f64().unwrap() > 0.0));
+        }
+        assert!(wr
+            .iter()
+            .any(|r| r["member"] == m.as_str() && r["test"] == "randwrite_4k" && r["qd"] == 4));
+        // Written: incompressible data where zeroes were.
+        assert!(std::fs::read(m).unwrap().iter().any(|&b| b != 0));
+    }
+
     // --members-first: an array's members, then the array, in one record.
     let ms = members(dir.path(), 3);
     create("5", &ms, "12M");

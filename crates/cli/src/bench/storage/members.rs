@@ -4,8 +4,10 @@
 //! them at once (the JBOD aggregate of the 3ware notes), and the outliers
 //! named against the median of their peers.
 //!
-//! Read-only: each member is opened read-only (direct I/O where it opens),
-//! so the data of an array's members is never touched.
+//! Read-only by default: each member is opened read-only (direct I/O
+//! where it opens), so the data of an array's members is never touched.
+//! `--write --destroy-data` adds seq_write per zone and randwrite_4k,
+//! which overwrite the members (for drives not yet in an array).
 //! - seq_read per zone (outer, middle, inner third): 1 MiB reads from the
 //!   zone's start for --seconds (or to the zone's end), as `hdparm -t`
 //!   reads for 3 s;
@@ -33,24 +35,27 @@ struct Drive {
     identity: Value,
 }
 
-fn open_read_only(path: &Path) -> Result<(File, bool)> {
-    match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-    {
+/// Open read-only, or read-write for --write; direct I/O where it opens.
+fn open_path(path: &Path, write: bool) -> Result<(File, bool)> {
+    let mut o = OpenOptions::new();
+    o.read(true).write(write);
+    match o.clone().custom_flags(libc::O_DIRECT).open(path) {
         Ok(f) => Ok((f, true)),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok((
-            File::open(path).with_context(|| format!("opening {}", path.display()))?,
+            o.open(path)
+                .with_context(|| format!("opening {}", path.display()))?,
             false,
         )),
         Err(e) => Err(anyhow!(e).context(format!("opening {}", path.display()))),
     }
 }
 
-fn open(name: &str) -> Result<Drive> {
+fn open(name: &str, write: bool) -> Result<Drive> {
     if name.starts_with("nbd://") || name.starts_with("nbd+unix://") {
         let c = raidkit_nbd::NbdClient::connect(name)?;
+        if write && c.read_only() {
+            bail!("{name} is a read-only export: --write cannot run on it");
+        }
         let len = c.len();
         return Ok(Drive {
             name: name.to_string(),
@@ -61,7 +66,7 @@ fn open(name: &str) -> Result<Drive> {
         });
     }
     let path = Path::new(name);
-    let (f, direct) = open_read_only(path)?;
+    let (f, direct) = open_path(path, write)?;
     let len = {
         use std::io::Seek;
         let mut r = &f;
@@ -93,6 +98,23 @@ fn seq_read(t: &dyn Rw, off: u64, end: u64, secs: f64, start: Option<Instant>) -
             break;
         }
     }
+    Ok((o - off) as f64 / t0.elapsed().as_secs_f64() / 1e6)
+}
+
+/// Write sequentially from `off` in 1 MiB pieces (incompressible,
+/// stamped data) until `end` or `secs` have passed, then flush: MB/s.
+fn seq_write(t: &dyn Rw, pattern: &Aligned, off: u64, end: u64, secs: f64) -> Result<f64> {
+    let mut w = super::Writer::new(pattern);
+    let t0 = Instant::now();
+    let mut o = off;
+    while o + BLOCK as u64 <= end {
+        t.write_at(w.data(0, BLOCK, o), o)?;
+        o += BLOCK as u64;
+        if t0.elapsed().as_secs_f64() >= secs {
+            break;
+        }
+    }
+    t.flush()?;
     Ok((o - off) as f64 / t0.elapsed().as_secs_f64() / 1e6)
 }
 
@@ -145,8 +167,17 @@ pub(crate) fn run(a: &BenchMembersArgs, names: &[String], print: bool) -> Result
     }
     let qds = super::parse_qds(&a.qd)?;
     let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    let drives: Vec<Drive> = names.iter().map(|n| open(n)).collect::<Result<_>>()?;
-    let pattern = Aligned::new(BLOCK);
+    if a.write && !a.destroy_data {
+        bail!(
+            "--write overwrites the members' data: give --destroy-data as well if that is intended"
+        );
+    }
+    let drives: Vec<Drive> = names
+        .iter()
+        .map(|n| open(n, a.write))
+        .collect::<Result<_>>()?;
+    let mut pattern = Aligned::new(BLOCK);
+    super::fill_random(pattern.as_mut_slice(), 0x5eed);
     let mut seed = super::splitmix64(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -175,27 +206,42 @@ pub(crate) fn run(a: &BenchMembersArgs, names: &[String], print: bool) -> Result
             }
             results.push(row(&d.name, "seq_read", zone, None, "MB/s", &v, &c));
         }
-        for &qd in &qds {
-            let (mut v, mut c) = (Vec::new(), Vec::new());
-            for _ in 0..a.runs {
-                seed = super::splitmix64(seed);
-                let clock = cpu::Clock::start();
-                v.push(
-                    RandomJob {
-                        t: &*d.io,
-                        secs: a.seconds,
-                        pattern: &pattern,
-                        seed,
-                        z0: 0,
-                        len: len / 4096 * 4096,
-                        qd,
-                        write: false,
-                    }
-                    .run()?,
-                );
-                c.push(clock.pct());
+        if a.write {
+            for (zi, zone) in ["outer", "middle", "inner"].iter().enumerate() {
+                let z0 = zi as u64 * zone_len;
+                let (mut v, mut c) = (Vec::new(), Vec::new());
+                for _ in 0..a.runs {
+                    let clock = cpu::Clock::start();
+                    v.push(seq_write(&*d.io, &pattern, z0, z0 + zone_len, a.seconds)?);
+                    c.push(clock.pct());
+                }
+                results.push(row(&d.name, "seq_write", zone, None, "MB/s", &v, &c));
             }
-            results.push(row(&d.name, "randread_4k", "all", Some(qd), "IOPS", &v, &c));
+        }
+        for write in [false, true].into_iter().filter(|w| !w || a.write) {
+            for &qd in &qds {
+                let (mut v, mut c) = (Vec::new(), Vec::new());
+                for _ in 0..a.runs {
+                    seed = super::splitmix64(seed);
+                    let clock = cpu::Clock::start();
+                    v.push(
+                        RandomJob {
+                            t: &*d.io,
+                            secs: a.seconds,
+                            pattern: &pattern,
+                            seed,
+                            z0: 0,
+                            len: len / 4096 * 4096,
+                            qd,
+                            write,
+                        }
+                        .run()?,
+                    );
+                    c.push(clock.pct());
+                }
+                let test = if write { "randwrite_4k" } else { "randread_4k" };
+                results.push(row(&d.name, test, "all", Some(qd), "IOPS", &v, &c));
+            }
         }
     }
     // All at once: each member's outer zone, one thread each.
@@ -283,7 +329,7 @@ pub(crate) fn run(a: &BenchMembersArgs, names: &[String], print: bool) -> Result
             "qd": qds,
             "size": a.size,
             "outlier_pct": a.outlier,
-            "read_only": true,
+            "read_only": !a.write,
             "machine": super::report::machine(),
             "raidkit": env!("CARGO_PKG_VERSION"),
         },
@@ -367,25 +413,32 @@ fn print_table(doc: &Value, drives: &[Drive], qds: &[usize]) {
     head.push_str(&format!(" {:>10}", "together"));
     println!("seq_read in MB/s per zone, randread_4k in IOPS; together: the outer zone read with every member at once");
     println!("{head}");
-    for d in drives {
-        let mut line = format!("{:<28}", d.name);
-        for z in ["outer", "middle", "inner"] {
-            line.push_str(&format!(
-                " {:>10.1}",
-                get(&d.name, "seq_read", z, None).unwrap_or(f64::NAN)
-            ));
+    // One line per member: the sequential test per zone, the random test
+    // per queue depth, and (for reads) the figure with all at once.
+    let lines = |seq: &str, rand: &str, together: Option<&str>| {
+        for d in drives {
+            let mut line = format!("{:<28}", d.name);
+            for z in ["outer", "middle", "inner"] {
+                let v = get(&d.name, seq, z, None).unwrap_or(f64::NAN);
+                line.push_str(&format!(" {v:>10.1}"));
+            }
+            for &q in qds {
+                let v = get(&d.name, rand, "all", Some(q)).unwrap_or(f64::NAN);
+                line.push_str(&format!(" {v:>10.0}"));
+            }
+            if let Some(t) = together {
+                let v = get(&d.name, t, "outer", None).unwrap_or(f64::NAN);
+                line.push_str(&format!(" {v:>10.1}"));
+            }
+            println!("{line}");
         }
-        for &q in qds {
-            line.push_str(&format!(
-                " {:>10.0}",
-                get(&d.name, "randread_4k", "all", Some(q)).unwrap_or(f64::NAN)
-            ));
-        }
-        line.push_str(&format!(
-            " {:>10.1}",
-            get(&d.name, "seq_read_together", "outer", None).unwrap_or(f64::NAN)
-        ));
-        println!("{line}");
+    };
+    lines("seq_read", "randread_4k", Some("seq_read_together"));
+    if results.iter().any(|r| r["test"] == "seq_write") {
+        println!();
+        println!("with --write: seq_write in MB/s per zone, randwrite_4k in IOPS");
+        lines("seq_write", "randwrite_4k", None);
+        println!();
     }
     if let Some(agg) = results.iter().find(|r| r["test"] == "seq_read_aggregate") {
         println!(

@@ -1068,6 +1068,9 @@ fn members_first(a: &StorageBenchArgs, target_text: &str) -> Result<serde_json::
         json: a.json,
         record: a.record.clone(),
         label: a.label.as_ref().map(|l| format!("{l} (members)")),
+        // The members of an array hold its data: only ever read here.
+        write: false,
+        destroy_data: false,
     };
     let doc = members::run(&ma, &names, !a.json)?;
     if !a.json {
