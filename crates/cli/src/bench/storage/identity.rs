@@ -126,3 +126,19 @@ pub(super) fn array_state(status: &Value) -> Value {
         "recovery": status["recovery"]["kind"],
     })
 }
+
+/// An array opened here, described as a server's `status` describes it.
+pub(super) fn array_status(arr: &raidkit_array::Array) -> Value {
+    let sb = arr.superblock();
+    json!({
+        "state": arr.state_name(),
+        "array": {
+            "name": sb.name,
+            "level": sb.level.to_string(),
+            "chunk": sb.chunk,
+            "consistency_policy": raidkit_array::create::Policy::of(&sb).name(),
+        },
+        "members": arr.members_status(),
+        "recovery": arr.recovery_status(),
+    })
+}

@@ -16,9 +16,10 @@
 //!   thread each, for --seconds: each member's rate together, and the sum.
 
 use super::{cpu, identity, median, record, Aligned, RandomJob, Rw, BLOCK};
-use crate::cli::BenchMembersArgs;
+use crate::cli::{BenchMembersArgs, StorageBenchArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use raidkit_member::Member;
+use raidkit_open::spec::Spec;
 use serde_json::{json, Value};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
@@ -349,6 +350,43 @@ pub(crate) fn run(a: &BenchMembersArgs, names: &[String], print: bool) -> Result
     if let Some(dir) = &a.record {
         let p = record::save(dir, &doc)?;
         eprintln!("raidkit: recorded in {}", p.display());
+    }
+    Ok(doc)
+}
+
+/// `--members-first`: the members of an array[...] target measured alone
+/// and together (read-only) before the array is opened; their record.
+pub(super) fn members_first(a: &StorageBenchArgs, target_text: &str) -> Result<Value> {
+    let s = Spec::parse(target_text)?;
+    let Spec::Array(members) = &s else {
+        bail!("--members-first needs an array[MEMBER,...] target, whose members it can name");
+    };
+    let names: Vec<String> = members
+        .iter()
+        .map(|m| match m {
+            Spec::File(p) | Spec::Nbd(p) => Ok(p.clone()),
+            other => Err(anyhow!(
+                "--members-first measures files, block devices and nbd:// exports; member {other} is none of them"
+            )),
+        })
+        .collect::<Result<_>>()?;
+    let ma = BenchMembersArgs {
+        members: names.clone(),
+        runs: a.runs(),
+        seconds: a.seconds(),
+        qd: a.qd.clone(),
+        size: None,
+        outlier: 25.0,
+        json: a.json,
+        record: a.record.clone(),
+        label: a.label.as_ref().map(|l| format!("{l} (members)")),
+        // The members of an array hold its data: only ever read here.
+        write: false,
+        destroy_data: false,
+    };
+    let doc = run(&ma, &names, !a.json)?;
+    if !a.json {
+        println!();
     }
     Ok(doc)
 }
