@@ -20,6 +20,8 @@
 # A config is rLEVEL-POLICY, with -plain at the end for an array made
 # with --checksums off (the others have checksums, create's default):
 # CONFIGS="r5-journal r5-journal-plain" measures what checksums cost.
+# A config ending in -B is served by the binary RAIDKIT_B instead (two
+# builds side by side in one run: CONFIGS="r5-none r5-none-B").
 # LOOP=0 uses the files themselves as members (no loop devices, I/O as
 # `--io auto` picks it: on DIR=/dev/shm, the RAM disk, the CPU cost alone;
 # no raw config there, fio's direct I/O needs a real file system).
@@ -128,8 +130,8 @@ nbd() { # uri job -> value
   figure "$W/out.json" "$2"
 }
 
-serve() { # level policy checksums(on|off) -> starts $SERVER, its address in $URI
-  local level=$1 policy=$2 csum=$3 pol=()
+serve() { # level policy checksums(on|off) [binary] -> starts $SERVER, its address in $URI
+  local level=$1 policy=$2 csum=$3 R=${4:-$R} pol=()
   [ "$policy" = default ] || pol=(--consistency-policy "$policy")
   "$R" create --io "$IO" --force --assume-clean --level "$level" --chunk "$CHUNK" \
       --checksums "$csum" --name "r$level" "${pol[@]}" "${LOOPS[@]}" >/dev/null
@@ -175,9 +177,12 @@ for r in $(seq "$ROUNDS"); do
       done
       continue
     fi
-    level=${c%%-*}; level=${level#r}; policy=${c#*-}; csum=on
+    level=${c%%-*}; level=${level#r}; policy=${c#*-}; csum=on; bin=$R
+    if [[ $policy == *-B ]]; then
+      policy=${policy%-B}; bin=${RAIDKIT_B:?a -B config needs RAIDKIT_B}
+    fi
     if [[ $policy == *-plain ]]; then policy=${policy%-plain}; csum=off; fi
-    serve "$level" "$policy" "$csum"
+    serve "$level" "$policy" "$csum" "$bin"
     jobs=()
     for j in "${JOBS[@]}"; do [[ $j == *_qd8 ]] || jobs+=("$j"); done
     [ "$level" = 0 ] && jobs+=(seqread_1m_qd1)

@@ -398,6 +398,11 @@ pub struct SweepArgs {
     /// Runs per point (median reported).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Requests of the streaming client in flight at once (1: each waits
+    /// for the last, as a dd-style reader or writer without read-ahead or
+    /// write-back).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub qd: u16,
     /// Write the results as CSV to this file.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,

@@ -10,14 +10,16 @@
 //!
 //! Each operation costs `len / bw`, plus `seek` unless it starts where the
 //! previous one ended (a short skip forward costs the time to pass over the
-//! skipped bytes, if that is less than a seek). Operations queue on the disk as on a real one: the
-//! disk keeps a virtual clock of when it will next be free, and an
-//! operation completes (its caller sleeps until) its own slot on that
-//! clock ends. Flushes cost nothing beyond the queue.
+//! skipped bytes, if that is less than a seek). Operations queue on the
+//! disk as on a real one: the disk keeps a virtual clock of when it will
+//! next be free, picks the next of the waiting operations as an elevator
+//! does (the one nearest ahead of the head), and an operation completes
+//! (its caller sleeps until) its own slot on that clock ends. Flushes cost
+//! nothing beyond the queue.
 
 use crate::fault::parse_duration;
 use crate::{Member, Result};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// The timing of a simulated disk.
@@ -59,16 +61,31 @@ impl SimConfig {
     }
 }
 
+/// A request waiting for the simulated disk.
+#[derive(Debug)]
+struct Waiting {
+    id: u64,
+    offset: u64,
+    len: u64,
+    asked: Instant,
+}
+
 #[derive(Debug)]
 struct Head {
-    /// When the disk finishes the work queued on it.
+    /// When the disk finishes the work it has started.
     free_at: Instant,
-    /// Where the previous operation ended.
+    /// Where the last operation started ends.
     pos: u64,
-    /// How late the sleeper of the previous operation woke up: the host's
-    /// timer, not the disk, so the next operation is not charged for it.
-    late: Duration,
+    /// Requests not started yet, in the order they came.
+    queue: Vec<Waiting>,
+    /// Started requests whose callers have not yet seen when they end.
+    started: Vec<(u64, Instant)>,
+    next_id: u64,
 }
+
+/// A request waiting longer than this is served next whatever it costs,
+/// as mq-deadline does, so that one stream cannot starve another.
+const DEADLINE: Duration = Duration::from_millis(500);
 
 /// A member with a simulated disk's timing.
 #[derive(Debug)]
@@ -76,6 +93,7 @@ pub struct SimDisk {
     inner: Arc<dyn Member>,
     config: SimConfig,
     head: Mutex<Head>,
+    turn: Condvar,
 }
 
 impl SimDisk {
@@ -86,41 +104,100 @@ impl SimDisk {
             head: Mutex::new(Head {
                 free_at: Instant::now(),
                 pos: u64::MAX,
-                late: Duration::ZERO,
+                queue: Vec::new(),
+                started: Vec::new(),
+                next_id: 0,
             }),
+            turn: Condvar::new(),
         }
     }
 
-    /// Queue an operation and sleep until the disk would have finished it.
-    fn occupy(&self, offset: u64, len: u64) {
-        let transfer = Duration::from_secs_f64(len as f64 / self.config.bandwidth as f64);
-        let done = {
-            let mut h = self.head.lock().expect("disk head");
-            let start = h.free_at.max(Instant::now());
-            // A short skip forward costs the time the head takes to pass
-            // over it, never more than a seek.
-            let seek = if h.pos == offset {
-                Duration::ZERO
-            } else if offset > h.pos {
-                Duration::from_secs_f64((offset - h.pos) as f64 / self.config.bandwidth as f64)
-                    .min(self.config.seek)
+    /// Time to move the head from `from` to `to`: nothing if `to` is where
+    /// it is; the time to pass over the bytes between for a short skip
+    /// forward; else a seek.
+    fn positioning(&self, from: u64, to: u64) -> Duration {
+        if to == from {
+            return Duration::ZERO;
+        }
+        if to > from && from != u64::MAX {
+            let pass = Duration::from_secs_f64((to - from) as f64 / self.config.bandwidth as f64);
+            if pass < self.config.seek {
+                return pass;
+            }
+        }
+        self.config.seek
+    }
+
+    /// Start the waiting requests the disk would have started by `now`.
+    /// The next one is the cheapest to reach from where the head is (an
+    /// elevator, as the block layer's scheduler and a disk's command queue
+    /// are; without one, two streams would pay a seek at every request),
+    /// unless one has waited past the deadline.
+    fn dispatch(&self, h: &mut Head, now: Instant) {
+        while h.free_at <= now && !h.queue.is_empty() {
+            let free = h.free_at;
+            let late = h
+                .queue
+                .iter()
+                .position(|w| free.saturating_duration_since(w.asked) > DEADLINE);
+            let pick = late.unwrap_or_else(|| {
+                let pos = h.pos;
+                (0..h.queue.len())
+                    .min_by_key(|&i| (self.positioning(pos, h.queue[i].offset), h.queue[i].id))
+                    .expect("queue not empty")
+            });
+            let w = h.queue.remove(pick);
+            let moving = self.positioning(h.pos, w.offset);
+            // The platter turns while the disk waits for a request, so a
+            // short skip forward overlaps the time it was idle: a stream
+            // that skips a parity chunk reads at the disk's rate. A request
+            // starts when it was asked for (before the backing file's copy,
+            // which stands in for the transfer counted here) or when the
+            // disk is free, whichever is later; never when a sleeper woke.
+            let start = if moving < self.config.seek {
+                (free + moving).max(w.asked)
             } else {
-                self.config.seek
+                free.max(w.asked) + moving
             };
-            h.free_at = start + seek + transfer;
-            h.pos = offset + len;
-            h.free_at
+            let transfer = Duration::from_secs_f64(w.len as f64 / self.config.bandwidth as f64);
+            h.free_at = start + transfer;
+            h.pos = w.offset + w.len;
+            h.started.push((w.id, h.free_at));
+        }
+    }
+
+    /// Queue an operation asked for at `asked` and sleep until the disk
+    /// would have finished it.
+    fn occupy(&self, asked: Instant, offset: u64, len: u64) {
+        let mut h = self.head.lock().unwrap_or_else(|e| e.into_inner());
+        let id = h.next_id;
+        h.next_id += 1;
+        h.queue.push(Waiting {
+            id,
+            offset,
+            len,
+            asked,
+        });
+        let done = loop {
+            let now = Instant::now();
+            self.dispatch(&mut h, now);
+            if let Some(i) = h.started.iter().position(|s| s.0 == id) {
+                let (_, done) = h.started.swap_remove(i);
+                // The others see whether theirs started too.
+                self.turn.notify_all();
+                break done;
+            }
+            let wait = h.free_at.saturating_duration_since(now);
+            h = self
+                .turn
+                .wait_timeout(h, wait.max(Duration::from_micros(50)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         };
+        drop(h);
         let now = Instant::now();
         if done > now {
             std::thread::sleep(done - now);
-            let late = Instant::now().saturating_duration_since(done);
-            let mut h = self.head.lock().expect("disk head");
-            if h.free_at == done {
-                h.late = late.min(Duration::from_millis(2));
-            }
-        } else {
-            self.head.lock().expect("disk head").late = Duration::ZERO;
         }
     }
 }
@@ -135,20 +212,23 @@ impl Member for SimDisk {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let asked = Instant::now();
         self.inner.read_at(buf, offset)?;
-        self.occupy(offset, buf.len() as u64);
+        self.occupy(asked, offset, buf.len() as u64);
         Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let asked = Instant::now();
         self.inner.write_at(buf, offset)?;
-        self.occupy(offset, buf.len() as u64);
+        self.occupy(asked, offset, buf.len() as u64);
         Ok(())
     }
 
     fn write_at_durable(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let asked = Instant::now();
         self.inner.write_at_durable(buf, offset)?;
-        self.occupy(offset, buf.len() as u64);
+        self.occupy(asked, offset, buf.len() as u64);
         Ok(())
     }
 
@@ -185,6 +265,93 @@ mod tests {
         assert!(SimConfig::parse("bw=0").is_err());
         assert!(SimConfig::parse("bw=fast").is_err());
         assert!(SimConfig::parse("rpm=7200").is_err());
+    }
+
+    /// A disk of 1 MB/s and 20 ms seeks whose head is at `pos`, busy
+    /// until `free`, with `queue` (offset, len, asked) waiting: when each
+    /// would end, in the order asked, after the disk picked among them at
+    /// `now` (and then as it came free). No sleeping: the disk's choices
+    /// on its virtual clock.
+    fn schedule(
+        pos: u64,
+        free: Instant,
+        queue: &[(u64, u64, Instant)],
+        now: Instant,
+    ) -> Vec<Instant> {
+        let d = SimDisk::new(
+            Arc::new(MemMember::new("m", 64 << 20)),
+            SimConfig {
+                bandwidth: 1_000_000,
+                seek: Duration::from_millis(20),
+            },
+        );
+        let mut h = d.head.lock().unwrap();
+        h.pos = pos;
+        h.free_at = free;
+        for (i, &(offset, len, asked)) in queue.iter().enumerate() {
+            h.queue.push(Waiting {
+                id: i as u64,
+                offset,
+                len,
+                asked,
+            });
+        }
+        d.dispatch(&mut h, now);
+        // The rest as the disk comes free.
+        while !h.queue.is_empty() {
+            let free = h.free_at;
+            d.dispatch(&mut h, free);
+        }
+        (0..queue.len() as u64)
+            .map(|id| h.started.iter().find(|s| s.0 == id).unwrap().1)
+            .collect()
+    }
+
+    #[test]
+    fn the_disk_takes_the_nearest_waiting_request_first() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // Busy until t0 + 500 ms with the head at 5 MB: a request 4 MB
+        // further (a seek) came before one that starts where the head is.
+        let done = schedule(
+            5_000_000,
+            t0 + ms(500),
+            &[(9_000_000, 10_000, t0), (5_000_000, 10_000, t0 + ms(1))],
+            t0 + ms(500),
+        );
+        // The near one first (10 ms), then the seek (20 ms) and the far one.
+        assert_eq!(done[1], t0 + ms(510));
+        assert_eq!(done[0], t0 + ms(540));
+        // One that waited past the deadline goes first whatever it costs.
+        let done = schedule(
+            5_000_000,
+            t0 + ms(900),
+            &[(9_000_000, 10_000, t0), (5_000_000, 10_000, t0 + ms(800))],
+            t0 + ms(900),
+        );
+        assert_eq!(done[0], t0 + ms(930));
+    }
+
+    #[test]
+    fn a_short_skip_forward_overlaps_the_time_the_disk_was_idle() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // Free since t0 with the head at 100 KB; a request for 100 KB at
+        // 110 KB asked 150 ms later: the head passed over the 10 KB between
+        // (10 ms, less than a seek) while idle, so only the transfer is left.
+        let done = schedule(
+            100_000,
+            t0,
+            &[(110_000, 100_000, t0 + ms(150))],
+            t0 + ms(150),
+        );
+        assert_eq!(done[0], t0 + ms(250));
+        // Asked at once, the pass-over comes first.
+        let done = schedule(100_000, t0, &[(110_000, 100_000, t0)], t0);
+        assert_eq!(done[0], t0 + ms(110));
+        // A request behind the head: a seek, after the idle time.
+        let done = schedule(100_000, t0, &[(0, 100_000, t0 + ms(150))], t0 + ms(150));
+        assert_eq!(done[0], t0 + ms(270));
     }
 
     #[test]

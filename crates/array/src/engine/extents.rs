@@ -128,7 +128,6 @@ impl Array {
             push_extent(&mut ext, file, Some(mapper), d.data_offset + dev, p.len);
         }
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        let _writing = Busy::enter(&self.writing);
         Some(f(&ext))
     }
 
@@ -183,7 +182,6 @@ impl Array {
             return None;
         };
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        let _writing = Busy::enter(&self.writing);
         let r = f(&ext);
         if matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
             return Some(r);

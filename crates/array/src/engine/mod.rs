@@ -31,7 +31,7 @@ use raidkit_layout::{Geometry, Level, Piece};
 use raidkit_member::Locked;
 use raidkit_member::{FileExtent, Member, MemberError, Op};
 use smallvec::SmallVec;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -59,27 +59,6 @@ pub(crate) fn io_pool() -> Option<&'static rayon::ThreadPool> {
             .ok()
     })
     .as_ref()
-}
-
-/// Counts its holder in a counter of work in progress.
-struct Busy<'a>(&'a AtomicUsize);
-
-impl<'a> Busy<'a> {
-    fn enter(c: &'a AtomicUsize) -> Busy<'a> {
-        c.fetch_add(1, Ordering::AcqRel);
-        Busy(c)
-    }
-}
-
-impl Drop for Busy<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-pub(crate) fn cores() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Run `f` on every item at once on the I/O pool; the first error wins.
@@ -173,9 +152,6 @@ pub struct Array {
     pub(crate) recovery: Recovery,
     /// Foreground requests started (the rebuild throttle watches it).
     pub(crate) fg_ops: AtomicU64,
-    /// Writes in progress: when they already keep every core busy, a write
-    /// does its member I/O itself instead of handing it to I/O threads.
-    pub(crate) writing: AtomicUsize,
     /// Units (stripes; chunks of mirrors) from this one on have redundancy
     /// never made consistent (u64::MAX: none): a pending initial or full
     /// resync has not reached them. Writes there compute parity from all
@@ -449,6 +425,7 @@ impl Array {
     /// repairs and fails members as any read does.
     fn read_member_run(&self, v: &View, role: usize, g: Vec<(&Piece, &mut [u8])>) -> Result<()> {
         let dev_of = |p: &Piece| p.copies.iter().find(|c| c.0 == role).map(|c| c.1);
+        let mut runs: Vec<Vec<(&Piece, &mut [u8])>> = Vec::new();
         let mut rest = g.into_iter().peekable();
         while let Some((p, dst)) = rest.next() {
             let mut run = vec![(p, dst)];
@@ -461,22 +438,35 @@ impl Array {
                     end += q.len;
                     run.push(rest.next().expect("peeked"));
                 }
-                if run.len() > 1 {
-                    let mut buf = scratch::take((end - start) as usize);
-                    let read = self.core.member_read(v, role, &mut buf, start);
-                    if let Some(Ok(())) = read {
-                        let mut at = 0;
-                        for (q, dst) in run.drain(..) {
-                            dst.copy_from_slice(&buf[at..at + q.len as usize]);
-                            at += q.len as usize;
-                        }
-                    }
-                    scratch::give(buf);
+            }
+            runs.push(run);
+        }
+        // One run after the other: asked for at once, a disk idle at the
+        // time may take the later one first and seek back for the earlier
+        // (one reader of a RAID-5 of simulated disks: 234 MB/s against 440).
+        runs.into_iter()
+            .try_for_each(|run| self.read_one_run(v, role, run))
+    }
+
+    /// Pieces that lie one after the other on member `role`: one read.
+    fn read_one_run(&self, v: &View, role: usize, mut run: Vec<(&Piece, &mut [u8])>) -> Result<()> {
+        if run.len() > 1 {
+            let dev_of = |p: &Piece| p.copies.iter().find(|c| c.0 == role).map(|c| c.1);
+            let start = dev_of(run[0].0).expect("a run is on its member");
+            let end = start + run.iter().map(|(q, _)| q.len).sum::<u64>();
+            let mut buf = scratch::take((end - start) as usize);
+            let read = self.core.member_read(v, role, &mut buf, start);
+            if let Some(Ok(())) = read {
+                let mut at = 0;
+                for (q, dst) in run.drain(..) {
+                    dst.copy_from_slice(&buf[at..at + q.len as usize]);
+                    at += q.len as usize;
                 }
             }
-            for (q, dst) in run {
-                self.level().read_piece(self, v, q, dst)?;
-            }
+            scratch::give(buf);
+        }
+        for (q, dst) in run {
+            self.level().read_piece(self, v, q, dst)?;
         }
         Ok(())
     }
@@ -555,7 +545,6 @@ impl Array {
         self.core.begin_write()?;
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        let _writing = Busy::enter(&self.writing);
         let fence = self.fence(offset, buf.len() as u64);
         let v = self.core.view.load_full();
         let Some(r) = fence.as_ref() else {
@@ -630,11 +619,6 @@ impl Array {
         }
         let v = self.core.view.load();
         self.level().discard(self, &v, &pieces)
-    }
-
-    /// Whether the writes in progress are enough to keep every core busy.
-    pub(crate) fn cores_busy(&self) -> bool {
-        self.writing.load(Ordering::Acquire) >= cores()
     }
 
     /// Whether every member in service is a plain file (or block device),

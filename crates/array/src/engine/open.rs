@@ -208,7 +208,6 @@ impl Array {
             journal,
             recovery: Recovery::default(),
             fg_ops: AtomicU64::new(0),
-            writing: AtomicUsize::new(0),
             unsynced_from: AtomicU64::new(resync_from.unwrap_or(u64::MAX)),
             edges: std::sync::RwLock::new(()),
             reshape: std::sync::RwLock::new(None),

@@ -27,8 +27,14 @@ impl Array {
         while i < pieces.len() {
             let j = stripe_end(pieces, i);
             // With a journal, a run of stripes rewritten whole logs the
-            // intents of all of them in one durable write.
-            if self.journal.is_some() && Core::whole(v) && self.whole_chunks(v, &pieces[i..j]) {
+            // intents of all of them in one durable write; on members that
+            // wait for devices each member gets its part of the run as one
+            // write (`write_stripes_merged`).
+            let merge = !Self::page_cache_only(v);
+            if (self.journal.is_some() || merge)
+                && Core::whole(v)
+                && self.whole_chunks(v, &pieces[i..j])
+            {
                 let mut run = vec![(i, j)];
                 while run.len() < INTENT_BATCH {
                     let (_, e) = *run.last().expect("run");
@@ -82,6 +88,11 @@ impl Array {
                 .try_for_each(|&(a, b)| self.write_group(&v, &pieces[a..b], src));
         }
         let slots = self.journal_intents(s0, s1, chunk)?;
+        if !Self::page_cache_only(&v) {
+            let done = self.write_stripes_merged(&v, pieces, run, src);
+            drop(slots);
+            return done;
+        }
         for &(a, b) in run {
             let stripe = pieces[a].stripe;
             let sm = v.geom.stripe_map(stripe);
@@ -90,6 +101,58 @@ impl Array {
         }
         drop(slots);
         Ok(())
+    }
+
+    /// Whole stripes `run` (locked, every member in service, intents
+    /// logged) on members that wait for devices: parity computed for all
+    /// of them, then each member's chunks of the run, which lie one after
+    /// the other on it, written as one request, every member at once. A
+    /// stripe at a time, each member got a chunk and waited for it before
+    /// the next; two streams at once then interleaved their chunks on
+    /// every disk, a seek between each two (two writers on RAID-5 of
+    /// simulated disks: 154 MB/s, against 405 for one).
+    fn write_stripes_merged<'a>(
+        &self,
+        v: &View,
+        pieces: &[Piece],
+        run: &[(usize, usize)],
+        src: &(dyn Fn(&Piece) -> &'a [u8] + Sync),
+    ) -> Result<()> {
+        let chunk = v.geom.chunk as usize;
+        let s0 = pieces[run[0].0].stripe;
+        let mut bufs: Vec<Vec<u8>> = (0..v.geom.members())
+            .map(|_| scratch::take(run.len() * chunk))
+            .collect();
+        for (k, &(a, b)) in run.iter().enumerate() {
+            let sm = v.geom.stripe_map(pieces[a].stripe);
+            let at = k * chunk..(k + 1) * chunk;
+            for p in &pieces[a..b] {
+                bufs[sm.data[p.dd]][at.clone()].copy_from_slice(src(p));
+            }
+            let mut by_dd: Small<&[u8]> = smallvec![&[][..]; sm.data.len()];
+            for p in &pieces[a..b] {
+                by_dd[p.dd] = src(p);
+            }
+            let mut pbuf = std::mem::take(&mut bufs[sm.p]);
+            let mut qbuf = sm.q.map(|q| std::mem::take(&mut bufs[q]));
+            column_parity(
+                &sm,
+                &by_dd,
+                0..chunk,
+                &mut pbuf[at.clone()],
+                qbuf.as_mut().map(|q| &mut q[at.clone()]),
+            );
+            bufs[sm.p] = pbuf;
+            if let (Some(q), Some(qb)) = (sm.q, qbuf) {
+                bufs[q] = qb;
+            }
+        }
+        let dev = s0 * chunk as u64;
+        let done = in_parallel(bufs.iter().enumerate(), |(role, b)| {
+            self.core.member_write(v, role, b, dev)
+        });
+        bufs.into_iter().for_each(scratch::give);
+        done
     }
 
     /// One stripe's pieces: updated under its lock; with a journal, by
@@ -303,8 +366,13 @@ impl Array {
     }
 
     /// A full-stripe write: parity computed by columns that stay in cache,
-    /// either in this thread between the column's member writes (when the
-    /// cores are busy anyway) or beside the data writes on another core.
+    /// either in this thread between the column's member writes (when
+    /// those are copies into the page cache) or beside the data writes on
+    /// another core. Members that wait for devices are written all at once
+    /// even when other writes keep the cores busy: one column after the
+    /// other, member by member, each write would wait for its device in
+    /// turn, and two streaming writers on simulated disks got 32 MB/s where
+    /// one alone got 400.
     pub(crate) fn write_full_stripe(
         &self,
         v: &View,
@@ -320,9 +388,9 @@ impl Array {
         }
         let mut pbuf = scratch::take(len);
         let mut qbuf = sm.q.map(|_| scratch::take(len));
-        let done = if self.cores_busy() || Self::page_cache_only(v) {
-            // Other writes keep the cores busy, or the member writes are
-            // only copies into the page cache: no hand-offs. Column by
+        let done = if Self::page_cache_only(v) {
+            // The member writes are only copies into the page cache: no
+            // hand-offs. Column by
             // column, the data goes to the members and then feeds P and Q
             // while still in cache, so parity costs no second trip to memory.
             let mut at = 0;

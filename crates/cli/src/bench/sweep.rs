@@ -14,6 +14,7 @@ use raidkit_member::SimConfig;
 use raidkit_open::spec::{self, Spec};
 use serde_json::json;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// One point of the sweep.
@@ -58,25 +59,45 @@ fn ideal_factor(level: Level, n: usize) -> f64 {
     }
 }
 
-fn measure(array: &Array, write: bool, block: u64, secs: f64) -> Result<f64> {
+/// One streaming client: `qd` requests of `block` bytes in flight (each
+/// from its own thread, taking the next block of the stream), for `secs`.
+/// MB/s.
+fn measure(array: &Array, write: bool, block: u64, qd: usize, secs: f64) -> Result<f64> {
     let cap = array.capacity() / block * block;
     if cap == 0 {
         bail!("members too small for a {block}-byte block");
     }
-    let buf = vec![0x5au8; block as usize];
-    let mut rbuf = vec![0u8; block as usize];
+    let next = AtomicU64::new(0);
     let t0 = Instant::now();
-    let mut off = 0;
-    let mut bytes = 0u64;
-    while t0.elapsed() < Duration::from_secs_f64(secs) {
-        if write {
-            array.write(&buf, off)?;
-        } else {
-            array.read(&mut rbuf, off)?;
+    let until = t0 + Duration::from_secs_f64(secs);
+    let bytes = std::thread::scope(|sc| -> Result<u64> {
+        let workers: Vec<_> = (0..qd)
+            .map(|_| {
+                sc.spawn(|| -> Result<u64> {
+                    let buf = vec![0x5au8; block as usize];
+                    let mut rbuf = vec![0u8; block as usize];
+                    let mut bytes = 0u64;
+                    while Instant::now() < until {
+                        let off = next.fetch_add(block, Ordering::Relaxed) % cap;
+                        if write {
+                            array.write(&buf, off)?;
+                        } else {
+                            array.read(&mut rbuf, off)?;
+                        }
+                        bytes += block;
+                    }
+                    Ok(bytes)
+                })
+            })
+            .collect();
+        let mut sum = 0;
+        for w in workers {
+            sum += w
+                .join()
+                .map_err(|_| anyhow::anyhow!("a sweep worker panicked"))??;
         }
-        bytes += block;
-        off = (off + block) % cap;
-    }
+        Ok(sum)
+    })?;
     if write {
         array.flush()?;
     }
@@ -145,8 +166,8 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
                 let mut w = Vec::new();
                 let mut r = Vec::new();
                 for _ in 0..a.runs {
-                    w.push(measure(&array, true, block, a.seconds)?);
-                    r.push(measure(&array, false, block, a.seconds)?);
+                    w.push(measure(&array, true, block, a.qd.into(), a.seconds)?);
+                    r.push(measure(&array, false, block, a.qd.into(), a.seconds)?);
                 }
                 array.close()?;
                 Ok(Point {
