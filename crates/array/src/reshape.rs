@@ -55,11 +55,10 @@
 
 use crate::background::{Plan, Process};
 use crate::core::View;
-use crate::engine::{Array, Small};
+use crate::engine::Array;
 use crate::error::{Error, Result};
-use crate::levels::parity::column_parity;
 use crate::superblock::ReshapePos;
-use raidkit_layout::{Geometry, Layout, Level, ParityLayout};
+use raidkit_layout::{Geometry, Layout, Level, ParityLayout, Piece};
 use raidkit_member::{Locked, Member};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -684,36 +683,11 @@ impl Array {
         let c = chunk as usize;
         let mut per: Vec<Vec<u8>> = (0..g.members()).map(|_| vec![0u8; rows * c]).collect();
         let pieces = g.pieces(lo, data.len() as u64);
-        for piece in &pieces {
-            let (role, dev) = piece.copies[0];
-            let at = (dev - p * chunk) as usize;
+        let src = |piece: &Piece| {
             let from = (piece.logical - lo) as usize;
-            per[role][at..at + piece.len as usize]
-                .copy_from_slice(&data[from..from + piece.len as usize]);
-        }
-        if g.level.is_parity() {
-            for s in p..q {
-                let sm = g.stripe_map(s);
-                let row = (s - p) as usize;
-                let base = row * width as usize;
-                let by_dd: Small<&[u8]> = (0..sm.data.len())
-                    .map(|dd| &data[base + dd * c..base + (dd + 1) * c])
-                    .collect();
-                let mut pb = std::mem::take(&mut per[sm.p]);
-                let mut qb = sm.q.map(|r| std::mem::take(&mut per[r]));
-                column_parity(
-                    &sm,
-                    &by_dd,
-                    0..c,
-                    &mut pb[row * c..(row + 1) * c],
-                    qb.as_mut().map(|b| &mut b[row * c..(row + 1) * c]),
-                );
-                per[sm.p] = pb;
-                if let (Some(r), Some(b)) = (sm.q, qb) {
-                    per[r] = b;
-                }
-            }
-        }
+            &data[from..from + piece.len as usize]
+        };
+        crate::levels::parity::member_rows(g, p, &pieces, &src, &mut per);
         let v = self.core.view.load_full();
         let v = View {
             geom: Arc::new(g.clone()),

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::levels::mirrored::read_in_sync;
 use crate::recovery::{Job, Outcome};
 use crate::{scratch, seams};
-use raidkit_layout::{Piece, StripeMap};
+use raidkit_layout::{Geometry, Piece, StripeMap};
 use raidkit_member::Locked;
 use raidkit_parity as parity;
 use smallvec::smallvec;
@@ -648,5 +648,48 @@ pub(crate) fn column_parity(
     match q {
         Some(q) => parity::gen_pq(&refs, &mut p[cols.clone()], &mut q[cols]),
         None => parity::gen_p(&refs, &mut p[cols]),
+    }
+}
+
+/// Whole rows (stripes) `[s0, s0 + rows)` of `g` laid out per member, as
+/// each member holds them one after the other: `pieces` (covering the rows'
+/// data whole, in order) copied from `src`, and for parity levels P and Q
+/// computed from them. `per[role]` must be `rows` chunks long.
+pub(crate) fn member_rows<'a>(
+    g: &Geometry,
+    s0: u64,
+    pieces: &[Piece],
+    src: &dyn Fn(&Piece) -> &'a [u8],
+    per: &mut [Vec<u8>],
+) {
+    let c = g.chunk as usize;
+    let rows = per.first().map_or(0, |b| b.len() / c);
+    for piece in pieces {
+        let (role, dev) = piece.copies[0];
+        let at = (dev - s0 * g.chunk) as usize;
+        per[role][at..at + piece.len as usize].copy_from_slice(src(piece));
+    }
+    if !g.level.is_parity() {
+        return;
+    }
+    for row in 0..rows {
+        let sm = g.stripe_map(s0 + row as u64);
+        let at = row * c..(row + 1) * c;
+        let mut pb = std::mem::take(&mut per[sm.p]);
+        let mut qb = sm.q.map(|r| std::mem::take(&mut per[r]));
+        {
+            let by_dd: Small<&[u8]> = sm.data.iter().map(|&r| &per[r][at.clone()]).collect();
+            column_parity(
+                &sm,
+                &by_dd,
+                0..c,
+                &mut pb[at.clone()],
+                qb.as_mut().map(|b| &mut b[at.clone()]),
+            );
+        }
+        per[sm.p] = pb;
+        if let (Some(r), Some(b)) = (sm.q, qb) {
+            per[r] = b;
+        }
     }
 }

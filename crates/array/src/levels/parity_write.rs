@@ -123,30 +123,8 @@ impl Array {
         let mut bufs: Vec<Vec<u8>> = (0..v.geom.members())
             .map(|_| scratch::take(run.len() * chunk))
             .collect();
-        for (k, &(a, b)) in run.iter().enumerate() {
-            let sm = v.geom.stripe_map(pieces[a].stripe);
-            let at = k * chunk..(k + 1) * chunk;
-            for p in &pieces[a..b] {
-                bufs[sm.data[p.dd]][at.clone()].copy_from_slice(src(p));
-            }
-            let mut by_dd: Small<&[u8]> = smallvec![&[][..]; sm.data.len()];
-            for p in &pieces[a..b] {
-                by_dd[p.dd] = src(p);
-            }
-            let mut pbuf = std::mem::take(&mut bufs[sm.p]);
-            let mut qbuf = sm.q.map(|q| std::mem::take(&mut bufs[q]));
-            column_parity(
-                &sm,
-                &by_dd,
-                0..chunk,
-                &mut pbuf[at.clone()],
-                qbuf.as_mut().map(|q| &mut q[at.clone()]),
-            );
-            bufs[sm.p] = pbuf;
-            if let (Some(q), Some(qb)) = (sm.q, qbuf) {
-                bufs[q] = qb;
-            }
-        }
+        let all = &pieces[run[0].0..run.last().expect("run").1];
+        crate::levels::parity::member_rows(&v.geom, s0, all, src, &mut bufs);
         let dev = s0 * chunk as u64;
         let done = in_parallel(bufs.iter().enumerate(), |(role, b)| {
             self.core.member_write(v, role, b, dev)
