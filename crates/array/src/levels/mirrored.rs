@@ -8,7 +8,7 @@ use super::LevelOps;
 use crate::background::{windows, Process};
 use crate::core::checked::is_mismatch;
 use crate::core::{Core, Disk, View};
-use crate::engine::{in_parallel, roles_list, Array, Mismatch, Small, PARALLEL_IO};
+use crate::engine::{in_parallel, roles_list, write_in_runs, Array, Mismatch, Small, PARALLEL_IO};
 use crate::error::{Error, Result};
 use crate::metadata::checksums::BLOCK;
 use crate::recovery::{Job, Outcome};
@@ -331,8 +331,19 @@ impl Array {
             .into_iter()
             .enumerate()
             .filter(|(_, list)| !list.is_empty());
+        let merge = !Self::page_cache_only(v);
         in_parallel(streams, |(role, mut list)| {
             list.sort_by_key(|&(dev, _)| dev);
+            if merge {
+                // The copies a member holds, one after the other on it, as
+                // one request.
+                return write_in_runs(
+                    list,
+                    |e| e.0,
+                    |e| e.1,
+                    |_, dev, d| self.core.member_write(v, role, d, dev),
+                );
+            }
             list.into_iter()
                 .try_for_each(|(dev, data)| self.core.member_write(v, role, data, dev))
         })

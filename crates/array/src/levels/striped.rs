@@ -6,7 +6,7 @@
 use super::LevelOps;
 use crate::background::Process;
 use crate::core::View;
-use crate::engine::{in_parallel, Array, Mismatch, PARALLEL_IO};
+use crate::engine::{in_parallel, write_in_runs, Array, Mismatch, PARALLEL_IO};
 use crate::error::{Error, Result};
 use crate::recovery::{Job, Outcome};
 use raidkit_layout::{Level, Piece};
@@ -44,40 +44,20 @@ impl LevelOps for Striped {
                         .into_iter()
                         .try_for_each(|p| a.write_copies(v, p, src(p), false));
                 }
-                // Members that wait for devices: a member's pieces that
-                // lie one after the other on it (its chunks of consecutive
-                // stripes) go as one write, as large reads do: one request
-                // of 2 MiB where four of 512 KiB each waited for the last,
-                // and which two writers at once would interleave on the
-                // disk (a seek between every two).
-                let mut rest = g.into_iter().peekable();
-                while let Some(p) = rest.next() {
-                    let (role, start) = p.copies[0];
-                    let mut run = vec![p];
-                    let mut end = start + p.len;
-                    while let Some(q) = rest.next_if(|q| q.copies[0] == (role, end)) {
-                        end += q.len;
-                        run.push(q);
-                    }
-                    if run.len() == 1 {
-                        a.write_copies(v, p, src(p), false)?;
-                        continue;
-                    }
-                    let mut buf = crate::scratch::take((end - start) as usize);
-                    let mut at = 0;
-                    for q in &run {
-                        buf[at..at + q.len as usize].copy_from_slice(src(q));
-                        at += q.len as usize;
-                    }
-                    let whole = Piece {
-                        len: end - start,
-                        ..p.clone()
-                    };
-                    let done = a.write_copies(v, &whole, &buf, false);
-                    crate::scratch::give(buf);
-                    done?;
-                }
-                Ok(())
+                // Members that wait for devices: a member's chunks of
+                // consecutive stripes as one request.
+                write_in_runs(
+                    g,
+                    |p| p.copies[0].1,
+                    |p| src(p),
+                    |p, _, d| {
+                        let whole = Piece {
+                            len: d.len() as u64,
+                            ..(*p).clone()
+                        };
+                        a.write_copies(v, &whole, d, false)
+                    },
+                )
             });
         }
         pieces
