@@ -30,11 +30,7 @@ impl Array {
             // intents of all of them in one durable write; on members that
             // wait for devices each member gets its part of the run as one
             // write (`write_stripes_merged`).
-            let merge = !Self::page_cache_only(v);
-            if (self.journal.is_some() || merge)
-                && Core::whole(v)
-                && self.whole_chunks(v, &pieces[i..j])
-            {
+            if self.journal.is_some() && Core::whole(v) && self.whole_chunks(v, &pieces[i..j]) {
                 let mut run = vec![(i, j)];
                 while run.len() < INTENT_BATCH {
                     let (_, e) = *run.last().expect("run");
