@@ -33,11 +33,16 @@
 # raidkit bench draws new random offsets on every run (a seed of its own,
 # recorded in its JSON); fio's randrepeat=0 does the same, so that neither
 # reads back exactly the blocks a cache still holds from the previous job.
+# fio runs with --gtod_reduce=1 (FIO_OPTS), its option that cuts its own
+# clock reads to a fraction: it then keeps no per-request latency figures,
+# which raidkit bench does not keep either. Without it fio read the
+# clock several times per request; on nbdkit's memory export that was 16% of
+# its CPU time (perf), and the comparison there measured fio's timekeeping.
 # Sequential and random figures should agree within 10%, as the median of
 # the per-round ratios (side by side, as this machine's disk drifts); raidkit's
 # per-character and rewrite figures should lie within bonnie++'s range.
 #
-# usage: [PARTS="file nbd nbdkit loop bonnie"] [BONNIE_MIB=N] [MEM_MIB=N] bench/bench-vs-fio.sh [DIR] [SIZE_MIB] [ROUNDS] [SECONDS]
+# usage: [PARTS="file nbd nbdkit loop bonnie"] [FIO_OPTS=...] [BONNIE_MIB=N] [MEM_MIB=N] bench/bench-vs-fio.sh [DIR] [SIZE_MIB] [ROUNDS] [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-/var/tmp/raidkit-vs-fio}
@@ -45,6 +50,7 @@ SIZE_MB=${2:-1024}
 ROUNDS=${3:-3}
 SECS=${4:-5}
 PARTS=${PARTS:-file nbd bonnie}
+FIO_OPTS=${FIO_OPTS---gtod_reduce=1}
 RAM_MIB=${MEM_MIB:-$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)}
 BONNIE_MIB=${BONNIE_MIB:-$((2 * RAM_MIB))}
 ./scripts/deps.sh >/dev/null
@@ -129,7 +135,7 @@ measure() { # where target fio-target-args... ; appends "where job tool value" l
       for tool in "${order[@]}"; do
         if [[ $tool == fio ]]; then
           # shellcheck disable=SC2086
-          "${pin[@]}" fio --name=x "${fargs[@]}" $fa --size=${SIZE_MB}M --output-format=json --output="$W/f.json" >/dev/null
+          "${pin[@]}" fio --name=x "${fargs[@]}" $fa $FIO_OPTS --size=${SIZE_MB}M --output-format=json --output="$W/f.json" >/dev/null
           read -r v cpu < <(fio_val "$W/f.json" "${SIDE[$job]}" "${MET[$job]}")
           echo "$where $job fio-cpu $cpu" >> "$RES"
         else

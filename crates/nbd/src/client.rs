@@ -20,7 +20,7 @@ use arc_swap::ArcSwap;
 use raidkit_member::{check_range, Member, MemberError, Op, Remote, Result};
 use std::collections::HashMap;
 use std::fmt;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -586,7 +586,7 @@ impl NbdClient {
         h[24..28].copy_from_slice(&len.to_be_bytes());
         let sent = {
             let mut w = sh.writer.lock().unwrap_or_else(|e| e.into_inner());
-            write_all_vectored(&mut w, &mut [IoSlice::new(&h), IoSlice::new(payload)])
+            w.send_message(&h, payload)
         };
         if let Err(e) = sent {
             sh.fail_all(&format!("sending a request: {e}"));
@@ -649,7 +649,7 @@ impl NbdClient {
                 if let Some(fill) = &mut write {
                     fill(off, &mut data);
                 }
-                write_all_vectored(w, &mut [IoSlice::new(&h), IoSlice::new(&data)])?;
+                w.send_message(&h, &data)?;
                 Ok(true)
             };
             let mut in_flight = 0usize;
@@ -713,18 +713,6 @@ impl NbdClient {
     fn io_err(&self, op: Op, offset: u64, len: u64, e: io::Error) -> MemberError {
         MemberError::new(&self.name, op, offset, len, e)
     }
-}
-
-fn write_all_vectored(w: &mut Stream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
-    while !bufs.is_empty() {
-        match w.write_vectored(bufs) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 impl Drop for NbdClient {

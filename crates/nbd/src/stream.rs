@@ -13,6 +13,26 @@ pub(crate) enum Stream {
     Unix(UnixStream),
 }
 
+/// Payloads from this size on are sent apart from their header (see
+/// `Stream::send_message`).
+const SEPARATE_PAYLOAD: usize = 64 << 10;
+
+/// Write all of `bufs`, in as few system calls as the socket takes.
+pub(crate) fn write_all_vectored(
+    w: &mut impl Write,
+    mut bufs: &mut [io::IoSlice<'_>],
+) -> io::Result<()> {
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => io::IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 impl Stream {
     /// For the fuzzers: a connected pair whose peer has sent `data` (at
     /// most 64 KiB, all of it in the socket's buffer) and then closed its
@@ -23,6 +43,46 @@ impl Stream {
         theirs.write_all(&data[..data.len().min(64 << 10)]).ok()?;
         theirs.shutdown(Shutdown::Write);
         Some((Stream::Unix(ours), theirs))
+    }
+
+    /// Send a message's header, then its payload. A large payload goes in
+    /// a call of its own after the header was sent with MSG_MORE (the
+    /// kernel holds the header back for the bytes that follow): measured
+    /// over loopback TCP, a 1 MiB NBD write sent this way cost the kernel
+    /// about 200 µs, against about 340 µs when header and payload were one
+    /// writev (docs/performance.md). A small one goes in one writev, one
+    /// system call for both.
+    pub(crate) fn send_message(&mut self, header: &[u8], payload: &[u8]) -> io::Result<()> {
+        if payload.len() < SEPARATE_PAYLOAD {
+            return write_all_vectored(
+                self,
+                &mut [io::IoSlice::new(header), io::IoSlice::new(payload)],
+            );
+        }
+        self.send_more(header)?;
+        self.write_all(payload)
+    }
+
+    /// Write bytes that more of the same message follows at once (a reply
+    /// or request header before its data): on TCP with MSG_MORE, so that
+    /// the kernel holds them back and they leave in one segment with the
+    /// data.
+    pub(crate) fn send_more(&mut self, mut b: &[u8]) -> io::Result<()> {
+        use nix::sys::socket::{send, MsgFlags};
+        use std::os::fd::AsRawFd;
+        let Stream::Tcp(s) = self else {
+            return self.write_all(b);
+        };
+        let more = MsgFlags::from_bits_retain(nix::libc::MSG_MORE) | MsgFlags::MSG_NOSIGNAL;
+        while !b.is_empty() {
+            match send(s.as_raw_fd(), b, more) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => b = &b[n..],
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn try_clone(&self) -> io::Result<Stream> {

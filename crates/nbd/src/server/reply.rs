@@ -62,9 +62,9 @@ impl Replies {
                         continue;
                     }
                     if buf.len() >= LARGE_REPLY {
-                        // Header and data in one system call, no copy.
+                        // Header and data straight from here, no copy.
                         out.flush()?;
-                        write_all_vectored(out.get_mut(), &header, buf)?;
+                        out.get_mut().send_message(&header, buf)?;
                         continue;
                     }
                     out.write_all(&header)?;
@@ -141,19 +141,4 @@ fn success_header(r: &Request, neg: Negotiated, read_len: usize) -> Vec<u8> {
         // a structured one costs them a second.
         _ => simple_reply(0, r.cookie).to_vec(),
     }
-}
-
-/// Write `a` then `b` with as few system calls as the socket allows.
-fn write_all_vectored(w: &mut impl Write, a: &[u8], b: &[u8]) -> io::Result<()> {
-    let mut bufs = [io::IoSlice::new(a), io::IoSlice::new(b)];
-    let mut slices: &mut [io::IoSlice<'_>] = &mut bufs;
-    while !slices.is_empty() {
-        match w.write_vectored(slices) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => io::IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }

@@ -61,17 +61,17 @@ impl MappedReads {
         }
     }
 
-    /// Send `header` and the loaded data on `sock`, then let the mappings go.
-    pub(crate) fn send(&mut self, sock: BorrowedFd<'_>, header: &[u8]) -> io::Result<()> {
-        let mut iov: Vec<libc::iovec> = Vec::with_capacity(self.ranges.len() + 1);
-        iov.push(libc::iovec {
-            iov_base: header.as_ptr() as *mut libc::c_void,
-            iov_len: header.len(),
-        });
-        iov.extend(self.ranges.iter().map(|r| libc::iovec {
-            iov_base: r.ptr as *mut libc::c_void,
-            iov_len: r.len,
-        }));
+    /// Send the loaded data on `sock` (its header was sent before it),
+    /// then let the mappings go.
+    pub(crate) fn send(&mut self, sock: BorrowedFd<'_>) -> io::Result<()> {
+        let mut iov: Vec<libc::iovec> = self
+            .ranges
+            .iter()
+            .map(|r| libc::iovec {
+                iov_base: r.ptr as *mut libc::c_void,
+                iov_len: r.len,
+            })
+            .collect();
         let sent = writev_all(sock, &mut iov);
         self.discard();
         sent

@@ -158,7 +158,8 @@ impl FastPaths {
         if self.splicer.loaded > 0 {
             self.splicer.send(s, header)
         } else {
-            self.mapped_reads.send(s.as_fd(), header)
+            s.send_more(header)?;
+            self.mapped_reads.send(s.as_fd())
         }
     }
 

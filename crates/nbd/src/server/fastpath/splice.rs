@@ -18,8 +18,8 @@ use crate::stream::Stream;
 use nix::fcntl::{fcntl, splice, FcntlArg, OFlag, SpliceFFlags};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use raidkit_member::{FileExtent, Member};
-use std::io::{self, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::io;
+use std::os::fd::OwnedFd;
 
 /// Reads at least this big are spliced (smaller replies are better
 /// coalesced with others in the reply buffer).
@@ -115,7 +115,7 @@ impl Splicer {
         let Some((r, _)) = &self.pipe else {
             return Err(io::Error::other("nothing loaded"));
         };
-        send_more(s, header)?;
+        s.send_more(header)?;
         let sock = s.as_fd();
         let mut left = std::mem::take(&mut self.loaded);
         while left > 0 {
@@ -152,30 +152,6 @@ impl Splicer {
             self.pipe = None;
         }
     }
-}
-
-/// Write a reply header that data from a splice will follow: on TCP with
-/// MSG_MORE, so that header and data leave in the same segments.
-fn send_more(s: &mut Stream, header: &[u8]) -> io::Result<()> {
-    if !s.is_tcp() {
-        return s.write_all(header);
-    }
-    use nix::sys::socket::{send, MsgFlags};
-    let fd = s.as_fd().as_raw_fd();
-    let mut at = 0;
-    while at < header.len() {
-        match send(
-            fd,
-            &header[at..],
-            MsgFlags::from_bits_retain(nix::libc::MSG_MORE) | MsgFlags::MSG_NOSIGNAL,
-        ) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => at += n,
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
 }
 
 /// A pipe of (about) PIPE_SIZE bytes, non-blocking so that a range that does
