@@ -215,9 +215,8 @@ fn workload_ops(
             .iter_mut()
             .for_each(|d| *d = true);
     }
-    for p in &pcs {
-        p.cut(rng);
-    }
+    // One instant for every member, even while the sync thread writes.
+    PowerCutMember::cut_all(&pcs.iter().map(|p| &**p).collect::<Vec<_>>(), rng);
     if let Some(t) = rebuilder {
         a.stop_background();
         t.join().unwrap();

@@ -69,24 +69,23 @@ impl PowerCutMember {
     /// Cut the power: each unflushed write is dropped, kept, or torn (a
     /// random subset of its sectors lands). Every later operation fails.
     pub fn cut(&self, rng: &mut CutRng) {
-        let mut st = self.state.lock().expect("power-cut state");
-        let pending = std::mem::take(&mut st.pending);
-        for (off, data) in pending {
-            let at = off as usize;
-            match rng.below(3) {
-                0 => {}
-                1 => st.durable[at..at + data.len()].copy_from_slice(&data),
-                _ => {
-                    for (i, s) in data.chunks(SECTOR).enumerate() {
-                        if rng.below(2) == 0 {
-                            let p = at + i * SECTOR;
-                            st.durable[p..p + s.len()].copy_from_slice(s);
-                        }
-                    }
-                }
-            }
+        cut_state(&mut self.state.lock().expect("power-cut state"), rng);
+    }
+
+    /// Cut the power of all of `members` at one instant, as a power cut
+    /// hits every disk of a machine at once: none of them takes a write
+    /// after any of them lost power. Cut one after the other, a member
+    /// still powered could take writes made because another had already
+    /// failed (a superblock recording it faulty), which no real power cut
+    /// allows.
+    pub fn cut_all(members: &[&PowerCutMember], rng: &mut CutRng) {
+        let mut states: Vec<_> = members
+            .iter()
+            .map(|m| m.state.lock().expect("power-cut state"))
+            .collect();
+        for st in &mut states {
+            cut_state(st, rng);
         }
-        st.dead = true;
     }
 
     /// What is on stable storage (after a cut: what survived it).
@@ -103,6 +102,28 @@ impl PowerCutMember {
             std::io::Error::from_raw_os_error(5),
         )
     }
+}
+
+/// A cut of one member's state: its unflushed writes dropped, kept or
+/// torn, and every later operation failed.
+fn cut_state(st: &mut State, rng: &mut CutRng) {
+    let pending = std::mem::take(&mut st.pending);
+    for (off, data) in pending {
+        let at = off as usize;
+        match rng.below(3) {
+            0 => {}
+            1 => st.durable[at..at + data.len()].copy_from_slice(&data),
+            _ => {
+                for (i, s) in data.chunks(SECTOR).enumerate() {
+                    if rng.below(2) == 0 {
+                        let p = at + i * SECTOR;
+                        st.durable[p..p + s.len()].copy_from_slice(s);
+                    }
+                }
+            }
+        }
+    }
+    st.dead = true;
 }
 
 impl Member for PowerCutMember {
@@ -219,6 +240,35 @@ mod tests {
         }
         // Over 200 cuts every outcome happens: dropped, torn, kept.
         assert!(kept.iter().all(|&k| k > 0), "{kept:?}");
+    }
+
+    #[test]
+    fn a_cut_of_all_members_leaves_none_to_record_that_another_failed() {
+        // A thread writes one member until that fails, then records the
+        // failure durably on the other, as an array marks a failed member
+        // faulty in the superblocks of the rest. Cut at one instant, the
+        // other member never takes that record.
+        for seed in 0..20 {
+            let a = std::sync::Arc::new(PowerCutMember::new("a", vec![0; 4096]));
+            let b = std::sync::Arc::new(PowerCutMember::new("b", vec![0; 4096]));
+            let t = {
+                let (a, b) = (a.clone(), b.clone());
+                std::thread::spawn(move || loop {
+                    if a.write_at(&[1; 512], 0).is_err() {
+                        let _ = b.write_at_durable(&[9; 512], 512);
+                        break;
+                    }
+                    std::thread::yield_now();
+                })
+            };
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            PowerCutMember::cut_all(&[&a, &b], &mut CutRng::new(seed));
+            t.join().unwrap();
+            assert!(
+                b.durable()[512..1024].iter().all(|&x| x == 0),
+                "seed {seed}: a member took a write after the cut"
+            );
+        }
     }
 
     #[test]

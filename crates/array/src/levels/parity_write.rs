@@ -26,11 +26,14 @@ impl Array {
         let mut i = 0;
         while i < pieces.len() {
             let j = stripe_end(pieces, i);
-            // With a journal, a run of stripes rewritten whole logs the
-            // intents of all of them in one durable write; on members that
-            // wait for devices each member gets its part of the run as one
-            // write (`write_stripes_merged`).
-            if self.journal.is_some() && Core::whole(v) && self.whole_chunks(v, &pieces[i..j]) {
+            // A run of stripes rewritten whole: with a journal, the
+            // intents of all of them go in one durable write; on members
+            // that wait for devices each member gets its part of the run
+            // as one write (`write_stripes_merged`), journal or not.
+            if (self.journal.is_some() || !Self::page_cache_only(v))
+                && Core::whole(v)
+                && self.whole_chunks(v, &pieces[i..j])
+            {
                 let mut run = vec![(i, j)];
                 while run.len() < INTENT_BATCH {
                     let (_, e) = *run.last().expect("run");
