@@ -41,7 +41,8 @@ pub fn export(a: ExportArgs) -> Result<()> {
     let mut endpoints = Vec::new();
     if let Some(t) = l.tcp {
         endpoints.push(format!(
-            "nbd://{}/{}",
+            "{}://{}/{}",
+            crate::serve::scheme(&a.access),
             t.local_addr()?,
             crate::serve::uri_part(&name)
         ));
@@ -55,7 +56,8 @@ pub fn export(a: ExportArgs) -> Result<()> {
             .display()
             .to_string();
         endpoints.push(format!(
-            "nbd+unix:///{}?socket={}",
+            "{}+unix:///{}?socket={}",
+            crate::serve::scheme(&a.access),
             crate::serve::uri_part(&name),
             crate::serve::uri_part(&p).replace("%2F", "/")
         ));

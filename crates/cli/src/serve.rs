@@ -169,6 +169,17 @@ impl Settings {
     }
 }
 
+/// The URI scheme of this server's endpoints: `nbds` when every client
+/// must use TLS (the scheme libnbd and qemu take as "TLS required"),
+/// `nbd` otherwise; `+unix` is added for a Unix socket.
+pub(crate) fn scheme(a: &crate::cli::AccessArgs) -> &'static str {
+    if a.tls == "require" {
+        "nbds"
+    } else {
+        "nbd"
+    }
+}
+
 /// TLS and the peers let in, from the command line; a server listening
 /// beyond loopback without TLS is said to be so.
 pub(crate) fn secure(
@@ -590,12 +601,16 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             client_events(&s.array, target);
             s.stats = Some(target.stats());
             if let Some(addr) = tcp {
-                s.endpoints
-                    .push(format!("nbd://{addr}/{}", uri_part(&s.export)));
+                s.endpoints.push(format!(
+                    "{}://{addr}/{}",
+                    scheme(&a.access),
+                    uri_part(&s.export)
+                ));
             }
             if let Some(p) = &s.plan.socket {
                 s.endpoints.push(format!(
-                    "nbd+unix:///{}?socket={}",
+                    "{}+unix:///{}?socket={}",
+                    scheme(&a.access),
                     uri_part(&s.export),
                     uri_part(&p.display().to_string()).replace("%2F", "/")
                 ));

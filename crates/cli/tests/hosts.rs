@@ -689,9 +689,14 @@ fn tls_export(f: &std::path::Path, tls: &[&str]) -> (Guarded, String) {
     let line = BufReader::new(out)
         .lines()
         .map_while(Result::ok)
-        .find(|l| l.contains("nbd://"))
+        .find(|l| l.contains("nbd://") || l.contains("nbds://"))
         .expect("export URI");
-    let uri = line[line.find("nbd://").unwrap()..].to_string();
+    // With --tls require the endpoint says nbds:// (TLS required).
+    let at = line
+        .find("nbds://")
+        .or_else(|| line.find("nbd://"))
+        .unwrap();
+    let uri = line[at..].to_string();
     (g, uri)
 }
 
@@ -753,19 +758,19 @@ fn tls_on_every_connection_and_only_allowed_peers() {
     let cert = certs.join("server-cert.pem").display().to_string();
     let key = certs.join("server-key.pem").display().to_string();
     let tls = ["--tls", "require", "--tls-cert", &cert, "--tls-key", &key];
+    // Servers that require TLS give their endpoints as nbds:// URIs.
     let secure = |uri: &str| {
-        format!(
-            "{}?tls-certificates={pki}",
-            uri.replacen("nbd://", "nbds://", 1)
-        )
+        assert!(uri.starts_with("nbds://"), "{uri}");
+        format!("{uri}?tls-certificates={pki}")
     };
+    let plain = |uri: &str| uri.replacen("nbds://", "nbd://", 1);
     // Three storage hosts that require TLS; the array's members are
     // nbds:// URIs.
     let hosts: Vec<(Guarded, String)> = (0..3)
         .map(|i| tls_export(&dir.path().join(format!("h{i}.img")), &tls))
         .collect();
     // A plain client is refused by a host.
-    let out = try_tool("timeout", &["20", "nbdinfo", "--size", &hosts[0].1]);
+    let out = try_tool("timeout", &["20", "nbdinfo", "--size", &plain(&hosts[0].1)]);
     assert!(!out.status.success(), "{out:?}");
     let members: Vec<String> = hosts.iter().map(|h| secure(&h.1)).collect();
     create("5", &members, "24M");
@@ -800,17 +805,13 @@ fn tls_on_every_connection_and_only_allowed_peers() {
         (&data, &uri, &back),
     );
     // Without TLS: refused.
-    let out = try_tool("timeout", &["20", "nbdinfo", "--size", &s.uri]);
+    let out = try_tool("timeout", &["20", "nbdinfo", "--size", &plain(&s.uri)]);
     assert!(!out.status.success(), "{out:?}");
     // A client that does not trust the server's authority: refused.
     let other = dir.path().join("other");
     std::fs::create_dir(&other).unwrap();
     certificates(&other);
-    let wrong = format!(
-        "{}?tls-certificates={}",
-        s.uri.replacen("nbd://", "nbds://", 1),
-        other.display()
-    );
+    let wrong = format!("{}?tls-certificates={}", s.uri, other.display());
     let out = try_tool("timeout", &["20", "nbdinfo", "--size", &wrong]);
     assert!(!out.status.success(), "{out:?}");
     assert_eq!(s.stop().code(), Some(0));
@@ -846,7 +847,7 @@ fn tls_on_every_connection_and_only_allowed_peers() {
     let with_key = |user: &str, file: &str| {
         format!(
             "{}?tls-psk-file={file}",
-            s.uri.replacen("nbd://", &format!("nbds://{user}@"), 1)
+            s.uri.replacen("nbds://", &format!("nbds://{user}@"), 1)
         )
     };
     let uri = with_key("alice", &psk_s);
@@ -873,7 +874,7 @@ fn tls_on_every_connection_and_only_allowed_peers() {
         .replace("alice:", "mallory:");
     std::fs::write(&mallory, alice_key).unwrap();
     for bad in [
-        s.uri.clone(),
+        plain(&s.uri),
         with_key("alice", &wrong.display().to_string()),
         with_key("mallory", &mallory.display().to_string()),
     ] {
@@ -888,7 +889,7 @@ fn tls_on_every_connection_and_only_allowed_peers() {
     );
     let remote = format!(
         "{}?tls-psk-file={psk_s}",
-        kuri.replacen("nbd://", "nbds://alice@", 1)
+        kuri.replacen("nbds://", "nbds://alice@", 1)
     );
     let local = dir.path().join("k-local.img").display().to_string();
     create("1", &[local.clone(), remote.clone()], "16M");

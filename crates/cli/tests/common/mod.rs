@@ -307,9 +307,9 @@ impl Served {
                 lines.lock().unwrap().push(line.clone());
                 // The endpoints (not members, which may be NBD URIs too).
                 let endpoint = line.contains("listening on ");
-                if let Some(i) = line
-                    .find("nbd://")
-                    .or_else(|| line.find("nbd+unix://"))
+                if let Some(i) = ["nbd://", "nbds://", "nbd+unix://", "nbds+unix://"]
+                    .iter()
+                    .find_map(|scheme| line.find(scheme))
                     .filter(|_| endpoint)
                 {
                     let _ = tx.send(line[i..].split_whitespace().next().unwrap().to_string());
