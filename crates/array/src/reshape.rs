@@ -383,9 +383,20 @@ impl Array {
                 )))
             }
         }
-        {
+        let joined = {
             let _fence = self.reshape.write().unwrap_or_else(|e| e.into_inner());
-            self.core.join_as_new_role(&name, Arc::new(new.clone()))?;
+            self.core.join_as_new_role(&name, Arc::new(new.clone()))
+        };
+        if let Err(e) = joined {
+            // Nothing changed: the member does not stay behind as a spare
+            // nobody asked for.
+            let left = match self.core.remove_member(&name) {
+                Ok(_) => format!("{name} was let go again"),
+                Err(r) => format!("{name} was not let go: {r}"),
+            };
+            return Err(Error::Invalid(format!(
+                "the level is unchanged: {name} could not take the role for Q ({e}); {left}"
+            )));
         }
         self.core.wake.kick();
         self.level_changed(&cur, &new, &format!("; Q is being built on {name}"));

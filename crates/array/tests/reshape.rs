@@ -610,6 +610,47 @@ fn takeovers_that_would_move_data_are_refused() {
     assert_eq!(a.geometry().level, Level::Raid5);
 }
 
+#[test]
+fn a_member_for_q_that_fails_to_join_is_not_left_behind_as_a_spare() {
+    // The new member's writes fail after the k-th: early, its joining as a
+    // spare is refused; later, its taking the role for Q. Either way the
+    // array stays a RAID-5 and the member is not kept as a spare.
+    let imgs = images(Level::Raid5, 4, 1, Policy::Journal, false);
+    let mut after_spare = 0;
+    let mut joined = false;
+    for k in 0..40 {
+        let (a, _) = open(&imgs[..4]).unwrap();
+        let inner = Arc::new(PowerCutMember::new("m4", imgs[4].clone()));
+        let cfg = raidkit_member::FaultConfig::parse(&format!("fail-writes-after={k}")).unwrap();
+        let new = Arc::new(raidkit_member::FaultMember::new(inner, cfg));
+        match a.take_over_adding(Level::Raid6, new as Arc<dyn Member>, false) {
+            Ok(g) => {
+                assert_eq!(g.level, Level::Raid6);
+                joined = true;
+                break;
+            }
+            Err(e) => {
+                let e = e.to_string();
+                assert_eq!(a.geometry().level, Level::Raid5, "k {k}: {e}");
+                let kept: Vec<_> = a
+                    .members_status()
+                    .into_iter()
+                    .filter(|m| m.path.as_deref().is_some_and(|p| p.contains("m4")))
+                    .collect();
+                assert!(kept.is_empty(), "k {k}: {e}; still there: {kept:?}");
+                if e.contains("could not take the role for Q") {
+                    after_spare += 1;
+                }
+            }
+        }
+    }
+    assert!(joined, "no write budget let the member join");
+    assert!(
+        after_spare > 0,
+        "no failure came after the member joined as a spare"
+    );
+}
+
 /// RAID-5 to RAID-6 with a new member (md's takeover with
 /// `--layout=preserve`): the old members' data areas are byte for byte what
 /// they were, Q is built on the new one, parity (P and Q, in md's syndrome
