@@ -850,3 +850,49 @@ fn members_are_checked_alone_then_together_and_the_slow_one_is_named() {
         "--members-first needs an array",
     );
 }
+
+#[test]
+fn an_interrupted_sweep_exits_with_an_error_and_leaves_no_member_files() {
+    let dir = tmp();
+    let d = dir.path().display().to_string();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_raidkit"));
+    cmd.args([
+        "bench",
+        "sweep",
+        "--levels",
+        "5",
+        "--members",
+        "4..6",
+        "--size",
+        "64M",
+        "--seconds",
+        "2",
+        "--runs",
+        "3",
+        "--dir",
+        &d,
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null());
+    let mut g = Guarded::spawn(&mut cmd);
+    let files = || {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| n.starts_with("raidkit-sweep-"))
+            .count()
+    };
+    wait_for("the sweep's member files", 30, || files() > 0);
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(g.id() as i32, libc::SIGINT) };
+    let mut status = None;
+    wait_for("the sweep to exit after SIGINT", 30, || {
+        status = g.try_wait();
+        status.is_some()
+    });
+    let status = status.unwrap();
+    assert!(!status.success(), "{status:?}");
+    assert_eq!(status.code(), Some(1), "an error, not killed by the signal");
+    assert_eq!(files(), 0, "member files left behind");
+}

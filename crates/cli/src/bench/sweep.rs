@@ -14,7 +14,8 @@ use raidkit_member::SimConfig;
 use raidkit_open::spec::{self, Spec};
 use serde_json::json;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One point of the sweep.
@@ -120,6 +121,19 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
     if !a.dir.is_dir() {
         bail!("--dir {}: not a directory", a.dir.display());
     }
+    // Interrupted (Ctrl-C, SIGTERM), the sweep stops at the next
+    // measurement and removes its member files before it exits: they can
+    // be gigabytes of the RAM disk.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let interrupted = || -> Result<()> {
+        if stop.load(Ordering::Relaxed) {
+            bail!("interrupted");
+        }
+        Ok(())
+    };
     let mut points = Vec::new();
     for &level in &levels {
         for &n in counts.iter().filter(|&&n| n >= min_members(level)) {
@@ -132,6 +146,7 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
                 })
                 .collect();
             let result = (|| -> Result<Point> {
+                interrupted()?;
                 let opts = CreateOptions {
                     level,
                     layout: level.default_layout(),
@@ -166,7 +181,9 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
                 let mut w = Vec::new();
                 let mut r = Vec::new();
                 for _ in 0..a.runs {
+                    interrupted()?;
                     w.push(measure(&array, true, block, a.qd.into(), a.seconds)?);
+                    interrupted()?;
                     r.push(measure(&array, false, block, a.qd.into(), a.seconds)?);
                 }
                 array.close()?;
