@@ -7,7 +7,7 @@
 //! every thread, bounded in bytes: kept per thread, each of a connection's
 //! workers held its own, and a RAID-5 of four direct-I/O members taking
 //! 4 MiB writes at queue depth 32 peaked at 1.0-1.2 GB resident, against
-//! 0.53-0.60 GB with the shared pool (same throughput within the run's
+//! 0.53-0.65 GB with the shared pool (same throughput within the run's
 //! noise).
 
 use std::cell::RefCell;
