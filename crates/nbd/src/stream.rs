@@ -18,10 +18,7 @@ pub(crate) enum Stream {
 const SEPARATE_PAYLOAD: usize = 64 << 10;
 
 /// Write all of `bufs`, in as few system calls as the socket takes.
-pub(crate) fn write_all_vectored(
-    w: &mut impl Write,
-    mut bufs: &mut [io::IoSlice<'_>],
-) -> io::Result<()> {
+fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [io::IoSlice<'_>]) -> io::Result<()> {
     while !bufs.is_empty() {
         match w.write_vectored(bufs) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
