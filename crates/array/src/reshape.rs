@@ -533,7 +533,9 @@ impl Array {
             let Some(d) = v.roles[role].disk.as_ref() else {
                 continue;
             };
-            if self.core.disk_read(d, &mut b, at).is_ok() && crc32c::crc32c(&b) == pos.backup_crc {
+            if self.core.disk_read(d, &mut b, at).is_ok()
+                && crate::checksums::crc32c(&b) == pos.backup_crc
+            {
                 return Ok(b);
             }
         }
@@ -749,7 +751,7 @@ impl Array {
         let mut meta = self.core.meta.locked();
         let pos = meta.sb.reshape.get_or_insert_with(ReshapePos::default);
         pos.backup = data.len() as u64;
-        pos.backup_crc = crc32c::crc32c(data);
+        pos.backup_crc = crate::checksums::crc32c(data);
         self.core.write_superblocks(&mut meta)
     }
 

@@ -429,3 +429,75 @@ fn concurrent_writes_of_one_block_leave_it_agreeing_with_its_checksum() {
     let errs = checksum_errors(&status(&s));
     assert_eq!(errs, vec![0, 0], "blocks disagree with their checksums");
 }
+
+#[test]
+fn writes_placed_straight_into_member_files_record_the_checksums_of_their_data() {
+    // Large writes to cached pages are received from the socket straight
+    // into the member files; on a checksummed array the checksums are then
+    // taken from what landed there. The first pass writes sparse members
+    // (the ordinary way, nothing cached), the second finds their pages
+    // cached: each of its requests (nbdcopy's 256 KiB, one connection, so
+    // in order) is a whole chunk row or stripe and goes in place. Then one
+    // block of it is flipped before anything reads it (a first read would
+    // seal a block that had no checksum): it alone is caught, and every
+    // other block reads back as written without a checksum error.
+    for (level, n) in [("0", 3), ("5", 5), ("6", 6)] {
+        let dir = tmp();
+        let ms = members(dir.path(), n);
+        create(level, &ms, "16M");
+        let mut s = Served::start(dir.path(), &ms, &[]);
+        let io = |s: &Served, what: &str| status(s)["io"][what].as_u64().unwrap();
+        let src = dir.path().join("src.bin");
+        let mut data = Vec::new();
+        for seed in [1, 2] {
+            data = random(seed, 8 << 20);
+            std::fs::write(&src, &data).unwrap();
+            let (w0, m0) = (io(&s, "writes"), io(&s, "mapped_writes"));
+            tool(
+                "nbdcopy",
+                &["--connections=1", src.to_str().unwrap(), &s.uri],
+            );
+            let (w, m) = (io(&s, "writes") - w0, io(&s, "mapped_writes") - m0);
+            if seed == 1 {
+                assert_eq!(m, 0, "RAID-{level}: sparse members written in place");
+            } else {
+                assert_eq!(m, w, "RAID-{level}: {m} of {w} writes in place");
+            }
+        }
+        assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+        // The member holding the array's first chunk (md's left-symmetric
+        // RAID-6 puts stripe 0's Q on member 0 and its first data chunk on
+        // member 1).
+        let m = usize::from(level == "6");
+        flip(&ms[m], data_offset(&ms[m]) + 3 * 4096 + 100);
+        let s = Served::start(dir.path(), &ms, &[]);
+        if level == "0" {
+            // No redundancy: the chunk with the flipped block fails, the
+            // rest reads as written.
+            let out = try_tool("qemu-io", &["-f", "raw", "-c", "read 0 65536", &s.uri]);
+            let text = String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(
+                text.contains("Input/output error"),
+                "RAID-0: the flipped block was read: {text}"
+            );
+            assert!(
+                qemu_read(&s.uri, 65536, 1 << 20) == data[65536..(1 << 20) + 65536],
+                "RAID-0: read back differs"
+            );
+        } else {
+            assert!(
+                read_back(dir.path(), &s, data.len()) == data,
+                "RAID-{level}: read back differs"
+            );
+        }
+        let mut want = vec![0; n];
+        want[m] = 1;
+        assert_eq!(
+            checksum_errors(&status(&s)),
+            want,
+            "RAID-{level}: blocks written in place and their checksums"
+        );
+        drop(s);
+    }
+}

@@ -101,6 +101,11 @@ impl Drop for Writing<'_> {
     }
 }
 
+/// In `Page::pending`: a write whose content is not known in advance is
+/// in flight there (placed straight into the member's file: `InPlace`), so
+/// a racing read may see anything. (0 is never a recorded checksum.)
+const ANY: u32 = 0;
+
 #[derive(Debug, Default)]
 struct Page {
     /// None until read from the member.
@@ -324,7 +329,7 @@ impl Checked {
                 let fresh = checksums::sum(blk);
                 p.pending
                     .iter()
-                    .any(|&(x, ps)| x as usize == e && ps == fresh)
+                    .any(|&(x, ps)| x as usize == e && (ps == fresh || ps == ANY))
             };
             if !ok {
                 v.bad.push(at + k as u64 * BLOCK);
@@ -580,6 +585,74 @@ impl Checked {
         done
     }
 
+    /// Hold whole blocks `[at, at + len)` of the data area for a write that
+    /// someone else places straight into the inner member's file (the
+    /// server receiving a payload into its mapping), as a write in flight:
+    /// other writes of them wait, and reads that race it take whatever they
+    /// find there. Dropping the guard records the checksums of what the
+    /// blocks then hold. None: not whole blocks of the data area (write
+    /// with `write_at`).
+    pub fn in_place(&self, at: u64, len: u64) -> Result<Option<InPlace<'_>>, MemberError> {
+        if len == 0
+            || !(at.wrapping_sub(self.data_offset)).is_multiple_of(BLOCK)
+            || !len.is_multiple_of(BLOCK)
+            || self.data_part(at, len) != Some((at, at + len))
+        {
+            return Ok(None);
+        }
+        let w = self.writing.enter(at, at + len);
+        let (first, n) = ((at - self.data_offset) / BLOCK, (len / BLOCK) as usize);
+        let marked = self.page_runs(first, n, |p, e, _, m| {
+            p.pending.extend((0..m).map(|j| ((e + j) as u16, ANY)));
+        });
+        let mut g = InPlace {
+            c: self,
+            lo: at,
+            hi: at + len,
+            wrote: false,
+            _w: w,
+        };
+        // On an error part of the marks are made: the guard takes them
+        // back as it goes (nothing written, nothing recorded).
+        marked?;
+        g.wrote = true;
+        Ok(Some(g))
+    }
+
+    /// The checksums of the blocks the inner member holds at `[lo, hi)`
+    /// (block aligned): read through its mapping when every page is cached
+    /// (the case of a write just placed there), else read.
+    fn sums_held(&self, lo: u64, hi: u64) -> Result<Vec<u32>, MemberError> {
+        let mut sums = Vec::with_capacity(((hi - lo) / BLOCK) as usize);
+        if let Some(m) = self.inner.as_mapper() {
+            let mut ranges = Vec::new();
+            if matches!(m.cached(lo, hi - lo, &mut ranges), Ok(true)) {
+                // SAFETY: each range lies in a mapping that `ranges` keeps
+                // alive, `len` bytes long, and is only read, inside
+                // `guarded`: a page the file system cannot back ends the
+                // pass with an error instead of a signal. Windows are
+                // 64 MiB aligned, so no block straddles two ranges.
+                let r = unsafe {
+                    raidkit_member::guarded(&mut || {
+                        for r in &ranges {
+                            let data = std::slice::from_raw_parts(r.ptr, r.len);
+                            sums.extend(data.chunks(BLOCK as usize).map(checksums::sum));
+                        }
+                    })
+                };
+                if r.is_ok() {
+                    return Ok(sums);
+                }
+                sums.clear();
+            }
+        }
+        let mut buf = scratch::take((hi - lo) as usize);
+        let r = self.inner.read_at(&mut buf, lo);
+        sums.extend(buf.chunks(BLOCK as usize).map(checksums::sum));
+        scratch::give(buf);
+        r.map(|()| sums)
+    }
+
     /// Record that the block at member offset `off`, just written with
     /// zeroes, holds nothing: its checksum is set to one zeroes do not
     /// have, so that it reads as bad until written anew.
@@ -657,6 +730,58 @@ impl Checked {
     /// Note that page `pg` has changes to write back.
     fn mark(&self, pg: usize) {
         self.dirty[pg / 64].fetch_or(1 << (pg % 64), Ordering::AcqRel);
+    }
+}
+
+/// Blocks being written in place (`Checked::in_place`). Dropped: the
+/// blocks' checksums are those of what they hold now (the write's data,
+/// or for a write that failed part-way, whatever it left, which is what a
+/// failed write may leave), unless `nothing_written` said that nothing
+/// was written, which keeps the old ones. A block that cannot be read
+/// back has its checksum cleared (none yet: it is sealed as next read).
+pub(crate) struct InPlace<'a> {
+    c: &'a Checked,
+    lo: u64,
+    hi: u64,
+    wrote: bool,
+    _w: Writing<'a>,
+}
+
+impl InPlace<'_> {
+    /// Nothing was written: the recorded checksums stay.
+    pub fn nothing_written(&mut self) {
+        self.wrote = false;
+    }
+}
+
+impl Drop for InPlace<'_> {
+    fn drop(&mut self) {
+        let c = self.c;
+        let sums = self
+            .wrote
+            .then(|| c.sums_held(self.lo, self.hi).ok())
+            .map(|s| s.unwrap_or_else(|| vec![0; ((self.hi - self.lo) / BLOCK) as usize]));
+        let first = (self.lo - c.data_offset) / BLOCK;
+        let n = ((self.hi - self.lo) / BLOCK) as usize;
+        // The pages hold pending marks, so they stay loaded (`drop_clean`)
+        // and this does no I/O; a page whose loading failed in `in_place`
+        // has no mark to take back.
+        let _ = c.page_runs(first, n, |p, e, k, m| {
+            let Some(loaded) = p.sums.as_mut() else {
+                return;
+            };
+            if let Some(s) = &sums {
+                loaded[e..e + m].copy_from_slice(&s[k..k + m]);
+                p.dirty = true;
+            }
+            p.pending
+                .retain(|&(i, ps)| !(ps == ANY && (e..e + m).contains(&(i as usize))));
+        });
+        if sums.is_some() && !c.known_bad.locked().is_empty() {
+            c.known_bad
+                .locked()
+                .retain(|&o| o < self.lo || o >= self.hi);
+        }
     }
 }
 
@@ -832,5 +957,55 @@ mod tests {
             let r = again.read_at(&mut got, at(b));
             assert_eq!(r.is_err(), b == victim, "block {b}: {r:?}");
         }
+    }
+
+    #[test]
+    fn blocks_written_in_place_read_as_anything_meanwhile_and_get_their_checksums_after() {
+        let (mem, c) = checked(4);
+        let at = |b: u64| c.data_offset + b * BLOCK;
+        for b in 0..4 {
+            c.write_at(&block(b), at(b)).unwrap();
+        }
+        let read = |b: u64| {
+            let mut got = vec![0u8; BLOCK as usize];
+            c.read_at(&mut got, at(b)).map(|()| got)
+        };
+        // Not whole blocks of the data area: not offered.
+        assert!(c.in_place(at(0) + 512, BLOCK).unwrap().is_none());
+        assert!(c.in_place(at(0), 100).unwrap().is_none());
+        assert!(c
+            .in_place(c.data_offset - BLOCK, 2 * BLOCK)
+            .unwrap()
+            .is_none());
+
+        // Blocks 1 and 2 written behind the checks while held: a read that
+        // races the write takes what it finds, and no mismatch counts.
+        let g = c.in_place(at(1), 2 * BLOCK).unwrap().unwrap();
+        mem.write_at(&block(11), at(1)).unwrap();
+        assert_eq!(read(1).unwrap(), block(11));
+        assert_eq!(read(2).unwrap(), block(2));
+        drop(g);
+        assert_eq!(read(1).unwrap(), block(11));
+        assert_eq!(c.mismatches.load(Ordering::Relaxed), 0);
+        // The checksum recorded is the new data's: rot in it is caught.
+        let mut raw = block(11);
+        raw[7] ^= 1;
+        mem.write_at(&raw, at(1)).unwrap();
+        assert!(read(1).is_err_and(|e| is_mismatch(&e)));
+
+        // Nothing written: the old checksums stay, so rot that was there
+        // is not sealed.
+        let mut raw = block(3);
+        raw[9] ^= 4;
+        mem.write_at(&raw, at(3)).unwrap();
+        let mut g = c.in_place(at(3), BLOCK).unwrap().unwrap();
+        g.nothing_written();
+        drop(g);
+        assert!(read(3).is_err_and(|e| is_mismatch(&e)));
+        // Once the guard is gone, a read no longer takes anything.
+        let mut raw = block(2);
+        raw[0] ^= 2;
+        mem.write_at(&raw, at(2)).unwrap();
+        assert!(read(2).is_err_and(|e| is_mismatch(&e)));
     }
 }

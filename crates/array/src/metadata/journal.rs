@@ -92,7 +92,7 @@ pub fn encode_intent(uuid: Uuid, seq: u64, stripe: u64, dev: u64, len: u64) -> V
     b[16..32].copy_from_slice(uuid.as_bytes());
     put_u64(&mut b, 32, stripe);
     put_u32(&mut b, 40, 1);
-    put_u32(&mut b, 48, crc32c::crc32c(&[]));
+    put_u32(&mut b, 48, crate::checksums::crc32c(&[]));
     put_u32(&mut b, 56, FLAG_INTENT);
     put_u32(&mut b, 64, ALL_ROLES);
     put_u32(&mut b, 68, len as u32);
@@ -122,7 +122,7 @@ pub fn encode(uuid: Uuid, seq: u64, stripe: u64, parts: &[(usize, u64, &[u8])]) 
         b[at..at + data.len()].copy_from_slice(data);
         at += data.len();
     }
-    let body_crc = crc32c::crc32c(&b[HEADER..HEADER + payload]);
+    let body_crc = crate::checksums::crc32c(&b[HEADER..HEADER + payload]);
     put_u32(&mut b, 48, body_crc);
     let crc = header_crc(&b[..HEADER]);
     put_u32(&mut b, 52, crc);
@@ -130,9 +130,7 @@ pub fn encode(uuid: Uuid, seq: u64, stripe: u64, parts: &[(usize, u64, &[u8])]) 
 }
 
 fn header_crc(h: &[u8]) -> u32 {
-    let c = crc32c::crc32c(&h[..52]);
-    let c = crc32c::crc32c_append(c, &[0; 4]);
-    crc32c::crc32c_append(c, &h[56..HEADER])
+    crate::checksums::crc32c_of(&[&h[..52], &[0; 4], &h[56..HEADER]])
 }
 
 /// If a valid header of this array starts `log[at..]`, the record's total
@@ -155,7 +153,7 @@ pub fn decode(log: &[u8], at: usize, uuid: Uuid) -> Option<(Record, usize)> {
     let (seq, nparts, payload) = header_at(log, at, uuid)?;
     let h = &log[at..at + HEADER];
     let body = log.get(at + HEADER..at + HEADER + payload)?;
-    if crc32c::crc32c(body) != get_u32(h, 48) {
+    if crate::checksums::crc32c(body) != get_u32(h, 48) {
         return None;
     }
     match get_u32(h, 56) {

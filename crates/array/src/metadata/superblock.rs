@@ -306,9 +306,7 @@ pub fn seal(b: &mut [u8]) {
 
 /// crc32c of a block, computed with the crc field taken as zero.
 fn block_crc(b: &[u8]) -> u32 {
-    let c = crc32c::crc32c(&b[..16]);
-    let c = crc32c::crc32c_append(c, &[0; 4]);
-    crc32c::crc32c_append(c, &b[20..])
+    crate::checksums::crc32c_of(&[&b[..16], &[0; 4], &b[20..]])
 }
 
 impl Superblock {
