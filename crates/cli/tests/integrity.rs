@@ -465,6 +465,18 @@ fn writes_placed_straight_into_member_files_record_the_checksums_of_their_data()
             }
         }
         assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+        // Offline, every block (parity too, computed in place) agrees with
+        // its checksum, and the parity with the data.
+        let o = raidkit(&args(&["check", "--json"], &ms));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let findings = v["findings"].as_array().unwrap();
+        assert!(
+            findings.is_empty() && v["mismatches"] == 0,
+            "RAID-{level}: {} findings, the first {}; {} mismatches",
+            findings.len(),
+            findings.first().unwrap_or(&Value::Null),
+            v["mismatches"]
+        );
         // The member holding the array's first chunk (md's left-symmetric
         // RAID-6 puts stripe 0's Q on member 0 and its first data chunk on
         // member 1).

@@ -420,6 +420,11 @@ impl Array {
     /// one mapped window, or a page faulted (a member file truncated or
     /// failing under the server; whatever was written is then overwritten
     /// by `parity_from_members`, which also reports the error).
+    ///
+    /// On checked members the files under the checks are used: the data
+    /// chunks as they are (just written in place, their checksums taken
+    /// from these same bytes under this stripe lock), the parity chunks
+    /// held as writes in place, which records their checksums afterwards.
     pub(crate) fn parity_in_place(&self, v: &View, stripe: u64) -> bool {
         let sm = v.geom.stripe_map(stripe);
         let k = sm.data.len();
@@ -427,6 +432,7 @@ impl Array {
         let dev = stripe * chunk;
         let outs: Small<usize> = std::iter::once(sm.p).chain(sm.q).collect();
         let mut ranges = Vec::with_capacity(k + outs.len());
+        let mut held = Small::new();
         for (role, write) in sm
             .data
             .iter()
@@ -436,11 +442,23 @@ impl Array {
             let Some(d) = &v.roles[role].disk else {
                 return false;
             };
-            let Some(m) = d.member.as_mapper() else {
+            let at = d.data_offset + dev;
+            let m = match &d.checked {
+                None => d.member.as_mapper(),
+                Some(c) => {
+                    if write {
+                        match c.in_place(at, chunk) {
+                            Ok(Some(g)) => held.push(g),
+                            _ => return false,
+                        }
+                    }
+                    c.inner().as_mapper()
+                }
+            };
+            let Some(m) = m else {
                 return false;
             };
             let had = ranges.len();
-            let at = d.data_offset + dev;
             let cached = if write {
                 m.cached_for_write(at, chunk, &mut ranges)
             } else {
@@ -475,6 +493,7 @@ impl Array {
             })
         };
         seams::parity_in_place(done.is_ok());
+        drop(held);
         done.is_ok()
     }
 
