@@ -32,6 +32,7 @@ pub mod metadata;
 pub mod policy;
 mod recovery;
 mod reshape;
+mod resize;
 mod scratch;
 pub mod scrub;
 mod seams;

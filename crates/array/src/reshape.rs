@@ -420,7 +420,7 @@ impl Array {
     }
 
     /// Refuse a change of shape while the array is not whole and quiet.
-    fn check_quiet(&self, what: &str) -> Result<()> {
+    pub(crate) fn check_quiet(&self, what: &str) -> Result<()> {
         if self.core.read_only {
             return Err(Error::Invalid("the array is open read-only".into()));
         }

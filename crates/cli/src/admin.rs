@@ -124,22 +124,25 @@ pub fn add(a: AddArgs) -> Result<()> {
 }
 
 pub fn grow(a: GrowArgs) -> Result<()> {
-    // Each change not built yet is refused before the server is asked.
-    for (given, what) in [
-        (a.chunk.is_some(), "--chunk (changing the chunk size)"),
-        (a.size.is_some(), "--size (using members that have grown)"),
-    ] {
-        if given {
-            bail!("grow {what} is not supported yet; raidkit grows arrays by members (--add), converts RAID-4 and two-member RAID-1 to RAID-5 (--level 5) and RAID-5 to RAID-6 with one new member (--level 6 --add MEMBER)");
+    // A change not built yet is refused before the server is asked.
+    if a.chunk.is_some() {
+        bail!("grow --chunk (changing the chunk size) is not supported yet; raidkit grows arrays by members (--add), into members that grew (--size max), converts RAID-4 and two-member RAID-1 to RAID-5 (--level 5) and RAID-5 to RAID-6 with one new member (--level 6 --add MEMBER)");
+    }
+    if let Some(s) = &a.size {
+        if s != "max" {
+            bail!("grow --size takes `max` (use all the room the members have), not '{s}'");
+        }
+        if !a.add.is_empty() || a.level.is_some() {
+            bail!("grow --size max is a change of its own: grow the size, then add members or change the level");
         }
     }
-    if a.add.is_empty() && a.level.is_none() {
-        bail!("grow: give the members to add (--add MEMBER...) or a level (--level 5)");
+    if a.add.is_empty() && a.level.is_none() && a.size.is_none() {
+        bail!("grow: give the members to add (--add MEMBER...), a level (--level 5) or --size max");
     }
     let members: Vec<String> = a.add.iter().map(|m| absolute_new(m)).collect();
     let v = request(
         a.control.control.as_deref(),
-        json!({"cmd": "grow", "add": members, "level": a.level, "force": a.force}),
+        json!({"cmd": "grow", "add": members, "level": a.level, "size": a.size, "force": a.force}),
     )?;
     if a.json {
         println!(
@@ -160,6 +163,18 @@ pub fn grow(a: GrowArgs) -> Result<()> {
             } else {
                 ""
             }
+        );
+    }
+    if a.size.is_some() {
+        let resync = if v["level"] == "raid0" {
+            ""
+        } else {
+            "; the new space's redundancy is made consistent while the array serves (raidkit wait to follow it)"
+        };
+        println!(
+            "raidkit: grown into the members' new room, {} to {}{resync}",
+            human(v["size"].as_u64().unwrap_or(0)),
+            human(v["new_size"].as_u64().unwrap_or(0))
         );
     }
     if !a.add.is_empty() && !q_built {

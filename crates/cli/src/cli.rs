@@ -954,7 +954,13 @@ pub struct GrowArgs {
     /// Change the chunk size: not supported yet, refused.
     #[arg(long, value_name = "SIZE")]
     pub chunk: Option<String>,
-    /// `max`: use members that have grown: not supported yet, refused.
+    /// `max`: use all the room the members have (devices or files that
+    /// grew since the array was made: each member's length less its
+    /// metadata, the smallest one's, in whole chunks). No data moves; the
+    /// new stripes' redundancy is made consistent in the background (an
+    /// initial sync of the new space). Not for linear arrays; with
+    /// checksums, up to what the checksum area was made for (the members'
+    /// size at create).
     #[arg(long, value_name = "max")]
     pub size: Option<String>,
     /// Use the new members even if they hold data or another array's superblock.

@@ -927,8 +927,26 @@ fn control_handler(array: Arc<Array>, stats: Arc<Stats>, served: Served) -> Arc<
                     ),
                     Some(_) => return Err("\"level\" must be a level (\"5\")".into()),
                 };
+                let grow_size = match args.get("size") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::String(s)) if s == "max" => true,
+                    Some(_) => return Err("\"size\" must be \"max\"".into()),
+                };
+                if grow_size {
+                    if !members.is_empty() || level.is_some() {
+                        return Err("growing the size is a change of its own: grow the size, then add members or change the level".into());
+                    }
+                    let (before, after) = array.grow_size().map_err(|e| e.to_string())?;
+                    let g = array.geometry();
+                    let mut m = one("members", json!(g.members()));
+                    m.insert("size".into(), json!(before));
+                    m.insert("new_size".into(), json!(after));
+                    m.insert("level".into(), json!(g.level.to_string()));
+                    m.insert("layout".into(), json!(g.layout.to_string()));
+                    return Ok(m);
+                }
                 if members.is_empty() && level.is_none() {
-                    return Err("grow: nothing to do (\"add\" or \"level\")".into());
+                    return Err("grow: nothing to do (\"add\", \"level\" or \"size\")".into());
                 }
                 let size = array.capacity();
                 // The level first (no data moves), then the members.

@@ -42,17 +42,21 @@ fn export_size(uri: &str) -> u64 {
     String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
 }
 
-fn random_file(path: &Path, len: usize) {
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let data: Vec<u8> = (0..len)
+/// `len` bytes of xorshift from `seed` (not 0).
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut rng = seed;
+    (0..len)
         .map(|_| {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
             rng as u8
         })
-        .collect();
-    std::fs::write(path, data).unwrap();
+        .collect()
+}
+
+fn random_file(path: &Path, len: usize) {
+    std::fs::write(path, noise(0x9e37_79b9_7f4a_7c15, len)).unwrap();
 }
 
 /// `grow --level LEVEL --add MEMBER`: the reply says the level, the
@@ -248,12 +252,17 @@ fn grow_refuses_what_it_cannot_do_and_changes_nothing() {
         &["grow", "--control", &ctl, "--add", &ms[2]],
         "RAID-1 gains copies",
     );
-    for (flag, value) in [("--chunk", "128K"), ("--size", "max")] {
-        fails(
-            &["grow", "--control", &ctl, flag, value],
-            "not supported yet",
-        );
-    }
+    fails(
+        &["grow", "--control", &ctl, "--chunk", "128K"],
+        "not supported yet",
+    );
+    // The members have not grown; and `max` is the one size there is.
+    fails(&["grow", "--control", &ctl, "--size", "max"], "no room");
+    fails(&["grow", "--control", &ctl, "--size", "20M"], "takes `max`");
+    fails(
+        &["grow", "--control", &ctl, "--size", "max", "--add", &ms[2]],
+        "a change of its own",
+    );
     fails(
         &["grow", "--control", &ctl, "--level", "6"],
         "not supported",
@@ -376,4 +385,91 @@ fn a_raid5_becomes_a_raid6_with_one_new_disk_while_fio_verifies() {
         &two_left,
     ));
     assert!(std::fs::read(&back).unwrap() == std::fs::read(&file).unwrap());
+}
+
+#[test]
+fn members_that_grew_are_used_online_with_size_max_while_fio_verifies() {
+    // Each level that can: the member files are made longer under the
+    // running server, `grow --size max` takes the room at once (no data
+    // moves), new connections see the new size, fio keeps verifying in
+    // the old space meanwhile and then writes and verifies the new space
+    // while its redundancy is made consistent in the background; data
+    // written before is intact, and offline the array checks clean and
+    // keeps its size.
+    for (level, n) in [("0", 3), ("1", 2), ("5", 4), ("6", 5), ("10", 4)] {
+        let dir = tmp();
+        let (ms, mut s, file) = served_with_data(dir.path(), level, (n, n), "16M", "16M", 4 << 20);
+        let ctl = s.control.display().to_string();
+        let before = export_size(&s.uri);
+        // What a bigger disk holds where it was never written: not
+        // zeroes, and not consistent parity.
+        for (i, m) in ms.iter().enumerate() {
+            use std::os::unix::fs::FileExt;
+            let junk = noise(0x2545_f491_4f6c_dd1d ^ i as u64, 24 << 20);
+            let f = std::fs::OpenOptions::new().write(true).open(m).unwrap();
+            f.write_all_at(&junk, 16 << 20).unwrap();
+        }
+        let old_space = (before - (4 << 20)).to_string();
+        let mut writer = Guarded::spawn(&mut fio(&s.uri, "4m", &old_space, 6));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let out = ok(&["grow", "--json", "--control", &ctl, "--size", "max"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["size"].as_u64(), Some(before), "RAID-{level}: {v}");
+        assert_eq!(v["members"], n, "RAID-{level}: {v}");
+        let after = v["new_size"].as_u64().unwrap();
+        assert!(after > before * 2, "RAID-{level}: {before} -> {after}");
+        assert_eq!(export_size(&s.uri), after, "RAID-{level}");
+        // fio writes the first half of the new space; the rest keeps what
+        // the disks held, which the resync must make consistent.
+        let new_space = ((after - before) / 2).to_string();
+        let mut grower = Guarded::spawn(&mut fio(&s.uri, &before.to_string(), &new_space, 4));
+        assert!(
+            writer
+                .wait_within(std::time::Duration::from_secs(120))
+                .success(),
+            "RAID-{level}: fio failed its verification in the old space"
+        );
+        assert!(
+            grower
+                .wait_within(std::time::Duration::from_secs(120))
+                .success(),
+            "RAID-{level}: fio failed its verification in the new space"
+        );
+        ok(&["wait", "--control", &ctl]);
+        let st = s.status();
+        assert_eq!(st["array"]["size"].as_u64(), Some(after), "RAID-{level}");
+        if level != "0" {
+            assert_eq!(st["last_recovery"]["result"], "done", "RAID-{level}: {st}");
+        }
+        let verify = |s: &Served, offset: &str, size: &str| {
+            let v = output_within(
+                fio(&s.uri, offset, size, 2).args(["--rw=randread", "--verify_only"]),
+                DEADLINE,
+            );
+            assert!(
+                v.status.success(),
+                "RAID-{level}: {}",
+                String::from_utf8_lossy(&v.stdout)
+            );
+        };
+        verify(&s, &before.to_string(), &new_space);
+        let back = dir.path().join("back");
+        tool("nbdcopy", &[&s.uri, &back.display().to_string()]);
+        assert!(
+            std::fs::read(&back).unwrap()[..4 << 20] == std::fs::read(&file).unwrap()[..],
+            "RAID-{level}: data written before the grow changed"
+        );
+        assert!(s.stop().success());
+        let c: serde_json::Value =
+            serde_json::from_slice(&ok(&args(&["check", "--json"], &ms)).stdout).unwrap();
+        assert!(
+            c["findings"].as_array().is_some_and(|f| f.is_empty()) && c["mismatches"] == 0,
+            "RAID-{level}: {c}"
+        );
+        // A restart assembles the grown array, the new space's data kept.
+        let s = Served::start(dir.path(), &ms, &[]);
+        assert_eq!(export_size(&s.uri), after, "RAID-{level}");
+        verify(&s, &before.to_string(), &new_space);
+        drop(s);
+    }
 }

@@ -42,7 +42,6 @@ pub struct DirectMember {
     file: File,
     path: PathBuf,
     name: String,
-    len: u64,
     regular: bool,
     /// Offsets and lengths of direct I/O are multiples of this.
     logical: u32,
@@ -89,7 +88,6 @@ impl DirectMember {
             file: o.file,
             path: path.to_path_buf(),
             name,
-            len: o.len,
             regular: o.regular,
             logical,
             physical,
@@ -293,7 +291,11 @@ impl Member for DirectMember {
     }
 
     fn len(&self) -> u64 {
-        self.len
+        self.size.len()
+    }
+
+    fn refresh_len(&self) -> Result<u64> {
+        self.size.grow(&self.file, &self.name, self.logical as u64)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {

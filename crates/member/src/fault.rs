@@ -186,6 +186,10 @@ impl Member for FaultMember {
         self.inner.len()
     }
 
+    fn refresh_len(&self) -> Result<u64> {
+        self.inner.refresh_len()
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
         self.enter(Op::Read, offset, len)?;

@@ -21,7 +21,6 @@ pub struct FileMember {
     mapper: Option<Mapper>,
     path: PathBuf,
     name: String,
-    len: u64,
     /// A regular file (which another process can truncate), not a device.
     regular: bool,
     /// What a discard of a device must be aligned to (its logical block
@@ -55,7 +54,6 @@ impl FileMember {
             file: o.file,
             path: path.to_path_buf(),
             name,
-            len: o.len,
             regular: o.regular,
             zero_align,
             size: SizeWatch::new(o.len, o.regular),
@@ -115,7 +113,11 @@ impl Member for FileMember {
     }
 
     fn len(&self) -> u64 {
-        self.len
+        self.size.len()
+    }
+
+    fn refresh_len(&self) -> Result<u64> {
+        self.size.grow(&self.file, &self.name, 1)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
@@ -193,5 +195,37 @@ mod tests {
         m.read_at(&mut b, 4000).unwrap();
         assert_eq!(b, [0; 5]);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_file_that_grew_is_used_to_its_new_end_once_looked_at() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.img");
+        let m = FileMember::create(&path, 8192).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(16384)
+            .unwrap();
+        // Not before it is looked at anew.
+        assert_eq!(m.len(), 8192);
+        assert!(m.write_at(b"x", 10000).is_err());
+        assert_eq!(m.refresh_len().unwrap(), 16384);
+        assert_eq!(m.len(), 16384);
+        m.write_at(b"grown", 16000).unwrap();
+        let mut b = [0u8; 5];
+        m.read_at(&mut b, 16000).unwrap();
+        assert_eq!(&b, b"grown");
+        // Looking again after the file was cut keeps the length in use
+        // (the cut is the size watch's to report).
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(12288)
+            .unwrap();
+        assert_eq!(m.refresh_len().unwrap(), 16384);
+        assert!(m.flush().is_err(), "a file cut short is reported");
     }
 }

@@ -133,6 +133,14 @@ pub trait Member: Send + Sync + fmt::Debug {
     fn name(&self) -> &str;
     /// Size in bytes.
     fn len(&self) -> u64;
+    /// The member's length looked at anew: a file or device that grew
+    /// since it was opened is used to its new end from then on (`raidkit
+    /// grow --size max`). Never less than `len()` was. Members that cannot
+    /// grow (memory, remote exports) say `len()`; wrappers ask what they
+    /// wrap.
+    fn refresh_len(&self) -> Result<u64> {
+        Ok(self.len())
+    }
     /// Read exactly `buf.len()` bytes at `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
     /// Write all of `buf` at `offset`.

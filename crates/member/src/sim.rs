@@ -211,6 +211,10 @@ impl Member for SimDisk {
         self.inner.len()
     }
 
+    fn refresh_len(&self) -> Result<u64> {
+        self.inner.refresh_len()
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let asked = Instant::now();
         self.inner.read_at(buf, offset)?;

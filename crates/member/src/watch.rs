@@ -22,10 +22,11 @@ fn clock_ns() -> u64 {
         .as_nanos() as u64
 }
 
-/// The size a member file had when opened, and whether it still has it.
+/// The size a member file had when opened (or grew to, `grow`), and
+/// whether it still has it.
 #[derive(Debug, Default)]
 pub(crate) struct SizeWatch {
-    len: u64,
+    len: AtomicU64,
     /// A regular file; a device cannot shrink, so nothing is watched.
     regular: bool,
     /// Found shorter than `len`: every operation fails from then on.
@@ -37,16 +38,35 @@ pub(crate) struct SizeWatch {
 impl SizeWatch {
     pub fn new(len: u64, regular: bool) -> SizeWatch {
         SizeWatch {
-            len,
+            len: AtomicU64::new(len),
             regular,
             ..SizeWatch::default()
         }
     }
 
+    /// The member's length in use.
+    pub fn len(&self) -> u64 {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// Look at the file's or device's size anew and use it to its end from
+    /// now on if it grew (whole `align`-byte units). A size below the one
+    /// in use changes nothing (a file cut short is `check`'s business).
+    pub fn grow(&self, file: &File, name: &str, align: u64) -> Result<u64> {
+        let now = if self.regular {
+            file.metadata().map(|m| m.len())
+        } else {
+            crate::sys::device_size(file)
+        }
+        .map_err(|e| MemberError::new(name, Op::Read, 0, 0, e))?;
+        self.len.fetch_max(now / align * align, Ordering::AcqRel);
+        Ok(self.len())
+    }
+
     /// The checks before a read or write of `[offset, offset + len)`: within
     /// the member, and (`check_soon`) the file not cut short.
     pub fn access(&self, file: &File, name: &str, op: Op, offset: u64, len: u64) -> Result<()> {
-        crate::check_range(name, op, offset, len, self.len)?;
+        crate::check_range(name, op, offset, len, self.len())?;
         self.check_soon(file, name, op, offset, len)
     }
 
@@ -88,7 +108,7 @@ impl SizeWatch {
             None
         } else {
             match file.metadata() {
-                Ok(m) if m.len() >= self.len => return Ok(()),
+                Ok(m) if m.len() >= self.len() => return Ok(()),
                 Ok(m) => Some(m.len()),
                 Err(e) => return Err(MemberError::new(name, op, offset, len, e)),
             }
@@ -102,8 +122,8 @@ impl SizeWatch {
             io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 match now {
-                    Some(n) => format!("the file shrank to {n} bytes from {}", self.len),
-                    None => format!("the file shrank below {} bytes", self.len),
+                    Some(n) => format!("the file shrank to {n} bytes from {}", self.len()),
+                    None => format!("the file shrank below {} bytes", self.len()),
                 },
             ),
         ))

@@ -653,6 +653,30 @@ impl Checked {
         r.map(|()| sums)
     }
 
+    /// Whether the checksum area has entries for a data area of `bytes`.
+    pub fn covers(&self, bytes: u64) -> bool {
+        self.entries() * BLOCK >= bytes
+    }
+
+    /// Clear the checksums of the blocks of `[lo, hi)` (member offsets in
+    /// the data area, block aligned): none yet, so each is sealed as first
+    /// written or read. For space that joins the data area (members that
+    /// grew), whose entries nothing kept.
+    pub fn forget(&self, lo: u64, hi: u64) -> Result<(), MemberError> {
+        let Some((lo, hi)) = self.data_part(lo, hi - lo) else {
+            return Ok(());
+        };
+        let first = (lo - self.data_offset) / BLOCK;
+        let n = (hi - lo).div_ceil(BLOCK) as usize;
+        self.page_runs(first, n, |p, e, _, m| {
+            let sums = p.sums.as_mut().expect("loaded");
+            if sums[e..e + m].iter().any(|&x| x != 0) {
+                sums[e..e + m].fill(0);
+                p.dirty = true;
+            }
+        })
+    }
+
     /// Record that the block at member offset `off`, just written with
     /// zeroes, holds nothing: its checksum is set to one zeroes do not
     /// have, so that it reads as bad until written anew.
@@ -792,6 +816,10 @@ impl Member for Checked {
 
     fn len(&self) -> u64 {
         self.inner.len()
+    }
+
+    fn refresh_len(&self) -> Result<u64, MemberError> {
+        self.inner.refresh_len()
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), MemberError> {

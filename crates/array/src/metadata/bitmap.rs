@@ -143,7 +143,9 @@ impl RegionSet {
 #[derive(Debug)]
 pub struct Bitmap {
     region: u64,
-    regions: u64,
+    /// Regions of the data area now; grows (`grow`) up to what the
+    /// bitmap's blocks hold, which the vectors below are sized for.
+    regions: AtomicU64,
     place: Place,
     /// Bits known durable on every member.
     durable: Vec<AtomicU64>,
@@ -178,17 +180,18 @@ impl Bitmap {
     /// A bitmap over `dev_size` bytes of member data area, starting from `initial`.
     pub fn new(place: Place, region: u64, dev_size: u64, initial: Option<&RegionSet>) -> Bitmap {
         let regions = dev_size.div_ceil(region).max(1);
-        let n = words(regions);
+        let cap = (place.bytes(regions) as u64 * 8).max(regions);
+        let n = words(cap);
         let durable: Vec<AtomicU64> = (0..n)
             .map(|i| AtomicU64::new(initial.and_then(|s| s.words.get(i).copied()).unwrap_or(0)))
             .collect();
         Bitmap {
             region,
-            regions,
+            regions: AtomicU64::new(regions),
             place,
             durable,
             active: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            inflight: (0..regions).map(|_| AtomicU32::new(0)).collect(),
+            inflight: (0..cap).map(|_| AtomicU32::new(0)).collect(),
             io: Mutex::new(()),
         }
     }
@@ -198,7 +201,20 @@ impl Bitmap {
     }
 
     pub fn regions(&self) -> u64 {
-        self.regions
+        self.regions.load(SeqCst)
+    }
+
+    /// Cover a data area grown to `dev_size` bytes, if the bitmap's
+    /// blocks on the members have the bits for it (a 4 KiB block holds
+    /// 32768 regions). false: they do not; nothing changed.
+    pub fn grow(&self, dev_size: u64) -> bool {
+        let want = dev_size.div_ceil(self.region).max(1);
+        if want > self.inflight.len() as u64 {
+            return false;
+        }
+        let _g = self.io.locked();
+        self.regions.fetch_max(want, SeqCst);
+        true
     }
 
     /// Whether any region is marked dirty.
@@ -219,7 +235,7 @@ impl Bitmap {
     }
 
     fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; self.place.bytes(self.regions)];
+        let mut b = vec![0u8; self.place.bytes(self.regions())];
         for (i, w) in self.durable.iter().enumerate() {
             let bytes = w.load(SeqCst).to_le_bytes();
             let at = i * 8;
@@ -290,8 +306,9 @@ impl Bitmap {
         hi: u64,
         members: &dyn Fn() -> Vec<Arc<dyn Member>>,
     ) -> (WriteGuard<'a>, Vec<(usize, MemberError)>) {
-        let r0 = (lo / self.region).min(self.regions - 1);
-        let r1 = hi.div_ceil(self.region).clamp(r0 + 1, self.regions);
+        let regions = self.regions();
+        let r0 = (lo / self.region).min(regions - 1);
+        let r1 = hi.div_ceil(self.region).clamp(r0 + 1, regions);
         for r in r0..r1 {
             self.inflight[r as usize].fetch_add(1, SeqCst);
             self.active[(r / 64) as usize].fetch_or(1 << (r % 64), SeqCst);
@@ -327,7 +344,7 @@ impl Bitmap {
     ) -> (u64, Vec<(usize, MemberError)>) {
         let _g = self.io.locked();
         let mut cleared = 0;
-        for r in 0..self.regions {
+        for r in 0..self.regions() {
             let (w, bit) = ((r / 64) as usize, 1u64 << (r % 64));
             if self.durable[w].load(SeqCst) & bit == 0 {
                 continue;
@@ -355,15 +372,21 @@ mod tests {
     use super::*;
     use raidkit_member::MemMember;
 
-    #[test]
-    fn bits_are_durable_before_writes_and_cleared_when_idle() {
+    /// raidkit's bitmap place, on a 1 MiB member in memory.
+    fn on_member() -> (Arc<dyn Member>, Place) {
         let m: Arc<dyn Member> = Arc::new(MemMember::new("m", 1 << 20));
-        let members = || vec![m.clone()];
         let place = Place {
             offset: BITMAP_OFFSET as i64,
             from_md_end: false,
             exact: false,
         };
+        (m, place)
+    }
+
+    #[test]
+    fn bits_are_durable_before_writes_and_cleared_when_idle() {
+        let (m, place) = on_member();
+        let members = || vec![m.clone()];
         let b = Bitmap::new(place, 1 << 20, 100 << 20, None);
         assert_eq!(b.regions(), 100);
         {
@@ -386,6 +409,25 @@ mod tests {
                 .count(),
             0
         );
+    }
+
+    #[test]
+    fn a_grown_data_area_gets_its_own_bits_within_the_bitmaps_blocks() {
+        let (m, place) = on_member();
+        let members = || vec![m.clone()];
+        // 100 regions of 1 MiB: one 4 KiB block, room for 32768.
+        let b = Bitmap::new(place, 1 << 20, 100 << 20, None);
+        // Before growing, a write past the end lands on the last region.
+        drop(b.start_write(150 << 20, 151 << 20, &members));
+        assert!(b.snapshot().contains(99) && !b.snapshot().contains(150));
+        assert!(!b.grow(32769 << 20), "more regions than the block holds");
+        assert_eq!(b.regions(), 100);
+        assert!(b.grow(200 << 20));
+        assert_eq!(b.regions(), 200);
+        drop(b.start_write(150 << 20, 151 << 20, &members));
+        let on_disk = Bitmap::read(m.as_ref(), place, 1 << 20, 200 << 20).unwrap();
+        assert!(on_disk.contains(150) && on_disk.contains(99));
+        assert_eq!(on_disk.count(), 2);
     }
 
     #[test]
