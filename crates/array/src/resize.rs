@@ -64,6 +64,17 @@ impl Array {
                 cur.chunk
             )));
         }
+        // A spare too small for the grown array could never take a role.
+        for sp in &v.spares {
+            let len = sp.member.refresh_len().unwrap_or(sp.member.len());
+            if len.saturating_sub(sp.data_offset) < new_size {
+                return Err(Error::Invalid(format!(
+                    "spare {} has room for {} bytes of data, the grown array needs {new_size} on every member: grow it too, or remove it first (raidkit remove)",
+                    sp.member.name(),
+                    len.saturating_sub(sp.data_offset)
+                )));
+            }
+        }
         for d in &disks {
             if let Some(c) = &d.checked {
                 if !c.covers(new_size) {

@@ -387,6 +387,18 @@ fn a_raid5_becomes_a_raid6_with_one_new_disk_while_fio_verifies() {
     assert!(std::fs::read(&back).unwrap() == std::fs::read(&file).unwrap());
 }
 
+/// Make 16 MiB member files 40 MiB long, the new part holding what a
+/// bigger disk holds where it was never written: not zeroes, and not
+/// consistent parity.
+fn grow_members(ms: &[String]) {
+    use std::os::unix::fs::FileExt;
+    for (i, m) in ms.iter().enumerate() {
+        let junk = noise(0x2545_f491_4f6c_dd1d ^ i as u64, 24 << 20);
+        let f = std::fs::OpenOptions::new().write(true).open(m).unwrap();
+        f.write_all_at(&junk, 16 << 20).unwrap();
+    }
+}
+
 #[test]
 fn members_that_grew_are_used_online_with_size_max_while_fio_verifies() {
     // Each level that can: the member files are made longer under the
@@ -401,14 +413,17 @@ fn members_that_grew_are_used_online_with_size_max_while_fio_verifies() {
         let (ms, mut s, file) = served_with_data(dir.path(), level, (n, n), "16M", "16M", 4 << 20);
         let ctl = s.control.display().to_string();
         let before = export_size(&s.uri);
-        // What a bigger disk holds where it was never written: not
-        // zeroes, and not consistent parity.
-        for (i, m) in ms.iter().enumerate() {
-            use std::os::unix::fs::FileExt;
-            let junk = noise(0x2545_f491_4f6c_dd1d ^ i as u64, 24 << 20);
-            let f = std::fs::OpenOptions::new().write(true).open(m).unwrap();
-            f.write_all_at(&junk, 16 << 20).unwrap();
+        if level == "5" {
+            // A spare that did not grow could never take a role of the
+            // grown array: refused until it is removed.
+            let spare = dir.path().join("spare.img").display().to_string();
+            ok(&["add", "--control", &ctl, &spare]);
+            grow_members(&ms);
+            fails(&["grow", "--control", &ctl, "--size", "max"], "spare");
+            assert_eq!(export_size(&s.uri), before);
+            ok(&["remove", "--control", &ctl, &spare]);
         }
+        grow_members(&ms);
         let old_space = (before - (4 << 20)).to_string();
         let mut writer = Guarded::spawn(&mut fio(&s.uri, "4m", &old_space, 6));
         std::thread::sleep(std::time::Duration::from_millis(500));
