@@ -563,3 +563,67 @@ fn a_loop_device_holding_a_mounted_ext4_is_refused() {
         "create wrote nothing to the first MiB"
     );
 }
+
+#[test]
+fn a_raid5_of_loop_devices_grows_into_backing_files_made_longer() {
+    // The way a disk grows under a running array: the backing files made
+    // longer and the loop devices told (`losetup -c`), the server with
+    // direct I/O reads the devices' new size (BLKGETSIZE64) on `grow
+    // --size max`. Without checksums (whose area was sized for the
+    // devices at create) the array grows as far as the devices do.
+    let Some(mut rig) = Rig::new() else {
+        return;
+    };
+    let ms = rig.attach(3);
+    ok(&args(
+        &[
+            "create",
+            "--io",
+            "direct",
+            "--level",
+            "5",
+            "--chunk",
+            "64K",
+            "--checksums",
+            "off",
+        ],
+        &ms,
+    ));
+    let before = detail(&ms)["size"].as_u64().unwrap();
+    let mut s = Served::start(rig.path(), &ms, &["--io", "direct"]);
+    let ctl = s.control.display().to_string();
+    let old = patterns(before);
+    qemu_io_write(&s.uri, &old);
+    for (i, dev) in ms.iter().enumerate() {
+        let f = rig.path().join(format!("backing{i}.img"));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_len(2 * MEMBER)
+            .unwrap();
+        timed("losetup", &["-c", dev]);
+    }
+    let v: Value =
+        serde_json::from_slice(&ok(&["grow", "--json", "--control", &ctl, "--size", "max"]).stdout)
+            .unwrap();
+    let after = v["new_size"].as_u64().unwrap();
+    assert_eq!(v["size"].as_u64(), Some(before), "{v}");
+    // Each member gained 64 MiB; two of the three hold data.
+    assert_eq!(after - before, 2 * MEMBER, "{v}");
+    ok(&["wait", "--control", &ctl, "--timeout", "120"]);
+    // The new space takes data at odd offsets and lengths, up to its
+    // last byte; the old patterns are where they were.
+    let new: Vec<(u64, u64, u8)> = PATTERNS
+        .iter()
+        .map(|&(o, l, b)| (before + o, l, b))
+        .chain([(after - 4099, 4099, 0x77)])
+        .collect();
+    qemu_io_write(&s.uri, &new);
+    qemu_io_read(&s.uri, &new);
+    qemu_io_read(&s.uri, &old);
+    assert!(s.stop().success());
+    ok(&args(&["check"], &ms));
+    assert_eq!(detail(&ms)["size"].as_u64(), Some(after));
+    read_offline(&ms, &new);
+}

@@ -258,6 +258,19 @@ fn grow_refuses_what_it_cannot_do_and_changes_nothing() {
     );
     // The members have not grown; and `max` is the one size there is.
     fails(&["grow", "--control", &ctl, "--size", "max"], "no room");
+    // Grown past what the checksum area made at create has entries for.
+    for m in &ms[..2] {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(m)
+            .unwrap()
+            .set_len(128 << 20)
+            .unwrap();
+    }
+    fails(
+        &["grow", "--control", &ctl, "--size", "max"],
+        "checksum area",
+    );
     fails(&["grow", "--control", &ctl, "--size", "20M"], "takes `max`");
     fails(
         &["grow", "--control", &ctl, "--size", "max", "--add", &ms[2]],
