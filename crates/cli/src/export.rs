@@ -67,7 +67,7 @@ pub fn export(a: ExportArgs) -> Result<()> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
-    println!(
+    crate::say::report!(
         "raidkit: exporting {} ({}, {}) read-{}",
         a.path.display(),
         crate::units::human(member.len()),
@@ -78,7 +78,7 @@ pub fn export(a: ExportArgs) -> Result<()> {
         if a.read_only { "only" } else { "write" }
     );
     for e in &endpoints {
-        println!("raidkit: listening on {e}");
+        crate::say::report!("raidkit: listening on {e}");
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();

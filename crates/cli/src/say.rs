@@ -2,6 +2,7 @@
 //! or, with `--log-format json`, log events like every other line, so that
 //! a log collector reads one JSON object per line and nothing else.
 
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static JSON: AtomicBool = AtomicBool::new(false);
@@ -15,7 +16,7 @@ pub fn note(msg: &str) {
     if JSON.load(Ordering::Relaxed) {
         tracing::info!("{msg}");
     } else {
-        eprintln!("raidkit: {msg}");
+        stderr_line(format_args!("raidkit: {msg}"));
     }
 }
 
@@ -23,7 +24,7 @@ pub fn warning(msg: &str) {
     if JSON.load(Ordering::Relaxed) {
         tracing::warn!("{msg}");
     } else {
-        eprintln!("raidkit: warning: {msg}");
+        stderr_line(format_args!("raidkit: warning: {msg}"));
     }
 }
 
@@ -31,6 +32,26 @@ pub fn error(msg: &str) {
     if JSON.load(Ordering::Relaxed) {
         tracing::error!("{msg}");
     } else {
-        eprintln!("raidkit: error: {msg}");
+        stderr_line(format_args!("raidkit: error: {msg}"));
     }
 }
+
+/// A line to stdout that may fail unseen: a server's reader may have gone
+/// (`raidkit serve ... | grep -m1 listening`, a supervisor's closed pipe),
+/// and a server that lost its reader keeps serving; `println!` would panic.
+pub fn stdout_line(line: std::fmt::Arguments) {
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
+/// The same for stderr.
+pub fn stderr_line(line: std::fmt::Arguments) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// `println!` for lines a server prints once it runs (see [`stdout_line`]).
+macro_rules! report {
+    ($($t:tt)*) => {
+        $crate::say::stdout_line(format_args!($($t)*))
+    };
+}
+pub(crate) use report;

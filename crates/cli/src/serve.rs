@@ -45,7 +45,7 @@ fn start_daemon() -> Result<()> {
     let out = child.stdout.take().expect("piped stdout");
     for line in std::io::BufReader::new(out).lines() {
         let line = line.context("reading the server's start-up report")?;
-        println!("{line}");
+        crate::say::report!("{line}");
         if line.starts_with(DAEMON_READY) {
             return Ok(());
         }
@@ -665,7 +665,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
     if let Some(c) = &config {
-        println!(
+        crate::say::report!(
             "raidkit: serving {} of the {} arrays of {}",
             started.len(),
             total,
@@ -674,7 +674,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     }
     for s in &started {
         let sb = s.array.superblock();
-        println!(
+        crate::say::report!(
             "raidkit: serving {} array '{}' ({}, {}) read-{}",
             sb.level,
             sb.name,
@@ -683,15 +683,15 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             if s.plan.read_only { "only" } else { "write" }
         );
         for (name, how) in &s.opened {
-            println!("raidkit: member {name}: {how}");
+            crate::say::report!("raidkit: member {name}: {how}");
         }
         for uri in &s.endpoints {
-            println!("raidkit: listening on {uri}");
+            crate::say::report!("raidkit: listening on {uri}");
         }
-        println!("raidkit: control socket {}", s.control.display());
+        crate::say::report!("raidkit: control socket {}", s.control.display());
     }
     if let Some(h) = http {
-        println!("raidkit: status page http://{h}/ (metrics at http://{h}/metrics)");
+        crate::say::report!("raidkit: status page http://{h}/ (metrics at http://{h}/metrics)");
     }
     // Under systemd (Type=notify): ready once every listener is up.
     let status_line = started
@@ -712,15 +712,15 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         tracing::warn!("telling systemd the server is ready: {e}");
     }
     if let Some(uri) = started[0].endpoints.first() {
-        println!("raidkit: try: nbdinfo '{uri}'");
-        println!("raidkit:      qemu-io -f raw -c 'read -P 0 0 4k' '{uri}'");
-        println!(
+        crate::say::report!("raidkit: try: nbdinfo '{uri}'");
+        crate::say::report!("raidkit:      qemu-io -f raw -c 'read -P 0 0 4k' '{uri}'");
+        crate::say::report!(
             "raidkit:      mkdir -p mnt && nbdfuse mnt/ '{uri}' &   (then: mkfs.ext4 mnt/nbd)"
         );
     }
     use std::io::Write;
     if a.daemon {
-        println!(
+        crate::say::report!(
             "{DAEMON_READY} (PID {}); raidkit stop {} stops it",
             std::process::id(),
             started[0].array.superblock().name

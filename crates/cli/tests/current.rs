@@ -433,7 +433,7 @@ fn serve_in_cgroup(dir: &Path, cg: &Path, ms: &[String]) -> (Reaped, String, Str
         .args(&a)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
         .spawn()
         .unwrap();
     let out = c.stdout.take().unwrap();
@@ -483,6 +483,19 @@ fn nbd_write(s: &mut std::net::TcpStream, offset: u64, byte: u8) -> Option<u32> 
     let mut rep = [0u8; 16];
     s.read_exact(&mut rep).ok()?;
     Some(u32::from_be_bytes(rep[4..8].try_into().unwrap()))
+}
+
+/// Stop a server by its PID (SIGTERM); it must exit 0 within a minute
+/// (its log, `serve.log` in `dir`, in the failure).
+fn stop_by_pid(server: &mut Reaped, dir: &Path) {
+    tool("kill", &["-TERM", &server.id().to_string()]);
+    let o = server.wait(60, "the server's stop");
+    assert!(
+        o.status.success(),
+        "{}: {}",
+        o.status,
+        std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
+    );
 }
 
 fn threads_of(pid: u32) -> usize {
@@ -549,13 +562,44 @@ fn a_server_out_of_threads_refuses_connections_but_keeps_serving_and_the_array()
     let st = status(Path::new(&ctl));
     assert!(st["connections"]["refused"].as_u64().unwrap() > 0, "{st}");
     assert_eq!(st["state"], "optimal", "{st}");
-    tool("kill", &["-TERM", &pid.to_string()]);
-    let o = server.wait(60, "the server's stop");
-    assert!(o.status.success());
+    stop_by_pid(&mut server, dir.path());
     let d = detail(&ms);
     assert_eq!(d["state"], "optimal", "{d}");
     assert_eq!(d["array_state"], "clean", "{d}");
     assert_eq!(mismatches(&ms), 0);
+}
+
+/// A server whose reader of stdout went away before it said where it
+/// listens (`raidkit serve ... | grep -m1 listening`) keeps serving: its
+/// start-up lines once made it panic on the broken pipe.
+#[test]
+fn a_server_whose_stdout_was_closed_serves_and_stops_cleanly() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "16M");
+    let ctl = dir.path().join("ctl");
+    let c = ctl.display().to_string();
+    let mut a = vec!["serve", "--listen", "127.0.0.1:0", "--control", &c];
+    a.extend(ms.iter().map(|s| s.as_str()));
+    let mut server = Reaped::spawn(
+        Command::new(BIN)
+            .args(&a)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap()),
+    );
+    // The read end of its stdout closes before it has printed anything.
+    drop(server.0.as_mut().unwrap().stdout.take());
+    wait_for("the control socket", 30, || ctl.exists());
+    let st = status(&ctl);
+    assert_eq!(st["state"], "optimal", "{st}");
+    let uri = st["endpoints"][0].as_str().unwrap().to_string();
+    let o = tool("nbdinfo", &["--size", &uri]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        st["array"]["size"].to_string()
+    );
+    stop_by_pid(&mut server, dir.path());
 }
 
 #[test]

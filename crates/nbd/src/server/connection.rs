@@ -10,7 +10,7 @@ use super::fastpath::FastPaths;
 use super::handshake::{handshake, Negotiated};
 use super::reply::Replies;
 use super::request::Intake;
-use super::{inc, Server, Target, ZeroCopy};
+use super::{Server, Target, ZeroCopy};
 use crate::stream::Stream;
 use raidkit_member::Locked;
 use std::io;
@@ -67,10 +67,12 @@ fn transmission(server: &Arc<Target>, s: Stream, neg: Negotiated) -> io::Result<
         ZeroCopy::Never => false,
         ZeroCopy::Auto => s.remote_tcp(),
     };
-    // A process at its thread limit serves the connection with the
-    // workers it could start, or refuses it if it could start none.
+    // The connection's own thread is its first worker, so a connection
+    // whose handshake was answered always has one: a process at its thread
+    // limit serves it with the workers it could start besides, instead of
+    // refusing a client it already told to go on.
     let mut workers: Vec<JoinHandle<()>> = Vec::new();
-    for _ in 0..server.config.workers_per_connection.max(1) {
+    for _ in 1..server.config.workers_per_connection.max(1) {
         let me = server.clone();
         let c = shared.clone();
         match std::thread::Builder::new()
@@ -78,17 +80,16 @@ fn transmission(server: &Arc<Target>, s: Stream, neg: Negotiated) -> io::Result<
             .spawn(move || worker(&me, &c, neg, zero_copy))
         {
             Ok(h) => workers.push(h),
-            Err(e) if workers.is_empty() => {
-                inc(&server.stats.connections_refused, 1);
-                s.shutdown(Shutdown::Both);
-                return Err(io::Error::other(format!("no thread to serve it: {e}")));
-            }
             Err(e) => {
-                tracing::warn!("serving a connection with {} workers: {e}", workers.len());
+                tracing::warn!(
+                    "serving a connection with {} workers: {e}",
+                    workers.len() + 1
+                );
                 break;
             }
         }
     }
+    worker(server, &shared, neg, zero_copy);
     for w in workers {
         let _ = w.join();
     }
