@@ -8,6 +8,7 @@ after that flush.
 
 usage: scripts/torture.py [--cycles N] [--level 5|6] [--seed S] [--raidkit PATH]
                           [--sabotage] [--old-copy] [--sync-cut] [--grow]
+                          [--chunk SIZE]
                           [--serve-arg=ARG ...]
 
 --grow: in the first cycle the array is grown by one member (`raidkit grow
@@ -16,6 +17,11 @@ that the kills land all through it, and the server is killed while data
 moves. No member is left out while it runs. At the end the reshape must have
 finished: the array has its new size and one more member, and `raidkit
 check` finds every stripe consistent.
+
+--chunk SIZE: as --grow, but the first cycle changes the chunk to SIZE
+(`raidkit grow --chunk`); at the end the array has the new chunk, its
+members and size unchanged, and `raidkit check` finds every stripe
+consistent.
 
 --old-copy: every fourth cycle copies the member files before the start, and
 two cycles later, if every member is in sync, one member's old copy is put
@@ -216,6 +222,13 @@ def status(raidkit, control):
     return json.loads(r.stdout)
 
 
+def parse_size(text):
+    """Bytes of a size as raidkit takes it: digits, then K, M or G."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper()
+    return int(t[:-1]) * units[t[-1]] if t[-1] in units else int(t)
+
+
 def final_grow_check(args, server, members, grown_to):
     """The reshape finishes (unthrottled): one more member, the new size,
     and `raidkit check` clean after a clean stop. Returns 1 if not."""
@@ -233,12 +246,14 @@ def final_grow_check(args, server, members, grown_to):
             raise RuntimeError(f"the reshape did not finish within 120 s: {st['state']}")
         time.sleep(0.3)
     n = len(st["members"])
+    chunk_ok = args.chunk is None or st["array"]["chunk"] == parse_size(args.chunk)
+    print(f"after the reshape: chunk {st['array']['chunk']}", flush=True)
     last = st["last_recovery"] or {}
     # None: the reshape ended under an earlier server.
     print(f"after the reshape: {n} members, size {st['array']['size']}, "
           f"last recovery here: {last.get('kind')} ({last.get('result')})", flush=True)
     r = stop_and_check(args, server, members)
-    ok = r.returncode == 0 and n == grown_to
+    ok = r.returncode == 0 and n == grown_to and chunk_ok
     print(f"after the reshape: check {'clean' if r.returncode == 0 else 'FAILED: ' + r.stdout}",
           flush=True)
     return 0 if ok else 1
@@ -258,6 +273,8 @@ def main():
                     help="members full of random bytes, create killed during its initial sync")
     ap.add_argument("--grow", action="store_true",
                     help="grow the array by a member in the first cycle, kills during its reshape")
+    ap.add_argument("--chunk",
+                    help="change the chunk to this size in the first cycle, kills during its reshape")
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="pass this argument to every `raidkit serve` (for the tests: "
                     "--serve-arg=--read-only must make the run fail)")
@@ -313,6 +330,7 @@ def main():
         acked_total = losses = 0
         copies = None
         growing = False
+        reshaping = bool(args.grow or args.chunk)
         grown_to = None
         for cycle in range(args.cycles):
             present = list(members)
@@ -331,13 +349,13 @@ def main():
                 shutil.copyfile(os.path.join(copies, os.path.basename(members[put_back])),
                                 members[put_back])
             elif leave_out and unsynced != "all" and not growing and not (
-                    args.grow and cycle == 0):
+                    reshaping and cycle == 0):
                 # Leave a member out; while one is still being resynced,
                 # only that one can be (the array needs all the others).
                 missing = unsynced if unsynced is not None else rng.randrange(n)
                 present = [m for i, m in enumerate(members) if i != missing]
             # While the reshape runs, slowly from the start of each server.
-            slow = ["--rebuild-min", "12M", "--rebuild-max", "12M"] if args.grow else []
+            slow = ["--rebuild-min", "12M", "--rebuild-max", "12M"] if reshaping else []
             server = Server(args.raidkit, present, work, log, args.serve_arg + slow)
             h = connect(server.uri)
             bad = check(h, expected, maybe, initial)
@@ -351,7 +369,15 @@ def main():
                 members.append(new)
                 grown_to = len(members)
                 print(f"grown: {r.stdout.strip()}", flush=True)
-            if args.grow:
+            if args.chunk and cycle == 0:
+                r = subprocess.run([args.raidkit, "grow", "--json", "--control", server.control,
+                                    "--chunk", args.chunk], capture_output=True, text=True,
+                                   timeout=60)
+                if r.returncode != 0:
+                    raise RuntimeError(f"grow --chunk failed: {r.stdout} {r.stderr}")
+                grown_to = len(members)
+                print(f"chunk changing: {r.stdout.strip()}", flush=True)
+            if reshaping:
                 st = status(args.raidkit, server.control)
                 growing = st.get("reshape") is not None
             # Write and flush until killed.
@@ -424,7 +450,7 @@ def main():
         del h
         if args.sync_cut:
             losses += final_sync_check(args, server, members, work, log, expected, initial, rng)
-        if args.grow:
+        if reshaping:
             losses += final_grow_check(args, server, members, grown_to)
         server.kill9()
         server = None

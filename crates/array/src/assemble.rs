@@ -230,10 +230,15 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
         let missed_takeover = sb.events + 1 == fresh.events
             && fresh.converted_from == Some((sb.level, sb.layout, sb.chunk))
             && (sb.raid_disks() == n || took_q);
+        // (A change of chunk starts with the new chunk recorded.)
+        let missed_chunk_start = missed_start
+            && fresh
+                .reshape
+                .is_some_and(|r| r.old_chunk != 0 && r.old_chunk == sb.chunk);
         let shape_differs = !missed_takeover
             && (sb.level != fresh.level
                 || sb.layout != fresh.layout
-                || sb.chunk != fresh.chunk
+                || (sb.chunk != fresh.chunk && !missed_chunk_start)
                 || (sb.raid_disks() != n && !missed_start));
         let role = match sb.role {
             Role::Spare => {

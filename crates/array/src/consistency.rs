@@ -91,19 +91,21 @@ impl Array {
         self.journal_write(slot, stripe, dev, encode)
     }
 
-    /// Intent records for the whole stripes `s0..s1` (each `len` bytes
-    /// from the start of its chunks), written together for a caller that
-    /// holds them all until the stripes are written. None: no journal.
+    /// Intent records for the whole stripes `s0..s1` of a geometry with
+    /// `chunk`-byte chunks (each window the stripe's whole chunks: during
+    /// a change of chunk, the old geometry's above the reshape's
+    /// checkpoint), written together for a caller that holds them all
+    /// until the stripes are written. None: no journal.
     pub(crate) fn journal_intents(
         &self,
         s0: u64,
         s1: u64,
-        len: u64,
+        chunk: u64,
     ) -> Result<Option<Vec<Slot<'_>>>> {
         let Some(j) = &self.journal else {
             return Ok(None);
         };
-        let chunk = self.core.geom().chunk;
+        let len = chunk;
         let Some(slots) = j.reserve_many((s1 - s0) as usize, journal::HEADER as u64, |seq| {
             self.journal_checkpoint(seq)
         })?
@@ -460,12 +462,14 @@ impl Array {
                     }
                     // During a reshape, by the geometry of the unit's row
                     // (none: rows the reshape rewrites when it resumes).
-                    let Some(v) = self.view_for_row(u) else {
+                    let Some((v, units)) = self.units_for(u) else {
                         continue;
                     };
                     {
                         let _g = self.core.lock(u);
-                        self.level().resync_unit(self, &v, u)?;
+                        for x in units {
+                            self.level().resync_unit(self, &v, x)?;
+                        }
                         if u >= from {
                             // Under the unit's lock: a write that takes it
                             // next sees the unit synced.
@@ -570,12 +574,15 @@ impl Array {
         // member one way and leave Q saying another). Where the data cannot
         // be had (too many absent, or a stripe never synced), the window,
         // all of it written since the last flush, keeps what it has.
-        let chunk = self.core.geom().chunk;
-        for &(_, stripe, dev, len) in &intents {
-            // During a reshape, by the geometry of the stripe's row.
-            let Some(v) = self.view_for_row(stripe) else {
+        for &(_, _, dev, len) in &intents {
+            // During a reshape, by the geometry of the stripe's row (that
+            // in which it was written: before a reshape moves a row,
+            // every record is known applied).
+            let Some(v) = self.view_for_dev(dev) else {
                 continue;
             };
+            let chunk = v.geom.chunk;
+            let stripe = dev / chunk;
             let sm = v.geom.stripe_map(stripe);
             let absent = sm
                 .data

@@ -53,6 +53,8 @@
 //! - A member lost during a reshape: it goes on degraded (as md's), reading
 //!   through reconstruction. Spares wait until it ends.
 
+mod chunk;
+
 use crate::background::{Plan, Process};
 use crate::core::View;
 use crate::engine::Array;
@@ -66,6 +68,12 @@ use std::sync::{Arc, Condvar, Mutex};
 /// Array data one batch moves at most: clients wait for a batch.
 const MAX_BATCH: u64 = 32 << 20;
 
+/// Bytes of each member one batch of a change of chunk rewrites at most
+/// (or one unit, if larger): every client waits for such a batch, which
+/// sets its bytes aside and flushes twice before they go (on a disk of
+/// 100 MB/s, about 0.2 s).
+const CHUNK_BATCH: u64 = 4 << 20;
+
 /// A reshape in progress.
 #[derive(Debug)]
 pub(crate) struct Reshaping {
@@ -75,12 +83,56 @@ pub(crate) struct Reshaping {
     pub rows: AtomicU64,
     /// Roles that joined (the new members: `old.members()..new.members()`).
     pub first_new_role: usize,
+    /// A change of chunk: where each member sets the old bytes of a batch
+    /// aside (member offset and length of free metadata space).
+    slot: Option<(u64, u64)>,
     /// The array data a batch is moving: requests to it wait.
     moving: Mutex<Option<(u64, u64)>>,
     moved: Condvar,
 }
 
 impl Reshaping {
+    fn new(
+        old: Arc<Geometry>,
+        new: Arc<Geometry>,
+        rows: u64,
+        slot: Option<(u64, u64)>,
+    ) -> Reshaping {
+        Reshaping {
+            first_new_role: old.members(),
+            old,
+            new,
+            rows: AtomicU64::new(rows),
+            slot,
+            moving: Mutex::new(None),
+            moved: Condvar::new(),
+        }
+    }
+
+    /// Whether this reshape changes the chunk (same members, same level).
+    pub fn chunk_change(&self) -> bool {
+        self.old.chunk != self.new.chunk
+    }
+
+    /// For a change of chunk: bytes of each member in which both
+    /// geometries place the same array data (whole old and new rows).
+    fn unit(&self) -> u64 {
+        self.old.chunk.max(self.new.chunk)
+    }
+
+    /// For a change of chunk: whether member data offset `dev` is placed
+    /// by the new chunk (below the checkpoint) or still by the old.
+    fn placed_new(&self, dev: u64) -> bool {
+        dev < self.rows.load(Ordering::Acquire) * self.new.chunk
+    }
+
+    /// For a change of chunk: the old stripes over the member bytes of new
+    /// stripe `u`, or None if `u` is below the checkpoint (placed new).
+    fn old_units(&self, u: u64) -> Option<std::ops::Range<u64>> {
+        let (c, o) = (self.new.chunk, self.old.chunk);
+        (!self.placed_new(u * c)).then(|| u * c / o..((u + 1) * c).div_ceil(o))
+    }
+
     /// Data bytes of one new stripe.
     fn width(&self) -> u64 {
         self.new.chunk * self.new.data_members() as u64
@@ -99,6 +151,9 @@ impl Reshaping {
     /// Rows of the critical section: until then a batch overwrites old
     /// rows whose data is not yet below the boundary.
     fn critical_rows(&self) -> u64 {
+        if self.chunk_change() {
+            return 0;
+        }
         let (wo, wn) = (
             self.old.data_members() as u64,
             self.new.data_members() as u64,
@@ -123,6 +178,22 @@ impl Reshaping {
 
     /// The next batch from row `p`: its end.
     fn batch_end(&self, p: u64) -> u64 {
+        if self.chunk_change() {
+            // Whole units, as many as a member's slot holds; the first
+            // batches small (one unit, then as many as are done), so that
+            // the first waits clients see are short.
+            let unit = self.unit();
+            let per_unit = unit / self.new.chunk;
+            let room = self
+                .slot
+                .map_or(0, |(_, len)| len.saturating_sub(chunk::SLOT_HEADER));
+            let units = (p / per_unit)
+                .min(room / unit)
+                .min(CHUNK_BATCH / unit)
+                .min(MAX_BATCH / (unit * self.new.data_members() as u64))
+                .max(1);
+            return (p + units * per_unit).min(self.new.stripes());
+        }
         let (wo, wn) = (
             self.old.data_members() as u64,
             self.new.data_members() as u64,
@@ -220,6 +291,11 @@ impl Array {
         self.reshaping().map(|r| r.new.capacity())
     }
 
+    /// The chunk before and after the reshape in progress, if any.
+    pub fn reshape_chunks(&self) -> Option<(u64, u64)> {
+        self.reshaping().map(|r| (r.old.chunk, r.new.chunk))
+    }
+
     /// Grow the array by `members` (opened by the caller): they join as
     /// new roles and the data is moved to the new geometry in the
     /// background while the array serves. Refused, with nothing written,
@@ -239,14 +315,7 @@ impl Array {
             vec![old.member_sizes[0]; n],
         )
         .map_err(|e| Error::Invalid(format!("grow: {e}")))?;
-        let plan = Reshaping {
-            old: old.clone(),
-            new: Arc::new(new.clone()),
-            rows: AtomicU64::new(0),
-            first_new_role: old.members(),
-            moving: Mutex::new(None),
-            moved: Condvar::new(),
-        };
+        let plan = Reshaping::new(old.clone(), Arc::new(new.clone()), 0, None);
         let (at, _) = plan.backup_place();
         if at < plan.critical_rows() * old.chunk {
             return Err(Error::Invalid(format!(
@@ -258,12 +327,7 @@ impl Array {
         // view or the new one with its boundary, never a mix.
         let mut fence = self.reshape.write().unwrap_or_else(|e| e.into_inner());
         self.journal_applied()?;
-        let pos = ReshapePos {
-            old_disks: old.members() as u32,
-            rows: 0,
-            backup: 0,
-            backup_crc: 0,
-        };
+        let pos = ReshapePos::starting(&old, None);
         self.core
             .join_for_reshape(members, Arc::new(new.clone()), pos, force)?;
         *fence = Some(Arc::new(plan));
@@ -477,7 +541,7 @@ impl Array {
             let Some(r) = self.reshaping() else {
                 return Ok(());
             };
-            if pos.backup > 0 {
+            if pos.backup > 0 && !r.chunk_change() {
                 let backup = self.read_backup(&r, pos)?;
                 self.recovery.note(vec![format!(
                     "a reshape was cut in its first {} bytes: redone from their backup",
@@ -490,7 +554,16 @@ impl Array {
         }
         let new = self.core.geom();
         let n_old = pos.old_disks as usize;
-        if n_old == 0 || n_old >= new.members() {
+        let chunk_change = pos.old_chunk != 0 && pos.old_chunk != new.chunk;
+        if chunk_change && n_old != new.members() {
+            return Err(Error::Invalid(format!(
+                "the superblocks record a reshape from {n_old} to {} members and from chunk {} to {}, which raidkit cannot continue",
+                new.members(),
+                pos.old_chunk,
+                new.chunk
+            )));
+        }
+        if !chunk_change && (n_old == 0 || n_old >= new.members()) {
             return Err(Error::Invalid(format!(
                 "the superblocks record a reshape from {n_old} to {} members, which raidkit cannot continue",
                 new.members()
@@ -499,26 +572,38 @@ impl Array {
         let old = Geometry::new(
             new.level,
             new.layout,
-            new.chunk,
+            if chunk_change {
+                pos.old_chunk
+            } else {
+                new.chunk
+            },
             new.member_sizes[..n_old].to_vec(),
         )
         .map_err(|e| Error::Invalid(format!("the reshape's old geometry: {e}")))?;
-        let r = Arc::new(Reshaping {
-            old: Arc::new(old),
-            new,
-            rows: AtomicU64::new(pos.rows),
-            first_new_role: n_old,
-            moving: Mutex::new(None),
-            moved: Condvar::new(),
-        });
-        self.core.set_capacity(r.old.capacity());
-        *self.reshape.write().unwrap_or_else(|e| e.into_inner()) = Some(r);
-        self.core.set_reshaping(true);
+        let slot = if chunk_change {
+            Some(self.chunk_slot().ok_or_else(|| {
+                Error::Invalid(
+                    "the superblocks record a change of chunk, but the members have no metadata space to set its batches aside".into(),
+                )
+            })?)
+        } else {
+            None
+        };
+        let r = Arc::new(Reshaping::new(Arc::new(old), new, pos.rows, slot));
         if pos.backup > 0 && self.core.read_only {
             return Err(Error::Invalid(
                 "a reshape was cut in its critical section: start the array writable to redo it from its backup".into(),
             ));
         }
+        if pos.backup > 0 && chunk_change {
+            // Before recovery resyncs anything there: the batch cut short
+            // gets its old bytes back on every member (the old placement,
+            // where the checkpoint says it is), and is redone from them.
+            self.restore_slots(&r, pos.rows)?;
+        }
+        self.core.set_capacity(r.old.capacity());
+        *self.reshape.write().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        self.core.set_reshaping(true);
         self.core.wake.kick();
         Ok(())
     }
@@ -548,6 +633,40 @@ impl Array {
                 pos.backup
             ),
         })
+    }
+
+    /// The view for member data offset `dev` while a reshape runs (as
+    /// [`Self::view_for_row`]): for a change of chunk, the new geometry's
+    /// below the checkpoint's member offset, the old one's from it on.
+    pub(crate) fn view_for_dev(&self, dev: u64) -> Option<Arc<View>> {
+        match self.reshaping() {
+            Some(r) if r.chunk_change() => {
+                let v = self.core.view.load_full();
+                if r.placed_new(dev) {
+                    Some(v)
+                } else {
+                    Some(r.old_view(&v))
+                }
+            }
+            _ => self.view_for_row(dev / self.core.geom().chunk),
+        }
+    }
+
+    /// The view, and its units (stripes of parity levels), that cover
+    /// unit `u` of the array's geometry while a reshape runs: for a change
+    /// of chunk, above the checkpoint the old stripes over the same member
+    /// bytes. None: rows the reshape rewrites (see [`Self::view_for_row`]).
+    pub(crate) fn units_for(&self, u: u64) -> Option<(Arc<View>, std::ops::Range<u64>)> {
+        match self.reshaping() {
+            Some(r) if r.chunk_change() => {
+                let v = self.core.view.load_full();
+                match r.old_units(u) {
+                    None => Some((v, u..u + 1)),
+                    Some(old) => Some((r.old_view(&v), old)),
+                }
+            }
+            _ => self.view_for_row(u).map(|v| (v, u..u + 1)),
+        }
     }
 
     /// The view requests to stripe `row` of the members' data areas go
@@ -581,7 +700,11 @@ impl Array {
             Plan {
                 kind: "reshape",
                 role: None,
-                member: format!("{} to {} members", r.old.members(), r.new.members()),
+                member: if r.chunk_change() {
+                    format!("chunk {} to {}", r.old.chunk, r.new.chunk)
+                } else {
+                    format!("{} to {} members", r.old.members(), r.new.members())
+                },
                 bytes_before: start,
                 bytes_total: total - start,
                 resumed_from: start,
@@ -619,6 +742,16 @@ impl Array {
     /// the first rows after a crash, from `backup`), written by the new as
     /// whole rows, flushed, the position recorded, then published.
     fn reshape_batch(&self, r: &Reshaping, p: u64, q: u64, backup: Option<&[u8]>) -> Result<()> {
+        if r.chunk_change() {
+            // Every request held off for the batch: the slot may be the
+            // journal's space, and each unit is rewritten in place.
+            let _w = self.reshape.write().unwrap_or_else(|e| e.into_inner());
+            let done = self.move_units(r, p, q);
+            if done.is_ok() {
+                r.rows.store(q, Ordering::Release);
+            }
+            return done;
+        }
         let (wo, wn) = (r.old.data_members() as u64, r.new.data_members() as u64);
         let critical = q * wo > p * wn;
         debug_assert!(
@@ -691,16 +824,7 @@ impl Array {
     /// while a member is away, so that it gets these rows when it returns.
     fn write_rows(&self, g: &Geometry, p: u64, q: u64, data: &[u8]) -> Result<()> {
         let chunk = g.chunk;
-        let width = chunk * g.data_members() as u64;
-        let (lo, rows) = (p * width, (q - p) as usize);
-        let c = chunk as usize;
-        let mut per: Vec<Vec<u8>> = (0..g.members()).map(|_| vec![0u8; rows * c]).collect();
-        let pieces = g.pieces(lo, data.len() as u64);
-        let src = |piece: &Piece| {
-            let from = (piece.logical - lo) as usize;
-            &data[from..from + piece.len as usize]
-        };
-        crate::levels::parity::member_rows(g, p, &pieces, &src, &mut per);
+        let (per, pieces) = place_rows(g, p, q, data);
         let v = self.core.view.load_full();
         let v = View {
             geom: Arc::new(g.clone()),
@@ -769,26 +893,46 @@ impl Array {
         *fence = None;
         drop(fence);
         self.core.set_reshaping(false);
-        self.core.emit(
-            crate::events::NewEvent::new(
-                "CapacityChanged",
-                crate::events::Severity::Info,
-                format!(
-                    "grown to {} members, {} bytes",
-                    r.new.members(),
-                    r.new.capacity()
-                ),
-            )
-            .data(serde_json::json!({
-                "members": r.new.members(),
-                "size": r.new.capacity(),
-                "old_size": r.old.capacity(),
-            })),
-        );
+        // (A change of chunk keeps the size: ReshapeFinished says it ended.)
+        if !r.chunk_change() {
+            self.core.emit(
+                crate::events::NewEvent::new(
+                    "CapacityChanged",
+                    crate::events::Severity::Info,
+                    format!(
+                        "grown to {} members, {} bytes",
+                        r.new.members(),
+                        r.new.capacity()
+                    ),
+                )
+                .data(serde_json::json!({
+                    "members": r.new.members(),
+                    "size": r.new.capacity(),
+                    "old_size": r.old.capacity(),
+                })),
+            );
+        }
         let _ = self.core.use_spares();
         self.core.wake.kick();
         Ok(())
     }
+}
+
+/// Each member's bytes of rows `[p, q)` of geometry `g` holding `data`
+/// (the array data of those rows): P and Q computed. With the pieces.
+fn place_rows(g: &Geometry, p: u64, q: u64, data: &[u8]) -> (Vec<Vec<u8>>, raidkit_layout::Pieces) {
+    let width = g.chunk * g.data_members() as u64;
+    let lo = p * width;
+    let c = g.chunk as usize;
+    let rows = (q - p) as usize;
+    let mut per: Vec<Vec<u8>> = (0..g.members()).map(|_| vec![0u8; rows * c]).collect();
+    let pieces = g.pieces(lo, data.len() as u64);
+    let src = |piece: &Piece| {
+        let from = (piece.logical - lo) as usize;
+        &data[from..from + piece.len as usize]
+    };
+    crate::levels::parity::member_rows(g, p, &pieces, &src, &mut per);
+    (per, pieces)
 }
 
 #[cfg(test)]
@@ -803,13 +947,69 @@ mod tests {
             Layout::None
         };
         let g = |n| Arc::new(Geometry::new(level, layout, 64 << 10, vec![64 << 20; n]).unwrap());
-        Reshaping {
-            old: g(n_old),
-            new: g(n_new),
-            rows: AtomicU64::new(0),
-            first_new_role: n_old,
-            moving: Mutex::new(None),
-            moved: Condvar::new(),
+        Reshaping::new(g(n_old), g(n_new), 0, None)
+    }
+
+    fn chunk_plan(level: Level, n: usize, old: u64, new: u64, slot: u64) -> Reshaping {
+        let g = |c| {
+            Arc::new(
+                Geometry::new(
+                    level,
+                    Layout::Parity(ParityLayout::LeftSymmetric),
+                    c,
+                    vec![64 << 20; n],
+                )
+                .unwrap(),
+            )
+        };
+        Reshaping::new(g(old), g(new), 0, Some((64 << 10, slot)))
+    }
+
+    /// A change of chunk: every batch is whole units of the larger chunk,
+    /// no larger than a member's slot; a new stripe above the checkpoint
+    /// maps to exactly the old stripes over its member bytes.
+    #[test]
+    fn chunk_batches_fit_their_slot_and_units_map_to_the_old_stripes() {
+        for (old, new, slot) in [
+            (512 << 10, 64 << 10, 1 << 20),
+            (16 << 10, 256 << 10, 600 << 10),
+            (4 << 10, 8 << 10, 8 << 20),
+        ] {
+            let r = chunk_plan(Level::Raid5, 4, old, new, slot);
+            assert!(r.chunk_change() && r.critical_rows() == 0);
+            let unit = old.max(new);
+            let mut p = 0;
+            while p < r.new.stripes() {
+                let q = r.batch_end(p);
+                let bytes = (q - p) * new;
+                assert!(
+                    q > p && bytes.is_multiple_of(unit),
+                    "{old}->{new}: {p}..{q}"
+                );
+                assert!(
+                    bytes + chunk::SLOT_HEADER <= slot,
+                    "{old}->{new}: {bytes} bytes"
+                );
+                // The same array data, old and new.
+                assert_eq!(p * r.width() % (old * 3), 0);
+                p = q;
+            }
+            assert_eq!(p, r.new.stripes());
+            r.rows.store(10 * unit / new, Ordering::Release);
+            assert_eq!(r.old_units(0), None);
+            let u = 10 * unit / new;
+            let got = r.old_units(u).unwrap();
+            // Exactly the old stripes that hold member bytes of stripe u.
+            let (a, b) = (u * new, (u + 1) * new);
+            assert!(
+                got.start * old <= a && (got.start + 1) * old > a,
+                "{old}->{new}"
+            );
+            assert!(
+                got.end * old >= b && (got.end - 1) * old < b,
+                "{old}->{new}"
+            );
+            assert!(r.placed_new(u * new - 1) && !r.placed_new(u * new));
         }
     }
 

@@ -1,8 +1,9 @@
-//! Growing arrays by members (`Array::grow`): the data afterwards equals
-//! the model and lies on the members exactly where the new geometry (md's
-//! placement) puts it; clients read and write throughout; power cuts at
-//! any point of a reshape lose nothing that was flushed, and the next
-//! start goes on from the checkpoint.
+//! Growing arrays by members (`Array::grow`) and changing their chunk
+//! (`Array::change_chunk`): the data afterwards equals the model and lies
+//! on the members exactly where the new geometry (md's placement) puts it;
+//! clients read and write throughout; power cuts at any point of a
+//! reshape lose nothing that was flushed, and the next start goes on from
+//! the checkpoint.
 
 use raidkit_array::assemble::assemble;
 use raidkit_array::create::{CreateOptions, Policy};
@@ -203,6 +204,71 @@ fn raid6_raid4_and_raid0_grow() {
     grows(Level::Raid0, 2, 1, Policy::None, false);
 }
 
+/// Change the chunk of a full `level` array of `n` members to `chunk`: the
+/// contents stay, the members hold md's placement for the new chunk,
+/// parity agrees, and a restart sees the same.
+fn chunk_changes(level: Level, n: usize, policy: Policy, checksums: bool, chunk: u64) {
+    let imgs = images(level, n, 0, policy, checksums);
+    let (a, pcs) = open(&imgs).unwrap();
+    let cap = a.capacity();
+    let mut data = pattern(cap as usize, n as u64 * 7 + chunk);
+    a.write(&data, 0).unwrap();
+    let g = a.change_chunk(chunk).unwrap();
+    assert_eq!(g.chunk, chunk);
+    assert!(a.reshape_in_progress());
+    a.recover_all().unwrap();
+    assert!(!a.reshape_in_progress());
+    assert_eq!(a.capacity(), cap);
+    assert!(read_all(&a) == data, "{level} chunk {chunk}: data changed");
+    let off = cap / 3 + 1536;
+    let bytes = pattern(50_000, 5);
+    a.write(&bytes, off).unwrap();
+    data[off as usize..off as usize + bytes.len()].copy_from_slice(&bytes);
+    a.flush().unwrap();
+    if level.has_redundancy() {
+        assert_eq!(
+            a.count_mismatches().unwrap(),
+            0,
+            "{level} chunk {chunk}: parity"
+        );
+    }
+    a.close().unwrap();
+    let after: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();
+    drop(a);
+    placed_as(&g, &after, &data_offsets(&after), &data);
+    let (b, _) = open(&after).unwrap();
+    assert_eq!(b.geometry().chunk, chunk);
+    assert!(!b.reshape_in_progress());
+    assert!(read_all(&b) == data);
+}
+
+#[test]
+fn the_chunk_changes_for_every_striped_level() {
+    chunk_changes(Level::Raid5, 4, Policy::Journal, true, 4 << 10);
+    chunk_changes(Level::Raid5, 3, Policy::Bitmap, false, 64 << 10);
+    chunk_changes(Level::Raid6, 5, Policy::Journal, false, 32 << 10);
+    chunk_changes(Level::Raid4, 3, Policy::None, true, 8 << 10);
+    chunk_changes(Level::Raid0, 3, Policy::None, true, 128 << 10);
+}
+
+#[test]
+fn chunk_changes_that_cannot_be_done_are_refused_with_nothing_changed() {
+    let imgs = images(Level::Raid5, 3, 0, Policy::Journal, false);
+    let (a, _) = open(&imgs).unwrap();
+    let before = a.geometry();
+    for (chunk, why) in [
+        (CHUNK, "already"),
+        (3000, "chunk"),
+        // Each member uses 40 chunks of 16 KiB: not whole 2 MiB chunks.
+        (2 << 20, "whole number"),
+    ] {
+        let e = a.change_chunk(chunk).unwrap_err().to_string();
+        assert!(e.contains(why), "{chunk}: {e}");
+    }
+    assert!(!a.reshape_in_progress());
+    assert_eq!(a.geometry(), before);
+}
+
 /// `n` cuts, times `RAIDKIT_CRASH_SCALE` (default 1) for a longer run.
 fn scaled(n: u64) -> u64 {
     let k = std::env::var("RAIDKIT_CRASH_SCALE")
@@ -335,7 +401,25 @@ fn open_wired(ms: &[Arc<dyn Member>]) -> Array {
 /// write, restart, let the reshape finish: every write flushed before the
 /// cut reads back, every sector not written since the last flush holds its
 /// old contents, parity agrees, and the array has its new size.
-fn reshape_survives_cuts(level: Level, n: usize, add: usize, policy: Policy, cuts: u64, seed: u64) {
+/// What a reshape changes: members added, or the chunk.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    Add(usize),
+    Chunk(u64),
+}
+
+fn reshape_survives_cuts(
+    level: Level,
+    n: usize,
+    change: Change,
+    policy: Policy,
+    cuts: u64,
+    seed: u64,
+) {
+    let add = match change {
+        Change::Add(k) => k,
+        Change::Chunk(_) => 0,
+    };
     let tpl = images(level, n, add, policy, seed.is_multiple_of(2));
     let mut resumed_critical = 0;
     let mut cut_during = 0;
@@ -345,6 +429,7 @@ fn reshape_survives_cuts(level: Level, n: usize, add: usize, policy: Policy, cut
         let a = open_wired(&wired[..n]);
         let a = Arc::new(a);
         let cap = a.capacity() as usize;
+        let old_data_members = a.geometry().data_members() as u64;
         let base = pattern(cap, seed + c);
         a.write(&base, 0).unwrap();
         a.flush().unwrap();
@@ -357,7 +442,11 @@ fn reshape_survives_cuts(level: Level, n: usize, add: usize, policy: Policy, cut
             1 + rng.below(200 * (n + add) as u64) as i64,
             Ordering::Release,
         );
-        let g = match a.grow(wired[n..].to_vec(), false) {
+        let started = match change {
+            Change::Add(_) => a.grow(wired[n..].to_vec(), false),
+            Change::Chunk(c) => a.change_chunk(c),
+        };
+        let g = match started {
             Ok(g) => g,
             // Cut while the members joined: the restart finds the array
             // as it was or already growing, and either is fine.
@@ -405,9 +494,23 @@ fn reshape_survives_cuts(level: Level, n: usize, add: usize, policy: Policy, cut
                     std::thread::sleep(std::time::Duration::from_micros(rng.below(500)));
                     Ok(())
                 }
-                _ => {
-                    let len = SECTOR * (1 + rng.below(3 * CHUNK / SECTOR as u64) as usize);
-                    let off = SECTOR * rng.below(((cap - len) / SECTOR + 1) as u64) as usize;
+                op => {
+                    let (len, off) = if op == 5 && rng.below(2) == 0 {
+                        // Whole stripes of the old geometry (full-stripe
+                        // writes, which log only their intent).
+                        let stripe = (CHUNK * old_data_members) as usize;
+                        let len = stripe * (1 + rng.below(2) as usize);
+                        (
+                            len,
+                            stripe * rng.below(((cap - len) / stripe + 1) as u64) as usize,
+                        )
+                    } else {
+                        let len = SECTOR * (1 + rng.below(3 * CHUNK / SECTOR as u64) as usize);
+                        (
+                            len,
+                            SECTOR * rng.below(((cap - len) / SECTOR + 1) as u64) as usize,
+                        )
+                    };
                     let byte = (rng.next_u64() & 0xff) as u8;
                     let data: Vec<u8> = (0..len).map(|i| byte ^ (i / SECTOR) as u8).collect();
                     // Dirty before it is sent: a write the cut interrupts
@@ -452,7 +555,10 @@ fn reshape_survives_cuts(level: Level, n: usize, add: usize, policy: Policy, cut
             }
             panic!("{level} cut {c}: restart: {e}")
         });
-        if b.notes().iter().any(|n| n.contains("backup")) {
+        if b.notes()
+            .iter()
+            .any(|n| n.contains("backup") || n.contains("put back"))
+        {
             resumed_critical += 1;
         }
         b.recover_all().unwrap();
@@ -518,18 +624,47 @@ fn reshape_survives_cuts(level: Level, n: usize, add: usize, policy: Policy, cut
 
 #[test]
 fn raid5_reshape_survives_power_cuts() {
-    reshape_survives_cuts(Level::Raid5, 3, 1, Policy::Journal, 150, 1);
-    reshape_survives_cuts(Level::Raid5, 4, 1, Policy::Bitmap, 100, 2);
+    reshape_survives_cuts(Level::Raid5, 3, Change::Add(1), Policy::Journal, 150, 1);
+    reshape_survives_cuts(Level::Raid5, 4, Change::Add(1), Policy::Bitmap, 100, 2);
 }
 
 #[test]
 fn raid6_reshape_survives_power_cuts() {
-    reshape_survives_cuts(Level::Raid6, 4, 2, Policy::Journal, 100, 3);
+    reshape_survives_cuts(Level::Raid6, 4, Change::Add(2), Policy::Journal, 100, 3);
 }
 
 #[test]
 fn raid0_reshape_survives_power_cuts() {
-    reshape_survives_cuts(Level::Raid0, 2, 1, Policy::None, 100, 4);
+    reshape_survives_cuts(Level::Raid0, 2, Change::Add(1), Policy::None, 100, 4);
+}
+
+#[test]
+fn chunk_changes_survive_power_cuts() {
+    reshape_survives_cuts(
+        Level::Raid5,
+        4,
+        Change::Chunk(4 << 10),
+        Policy::Journal,
+        100,
+        5,
+    );
+    reshape_survives_cuts(
+        Level::Raid6,
+        5,
+        Change::Chunk(64 << 10),
+        Policy::Bitmap,
+        100,
+        6,
+    );
+    reshape_survives_cuts(
+        Level::Raid5,
+        3,
+        Change::Chunk(32 << 10),
+        Policy::None,
+        60,
+        8,
+    );
+    reshape_survives_cuts(Level::Raid0, 3, Change::Chunk(8 << 10), Policy::None, 60, 7);
 }
 
 /// The data areas of member images (their bytes from the data offset on).

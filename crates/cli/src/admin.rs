@@ -124,9 +124,8 @@ pub fn add(a: AddArgs) -> Result<()> {
 }
 
 pub fn grow(a: GrowArgs) -> Result<()> {
-    // A change not built yet is refused before the server is asked.
-    if a.chunk.is_some() {
-        bail!("grow --chunk (changing the chunk size) is not supported yet; raidkit grows arrays by members (--add), into members that grew (--size max), converts RAID-4 and two-member RAID-1 to RAID-5 (--level 5) and RAID-5 to RAID-6 with one new member (--level 6 --add MEMBER)");
+    if a.chunk.is_some() && (!a.add.is_empty() || a.level.is_some() || a.size.is_some()) {
+        bail!("grow --chunk is a change of its own: change the chunk, then add members, change the level or the size");
     }
     if let Some(s) = &a.size {
         if s != "max" {
@@ -136,21 +135,29 @@ pub fn grow(a: GrowArgs) -> Result<()> {
             bail!("grow --size max is a change of its own: grow the size, then add members or change the level");
         }
     }
-    if a.add.is_empty() && a.level.is_none() && a.size.is_none() {
-        bail!("grow: give the members to add (--add MEMBER...), a level (--level 5) or --size max");
+    if a.add.is_empty() && a.level.is_none() && a.size.is_none() && a.chunk.is_none() {
+        bail!("grow: give the members to add (--add MEMBER...), a level (--level 5), a chunk (--chunk 64K) or --size max");
     }
     let members: Vec<String> = a.add.iter().map(|m| absolute_new(m)).collect();
     let v = request(
         a.control.control.as_deref(),
-        json!({"cmd": "grow", "add": members, "level": a.level, "size": a.size, "force": a.force}),
+        json!({"cmd": "grow", "add": members, "level": a.level, "size": a.size,
+               "chunk": a.chunk, "force": a.force}),
     )?;
     if a.json {
         println!(
             "{}",
             json!({"members": v["members"], "size": v["size"], "new_size": v["new_size"],
-                   "level": v["level"]})
+                   "level": v["level"], "chunk": v["chunk"], "old_chunk": v["old_chunk"]})
         );
         return Ok(());
+    }
+    if a.chunk.is_some() {
+        println!(
+            "raidkit: changing the chunk from {} to {}; the data moves while the array serves (raidkit wait to follow it)",
+            human(v["old_chunk"].as_u64().unwrap_or(0)),
+            human(v["chunk"].as_u64().unwrap_or(0))
+        );
     }
     let q_built = v["level"] == "raid6" && a.level.is_some();
     if a.level.is_some() {
@@ -697,12 +704,20 @@ fn print_status(v: &Value, as_json: bool) -> Result<()> {
         v["connections"]["total"]
     );
     if let Some(g) = v["reshape"].as_object() {
-        println!(
-            "reshape: growing to {} members, {} now, {} when it ends",
-            g["members"],
-            human(g["size"].as_u64().unwrap_or(0)),
-            human(g["new_size"].as_u64().unwrap_or(0))
-        );
+        match (g["old_chunk"].as_u64(), g["chunk"].as_u64()) {
+            (Some(a), Some(b)) if a != b => println!(
+                "reshape: changing the chunk from {} to {}, {} all along",
+                human(a),
+                human(b),
+                human(g["size"].as_u64().unwrap_or(0))
+            ),
+            _ => println!(
+                "reshape: growing to {} members, {} now, {} when it ends",
+                g["members"],
+                human(g["size"].as_u64().unwrap_or(0)),
+                human(g["new_size"].as_u64().unwrap_or(0))
+            ),
+        }
     }
     if let Some(r) = v["recovery"].as_object() {
         println!(

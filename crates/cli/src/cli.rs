@@ -952,9 +952,13 @@ pub struct GrowArgs {
     /// on the new member (md's "-6" layout). Other conversions are refused.
     #[arg(long, value_name = "LEVEL")]
     pub level: Option<String>,
-    /// Change the chunk size: not supported yet, refused.
-    #[arg(long, value_name = "SIZE")]
-    pub chunk: Option<String>,
+    /// Change the chunk size (RAID-0, 4, 5 and 6): every byte moves to
+    /// md's placement for the new chunk while the array serves, a batch
+    /// at a time, each first set aside in the members' metadata area (no
+    /// backup file). A change of its own. Sizes: bytes, or with a suffix
+    /// K, M (powers of 1024); a power of two of at least 4K.
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub chunk: Option<u64>,
     /// `max`: use all the room the members have (devices or files that
     /// grew since the array was made: each member's length less its
     /// metadata, the smallest one's, in whole chunks). No data moves; the

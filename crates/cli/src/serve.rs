@@ -932,6 +932,25 @@ fn control_handler(array: Arc<Array>, stats: Arc<Stats>, served: Served) -> Arc<
                     Some(Value::String(s)) if s == "max" => true,
                     Some(_) => return Err("\"size\" must be \"max\"".into()),
                 };
+                let chunk = match args.get("chunk") {
+                    None | Some(Value::Null) => None,
+                    Some(c) => Some(c.as_u64().ok_or("\"chunk\" must be bytes")?),
+                };
+                if let Some(c) = chunk {
+                    if !members.is_empty() || level.is_some() || grow_size {
+                        return Err("changing the chunk is a change of its own: change the chunk, then add members, change the level or the size".into());
+                    }
+                    let old = array.geometry();
+                    let g = array.change_chunk(c).map_err(|e| e.to_string())?;
+                    let mut m = one("members", json!(g.members()));
+                    m.insert("size".into(), json!(old.capacity()));
+                    m.insert("new_size".into(), json!(g.capacity()));
+                    m.insert("level".into(), json!(g.level.to_string()));
+                    m.insert("layout".into(), json!(g.layout.to_string()));
+                    m.insert("chunk".into(), json!(g.chunk));
+                    m.insert("old_chunk".into(), json!(old.chunk));
+                    return Ok(m);
+                }
                 if grow_size {
                     if !members.is_empty() || level.is_some() {
                         return Err("growing the size is a change of its own: grow the size, then add members or change the level".into());
@@ -1041,6 +1060,8 @@ fn status_fields(array: &Array, stats: &Stats, served: &Served) -> Map<String, V
             "size": array.capacity(),
             "new_size": to,
             "members": array.geometry().members(),
+            "old_chunk": array.reshape_chunks().map(|c| c.0),
+            "chunk": array.reshape_chunks().map(|c| c.1),
         })),
         "scrub": array.recovery_status().filter(|r| r.kind == "scrub").map(|r| json!({
             "progress": r.progress,

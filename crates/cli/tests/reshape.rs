@@ -1,8 +1,8 @@
 //! `raidkit grow` against the real server: clients (fio verifying its own
 //! writes all along, nbdcopy, nbdinfo) work through the whole reshape, the
 //! new size is exported when it ends, a member failed in the middle of it
-//! is survived, and every change that is not supported is refused with
-//! nothing changed.
+//! is survived, the chunk changes in place, and every change that is not
+//! supported is refused with nothing changed.
 
 mod common;
 
@@ -254,7 +254,7 @@ fn grow_refuses_what_it_cannot_do_and_changes_nothing() {
     );
     fails(
         &["grow", "--control", &ctl, "--chunk", "128K"],
-        "not supported yet",
+        "no chunk to change",
     );
     // The members have not grown; and `max` is the one size there is.
     fails(&["grow", "--control", &ctl, "--size", "max"], "no room");
@@ -499,5 +499,133 @@ fn members_that_grew_are_used_online_with_size_max_while_fio_verifies() {
         assert_eq!(export_size(&s.uri), after, "RAID-{level}");
         verify(&s, &before.to_string(), &new_space);
         drop(s);
+    }
+}
+
+#[test]
+fn the_chunk_changes_while_fio_verifies_and_a_member_fails_midway() {
+    for (level, policy, from, to, fail) in [
+        ("5", "journal", "512K", "64K", true),
+        ("6", "bitmap", "64K", "256K", true),
+        ("0", "none", "128K", "32K", false),
+    ] {
+        let dir = tmp();
+        let all = members(dir.path(), 6);
+        let (ms, spare) = (&all[..5], &all[5]);
+        ok(&args(
+            &[
+                "create",
+                "--level",
+                level,
+                "--chunk",
+                from,
+                "--consistency-policy",
+                policy,
+                "--size",
+                "48M",
+            ],
+            ms,
+        ));
+        let mut s = Served::start(
+            dir.path(),
+            ms,
+            &["--rebuild-min", "24M", "--rebuild-max", "24M"],
+        );
+        let ctl = s.control.display().to_string();
+        let size = export_size(&s.uri);
+        // Known data in the first half, fio's own in the second.
+        let half = (size / 2) as usize;
+        let file = dir.path().join("data");
+        random_file(&file, half);
+        tool("nbdcopy", &[&file.display().to_string(), &s.uri, "--flush"]);
+        let mut writer = Guarded::spawn(&mut fio(
+            &s.uri,
+            &half.to_string(),
+            &((size as usize - half) / 2).to_string(),
+            8,
+        ));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let out = ok(&["grow", "--json", "--control", &ctl, "--chunk", to]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let want = |c: &str| c.trim_end_matches('K').parse::<u64>().unwrap() << 10;
+        assert_eq!(v["chunk"].as_u64(), Some(want(to)), "{v}");
+        assert_eq!(v["old_chunk"].as_u64(), Some(want(from)), "{v}");
+        assert_eq!(v["new_size"].as_u64(), Some(size), "{v}");
+        let st = s.status();
+        assert_eq!(st["recovery"]["kind"], "reshape", "{st}");
+        let human = String::from_utf8_lossy(&ok(&["status", "--control", &ctl]).stdout).to_string();
+        assert!(
+            human.contains(&format!(
+                "reshape: changing the chunk from {}.00 KiB to {}.00 KiB",
+                want(from) >> 10,
+                want(to) >> 10
+            )),
+            "{human}"
+        );
+        assert_eq!(st["reshape"]["chunk"].as_u64(), Some(want(to)), "{st}");
+        fails(
+            &["grow", "--control", &ctl, "--chunk", from],
+            "already in progress",
+        );
+        if fail {
+            wait_for("the reshape to move some data", 60, || {
+                s.status()["recovery"]["bytes_done"].as_u64().unwrap_or(0) > 4 << 20
+            });
+            ok(&["fail", "--control", &ctl, &ms[2]]);
+            let st = s.status();
+            assert_eq!(
+                st["recovery"]["kind"], "reshape",
+                "failed after the change: {st}"
+            );
+        }
+        let w = writer.wait_within(std::time::Duration::from_secs(120));
+        assert!(
+            w.success(),
+            "level {level}: fio failed its verification during the change"
+        );
+        ok(&["wait", "--control", &ctl, "--timeout", "120"]);
+        if fail {
+            // A new disk for the failed one: rebuilt in the new chunk.
+            ok(&["add", "--control", &ctl, spare]);
+            ok(&["wait", "--control", &ctl, "--timeout", "120"]);
+            assert_eq!(s.status()["state"], "optimal");
+        }
+        let st = s.status();
+        assert!(st["reshape"].is_null(), "{st}");
+        assert_eq!(st["last_recovery"]["result"], "done", "{st}");
+        assert_eq!(st["array"]["chunk"].as_u64(), Some(want(to)), "{st}");
+        assert_eq!(export_size(&s.uri), size);
+        let v = output_within(
+            fio(
+                &s.uri,
+                &half.to_string(),
+                &((size as usize - half) / 2).to_string(),
+                2,
+            )
+            .args(["--rw=randread", "--verify_only"]),
+            DEADLINE,
+        );
+        assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stdout));
+        let back = dir.path().join("back");
+        tool("nbdcopy", &[&s.uri, &back.display().to_string()]);
+        assert!(
+            std::fs::read(&back).unwrap()[..half] == std::fs::read(&file).unwrap()[..],
+            "level {level}: data written before the change differs"
+        );
+        assert!(s.stop().success());
+        let left: Vec<String> = all
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| if fail { i != 2 } else { i != 5 })
+            .map(|(_, m)| m.clone())
+            .collect();
+        ok(&args(&["check"], &left));
+        let d: serde_json::Value =
+            serde_json::from_slice(&ok(&args(&["detail", "--json"], &left)).stdout).unwrap();
+        assert_eq!(
+            d["chunk"].as_u64().or(d["array"]["chunk"].as_u64()),
+            Some(want(to)),
+            "{d}"
+        );
     }
 }

@@ -681,6 +681,28 @@ impl Core {
         r
     }
 
+    /// Start a change of chunk to `geom`'s: the new chunk and the reshape's
+    /// position recorded in one superblock update (a crash in it leaves
+    /// members one behind with the old chunk, which assembly accepts:
+    /// nothing has moved yet). The caller holds requests off.
+    pub(crate) fn begin_chunk_change(&self, geom: Arc<Geometry>, pos: ReshapePos) -> Result<()> {
+        let mut meta = self.meta.locked();
+        let before = (meta.sb.clone(), self.view.load_full());
+        let mut v = View::clone(&before.1);
+        meta.sb.chunk = geom.chunk;
+        meta.sb.reshape = Some(pos);
+        v.geom = geom;
+        self.set_reshaping(true);
+        let r = self.commit(&mut meta, v);
+        if r.is_err() {
+            self.set_reshaping(false);
+            meta.sb.chunk = before.0.chunk;
+            meta.sb.reshape = before.0.reshape;
+            self.view.store(before.1);
+        }
+        r
+    }
+
     /// The spare `name` takes a new last role of `geom` (one member more,
     /// every other byte where it was: RAID-5 to RAID-6 with Q on the new
     /// member) and is rebuilt there; the new shape and the one it came from

@@ -422,7 +422,7 @@ impl Array {
         pieces: &[Piece],
     ) -> Option<crate::bitmap::WriteGuard<'_>> {
         let b = self.core.bitmap.as_ref()?;
-        let (lo, hi) = self.dev_span(pieces);
+        let (lo, hi) = Self::dev_span(&v.geom, pieces);
         let ws = v.writable();
         let (guard, failed) =
             b.start_write(lo, hi, &|| ws.iter().map(|d| d.member.clone()).collect());
@@ -508,13 +508,15 @@ impl Array {
         Ok(())
     }
 
-    /// The device range a write touches (for the write-intent bitmap).
-    fn dev_span(&self, pieces: &[Piece]) -> (u64, u64) {
-        let chunk = self.core.geom().chunk;
+    /// The device range a write of `pieces` (placed by `g`: during a
+    /// change of chunk, maybe the old geometry) touches, for the
+    /// write-intent bitmap.
+    fn dev_span(g: &Geometry, pieces: &[Piece]) -> (u64, u64) {
+        let chunk = g.chunk;
         let mut lo = u64::MAX;
         let mut hi = 0;
         for p in pieces {
-            if self.core.geom().level.is_parity() {
+            if g.level.is_parity() {
                 lo = lo.min(p.stripe * chunk + p.col);
                 hi = hi.max(p.stripe * chunk + p.col + p.len);
             }

@@ -48,7 +48,8 @@
 //!     host, a rack, an enclosure; UTF-8, zero padded; empty: none given)
 //! 344 reshape (flag 8; version 3 while set, so that raidkit without
 //!     reshape refuses the members rather than place data by the new
-//!     member count alone): old raid_disks u32 (348 reserved), rows u64
+//!     member count alone): old raid_disks u32, old chunk u32 at 348 (in
+//!     512-byte sectors; 0: the chunk does not change), rows u64
 //!     at 352 (stripes of the new geometry written and durable), backup
 //!     u64 at 360 (bytes of array data from 0 kept in the backup area
 //!     while their old place is overwritten; 0: none), backup crc32c u32
@@ -206,6 +207,21 @@ pub struct ReshapePos {
     /// their old place is overwritten (0: no backup in use).
     pub backup: u64,
     pub backup_crc: u32,
+    /// The chunk before the reshape, for a change of chunk (0: the chunk
+    /// does not change).
+    pub old_chunk: u64,
+}
+
+impl ReshapePos {
+    /// The position of a reshape from `old` that has not moved anything
+    /// yet; `old_chunk` for a change of chunk.
+    pub fn starting(old: &raidkit_layout::Geometry, old_chunk: Option<u64>) -> ReshapePos {
+        ReshapePos {
+            old_disks: old.members() as u32,
+            old_chunk: old_chunk.unwrap_or(0),
+            ..ReshapePos::default()
+        }
+    }
 }
 
 /// Where the checksum area lies on a member (see `checksums`).
@@ -377,6 +393,7 @@ impl Superblock {
         if let Some(r) = &self.reshape {
             flags |= FLAG_RESHAPE;
             put_u32(&mut b, 344, r.old_disks);
+            put_u32(&mut b, 348, (r.old_chunk / 512) as u32);
             put_u64(&mut b, 352, r.rows);
             put_u64(&mut b, 360, r.backup);
             put_u32(&mut b, 368, r.backup_crc);
@@ -520,6 +537,7 @@ impl Superblock {
                 .to_string(),
             reshape: (get_u32(b, 20) & FLAG_RESHAPE != 0).then(|| ReshapePos {
                 old_disks: get_u32(b, 344),
+                old_chunk: get_u32(b, 348) as u64 * 512,
                 rows: get_u64(b, 352),
                 backup: get_u64(b, 360),
                 backup_crc: get_u32(b, 368),
@@ -684,6 +702,7 @@ mod tests {
                 rows: 77,
                 backup: 1 << 20,
                 backup_crc: 0xdead_beef,
+                old_chunk: 512 << 10,
             }),
             converted_from: Some((Level::Raid1, Layout::None, 65536)),
             roles: (0..4)
