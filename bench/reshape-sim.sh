@@ -8,9 +8,11 @@
 # allow). Then the same grow while a client reads and writes at queue
 # depth 8 (fio, randrw 4k over NBD): the client's IOPS during the reshape
 # beside the reshape's rate, and the client's IOPS with no reshape.
-# Several runs, medians reported.
+# Several runs, medians reported. With CHUNK=SIZE in the environment the
+# change is `raidkit grow --chunk SIZE` instead (from create's default
+# chunk, 512K; members and size unchanged, the same rate per member).
 #
-# usage: bench/reshape-sim.sh [RUNS] [MEMBERS] [MEMBER_SIZE] [BW] [SEEK]
+# usage: [CHUNK=64K] bench/reshape-sim.sh [RUNS] [MEMBERS] [MEMBER_SIZE] [BW] [SEEK]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-3}
@@ -29,6 +31,15 @@ cleanup() {
 }
 trap cleanup EXIT
 sim() { echo "sim:$1?bw=$BW&seek=$SEEK"; }
+CHUNK=${CHUNK:-}
+# change: start the reshape (a member added, or the chunk changed).
+change() {
+  if [ -n "$CHUNK" ]; then
+    "$R" grow --chunk "$CHUNK" --control "$W/ctl" >/dev/null
+  else
+    "$R" grow --add "$(sim "$W/new.img")" --control "$W/ctl" >/dev/null
+  fi
+}
 bw_bytes=$(python3 -c "import sys; s='$BW'; m={'K':1e3,'M':1e6,'G':1e9}; print(int(float(s[:-1])*m[s[-1]]) if s[-1] in m else int(s))")
 
 # start LEVEL: a fresh array of N simulated disks, served; sets URI.
@@ -67,7 +78,7 @@ for level in 5 6; do
   rates=(); busy=(); during=(); idle=()
   for run in $(seq "$RUNS"); do
     start "$level"
-    "$R" grow --add "$(sim "$W/new.img")" --control "$W/ctl" >/dev/null
+    change
     "$R" wait --control "$W/ctl" >/dev/null
     rate=$("$R" status --json --control "$W/ctl" | rate_of)
     stop
@@ -75,7 +86,7 @@ for level in 5 6; do
     # With a client: its IOPS alone, then while the array grows.
     start "$level"
     idle+=("$(client 5)")
-    "$R" grow --add "$(sim "$W/new.img")" --control "$W/ctl" >/dev/null
+    change
     during+=("$(client 8)")
     "$R" wait --control "$W/ctl" >/dev/null
     busy+=("$("$R" status --json --control "$W/ctl" | rate_of)")
