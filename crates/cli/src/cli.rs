@@ -76,8 +76,10 @@ pub enum Command {
     /// Grow a running array by members (RAID-0, 4, 5, 6): the data moves
     /// to md's placement for the new member count while the array serves;
     /// the new size is exported when the move ends. Or change its level
-    /// in place (RAID-4 or a two-member RAID-1 to RAID-5), or use the room
-    /// of members that have grown (`--size max`, no data moved).
+    /// in place (RAID-4 or a two-member RAID-1 to RAID-5), change its
+    /// chunk (`--chunk`, the data rewritten in place while it serves), or
+    /// use the room of members that have grown (`--size max`, no data
+    /// moved).
     Grow(GrowArgs),
     /// Wait until no recovery runs on a running array (with a progress bar
     /// on a terminal).

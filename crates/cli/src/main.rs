@@ -54,6 +54,21 @@ fn main() {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
+    // A command that reports and exits stops quietly when its reader has
+    // gone (`raidkit status | head -1`), as other Unix tools do, instead of
+    // panicking on the broken pipe. Servers (whose sockets must not kill
+    // them) and bench (an NBD client, also over Unix sockets, that reports
+    // a server's failure) keep the signal ignored.
+    if !matches!(
+        args.command,
+        cli::Command::Serve(_) | cli::Command::Export(_) | cli::Command::Bench(_)
+    ) {
+        // SAFETY: restoring a signal's default disposition at start-up,
+        // before any thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     // A server's log is the record of what happened to its array (every
     // recovery, every connection that ended in an error): info. Other
     // commands report for themselves: warnings only.

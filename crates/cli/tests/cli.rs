@@ -774,3 +774,37 @@ fn create_syncs_members_that_hold_data_and_check_finds_planted_mismatches() {
         assert!(bad > checked / 2, "RAID-{level}: {bad} of {checked}");
     }
 }
+
+/// A report whose reader has gone (`raidkit detail ... | head -1`) ends
+/// quietly, by SIGPIPE as other Unix tools do, not with a panic.
+#[test]
+fn a_report_whose_reader_is_gone_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    common::create("5", &ms, "16M");
+    let mut c = Command::new(common::BIN)
+        .args(args(&["detail"], &ms))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The read end is closed before anything is printed.
+    drop(c.stdout.take());
+    let t = std::time::Instant::now();
+    let st = loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = c.kill();
+            panic!("detail did not end within 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(st.signal(), Some(libc::SIGPIPE), "{st}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
