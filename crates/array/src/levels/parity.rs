@@ -432,7 +432,8 @@ impl Array {
         let dev = stripe * chunk;
         let outs: Small<usize> = std::iter::once(sm.p).chain(sm.q).collect();
         let mut ranges = Vec::with_capacity(k + outs.len());
-        let mut held = Small::new();
+        // Checked parity members, held once every chunk is known mapped.
+        let mut to_hold: Small<(&crate::core::checked::Checked, u64)> = Small::new();
         for (role, write) in sm
             .data
             .iter()
@@ -447,10 +448,7 @@ impl Array {
                 None => d.member.as_mapper(),
                 Some(c) => {
                     if write {
-                        match c.in_place(at, chunk) {
-                            Ok(Some(g)) => held.push(g),
-                            _ => return false,
-                        }
+                        to_hold.push((c.as_ref(), at));
                     }
                     c.inner().as_mapper()
                 }
@@ -466,6 +464,19 @@ impl Array {
             };
             if !matches!(cached, Ok(true)) || ranges.len() != had + 1 {
                 return false;
+            }
+        }
+        // P and Q are held as writes in flight (their checksums recorded
+        // from what lands) only now, so that a stripe that cannot go in
+        // place costs no read-back of its parity.
+        let mut held: Small<_> = Small::new();
+        for &(c, at) in &to_hold {
+            match c.in_place(at, chunk) {
+                Ok(Some(g)) => held.push(g),
+                _ => {
+                    held.iter_mut().for_each(|g| g.nothing_written());
+                    return false;
+                }
             }
         }
         seams::before_parity_in_place();
