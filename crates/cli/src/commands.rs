@@ -561,6 +561,7 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
                     "old_raid_disks": r.old_disks,
                     "rows_done": r.rows,
                     "new_size": asm.geometry.capacity(),
+                    "old_chunk": (r.old_chunk != 0).then_some(r.old_chunk),
                 })),
                 "consistency_policy": Policy::of(sb).name(),
                 "metadata": metadata_name(sb),
@@ -586,7 +587,19 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
                     .unwrap_or_default()
             );
         }
-        if let Some(r) = sb.reshape {
+        if let Some(r) = sb
+            .reshape
+            .filter(|r| r.old_chunk != 0 && r.old_chunk != sb.chunk)
+        {
+            println!(
+                "         Reshape : chunk from {} to {}, {} of {} stripes done ({} all along; serve resumes it)",
+                crate::units::human(r.old_chunk),
+                crate::units::human(sb.chunk),
+                r.rows,
+                asm.geometry.stripes(),
+                crate::units::human(sb.array_size)
+            );
+        } else if let Some(r) = sb.reshape {
             println!(
                 "         Reshape : from {} to {} members, {} of {} stripes done ({} now, {} when it ends; serve resumes it)",
                 r.old_disks,
