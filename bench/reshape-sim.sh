@@ -74,14 +74,22 @@ k={"raid5":1,"raid6":2}[s["array"]["level"]]
 print(r["bytes"]/(n-k)/r["seconds"])'
 }
 
+seconds_of() { # status JSON on stdin: how long the last reshape took
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["last_recovery"]["seconds"])'
+}
+
 for level in 5 6; do
-  rates=(); busy=(); during=(); idle=()
+  rates=(); busy=(); during=(); idle=(); moved=()
   for run in $(seq "$RUNS"); do
     start "$level"
+    old_size=$("$R" status --json --control "$W/ctl" | python3 -c 'import json,sys; print(json.load(sys.stdin)["array"]["size"])')
     change
     "$R" wait --control "$W/ctl" >/dev/null
     rate=$("$R" status --json --control "$W/ctl" | rate_of)
+    secs=$("$R" status --json --control "$W/ctl" | seconds_of)
     stop
+    # The array's data moved per second (its size before the change).
+    moved+=("$(python3 -c "print($old_size/$secs)")")
     rates+=("$rate")
     # With a client: its IOPS alone, then while the array grows.
     start "$level"
@@ -93,12 +101,14 @@ for level in 5 6; do
     stop
     echo "raid$level run $run: idle reshape $(python3 -c "print(round($rate/1e6,1))") MB/s per member; client ${idle[-1]} IOPS alone, ${during[-1]} IOPS during a reshape that then ran at $(python3 -c "print(round(${busy[-1]}/1e6,1))") MB/s per member"
   done
-  python3 - "$bw_bytes" "${rates[*]}" "${idle[*]}" "${during[*]}" <<'PY'
+  python3 - "$bw_bytes" "${rates[*]}" "${idle[*]}" "${during[*]}" "${moved[*]}" <<'PY'
 import statistics, sys
 bw = float(sys.argv[1])
-r, i, d = ([float(x) for x in a.split()] for a in sys.argv[2:5])
+r, i, d, mv = ([float(x) for x in a.split()] for a in sys.argv[2:6])
 m = statistics.median(r)
 print(f"  idle reshape: median {m/1e6:.1f} MB/s per member (min {min(r)/1e6:.1f}, max {max(r)/1e6:.1f}) = {m/bw:.2f} x one disk's {bw/1e6:.0f} MB/s")
+a = statistics.median(mv)
+print(f"  the array's data moved: median {a/1e6:.1f} MB/s (min {min(mv)/1e6:.1f}, max {max(mv)/1e6:.1f}) = {a/bw:.2f} x one disk")
 print(f"  client: median {statistics.median(i):.0f} IOPS alone, {statistics.median(d):.0f} IOPS during the reshape")
 PY
 done
