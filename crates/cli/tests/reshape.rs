@@ -166,7 +166,12 @@ fn grow_while_fio_verifies_and_the_new_size_comes_at_the_end() {
         fio(&s.uri, "64m", "32m", 2).args(["--rw=randread", "--verify_only"]),
         DEADLINE,
     );
-    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stdout));
+    assert!(
+        v.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&v.stdout),
+        String::from_utf8_lossy(&v.stderr)
+    );
     // Data written before the grow is intact; the new space reads back
     // zeroes.
     let back = dir.path().join("back");
@@ -374,7 +379,12 @@ fn a_raid5_becomes_a_raid6_with_one_new_disk_while_fio_verifies() {
         fio(&s.uri, "32m", "24m", 2).args(["--rw=randread", "--verify_only"]),
         DEADLINE,
     );
-    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stdout));
+    assert!(
+        v.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&v.stdout),
+        String::from_utf8_lossy(&v.stderr)
+    );
     assert!(s.stop().success());
     ok(&args(&["check"], &ms[..4]));
     let d: serde_json::Value =
@@ -474,10 +484,13 @@ fn members_that_grew_are_used_online_with_size_max_while_fio_verifies() {
                 fio(&s.uri, offset, size, 2).args(["--rw=randread", "--verify_only"]),
                 DEADLINE,
             );
+            // (fio names the block that failed, and why, on stderr.)
             assert!(
                 v.status.success(),
-                "RAID-{level}: {}",
-                String::from_utf8_lossy(&v.stdout)
+                "RAID-{level}: {}\n{}\n{}",
+                String::from_utf8_lossy(&v.stdout),
+                String::from_utf8_lossy(&v.stderr),
+                s.status()
             );
         };
         verify(&s, &before.to_string(), &new_space);
@@ -605,7 +618,12 @@ fn the_chunk_changes_while_fio_verifies_and_a_member_fails_midway() {
             .args(["--rw=randread", "--verify_only"]),
             DEADLINE,
         );
-        assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stdout));
+        assert!(
+            v.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&v.stdout),
+            String::from_utf8_lossy(&v.stderr)
+        );
         let back = dir.path().join("back");
         tool("nbdcopy", &[&s.uri, &back.display().to_string()]);
         assert!(
