@@ -12,8 +12,9 @@ use std::process::Command;
 
 /// fio over NBD writing `[offset, offset + size)` with crc32c in every
 /// block, checking blocks it wrote while it writes (verify_backlog) and all
-/// of them at the end, for `seconds`.
-fn fio(uri: &str, offset: &str, size: &str, seconds: u64) -> Command {
+/// of them at the end: for `seconds` if given, else one pass over every
+/// block.
+fn fio(uri: &str, offset: &str, size: &str, seconds: Option<u64>) -> Command {
     let mut c = Command::new("timeout");
     c.args([
         "240",
@@ -26,15 +27,47 @@ fn fio(uri: &str, offset: &str, size: &str, seconds: u64) -> Command {
         "--iodepth=8",
         &format!("--offset={offset}"),
         &format!("--size={size}"),
-        "--time_based",
-        &format!("--runtime={seconds}"),
         "--verify=crc32c",
         "--verify_backlog=256",
         "--verify_fatal=1",
         "--verify_state_save=0",
         "--randseed=9",
     ]);
+    if let Some(s) = seconds {
+        c.args(["--time_based", &format!("--runtime={s}")]);
+    }
     c
+}
+
+/// One pass of fio's blocks over the region, run to its end. A later
+/// `verify_only` reads every block of the region (its dry run is one whole
+/// pass), while a writer bounded by time may not reach them all on a busy
+/// machine: the blocks it left would hold no fio header.
+fn fill(uri: &str, offset: &str, size: &str) {
+    let o = output_within(&mut fio(uri, offset, size, None), DEADLINE);
+    assert!(
+        o.status.success(),
+        "fio's filling pass failed: {}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// fio reads the region back, read only: every block holds what fio last
+/// wrote there (`why` tells the failure's circumstances; fio names the
+/// block that failed, and why, on stderr).
+fn verify(uri: &str, offset: &str, size: &str, why: impl Fn() -> String) {
+    let v = output_within(
+        fio(uri, offset, size, Some(2)).args(["--rw=randread", "--verify_only"]),
+        DEADLINE,
+    );
+    assert!(
+        v.status.success(),
+        "{}: {}\n{}",
+        why(),
+        String::from_utf8_lossy(&v.stdout),
+        String::from_utf8_lossy(&v.stderr)
+    );
 }
 
 fn export_size(uri: &str) -> u64 {
@@ -109,7 +142,8 @@ fn grow_while_fio_verifies_and_the_new_size_comes_at_the_end() {
     let (ms, mut s, file) = served_with_data(dir.path(), "5", (4, 5), "48M", "16M", 64 << 20);
     let ctl = s.control.display().to_string();
     let before = export_size(&s.uri);
-    let mut writer = Guarded::spawn(&mut fio(&s.uri, "64m", "32m", 12));
+    fill(&s.uri, "64m", "32m");
+    let mut writer = Guarded::spawn(&mut fio(&s.uri, "64m", "32m", Some(12)));
     std::thread::sleep(std::time::Duration::from_millis(500));
     let out = ok(&["grow", "--json", "--control", &ctl, "--add", &ms[4]]);
     let grown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -162,16 +196,7 @@ fn grow_while_fio_verifies_and_the_new_size_comes_at_the_end() {
     assert_eq!(st["array"]["size"].as_u64(), Some(after));
     assert_eq!(export_size(&s.uri), after);
     // fio checks its region once more, read only, after the reshape.
-    let v = output_within(
-        fio(&s.uri, "64m", "32m", 2).args(["--rw=randread", "--verify_only"]),
-        DEADLINE,
-    );
-    assert!(
-        v.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&v.stdout),
-        String::from_utf8_lossy(&v.stderr)
-    );
+    verify(&s.uri, "64m", "32m", || "after the reshape".into());
     // Data written before the grow is intact; the new space reads back
     // zeroes.
     let back = dir.path().join("back");
@@ -355,7 +380,8 @@ fn a_raid5_becomes_a_raid6_with_one_new_disk_while_fio_verifies() {
     );
     assert_eq!(s.status()["array"]["level"], "raid5");
     assert!(!Path::new(&ms[3]).exists() && !Path::new(&ms[4]).exists());
-    let mut writer = Guarded::spawn(&mut fio(&s.uri, "32m", "24m", 8));
+    fill(&s.uri, "32m", "24m");
+    let mut writer = Guarded::spawn(&mut fio(&s.uri, "32m", "24m", Some(8)));
     std::thread::sleep(std::time::Duration::from_millis(500));
     grow_level(&ctl, "6", &ms[3], 4, Some(size));
     let st = s.status();
@@ -375,16 +401,7 @@ fn a_raid5_becomes_a_raid6_with_one_new_disk_while_fio_verifies() {
     ok(&["wait", "--control", &ctl]);
     assert_eq!(s.status()["state"], "optimal");
     assert_eq!(export_size(&s.uri), size);
-    let v = output_within(
-        fio(&s.uri, "32m", "24m", 2).args(["--rw=randread", "--verify_only"]),
-        DEADLINE,
-    );
-    assert!(
-        v.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&v.stdout),
-        String::from_utf8_lossy(&v.stderr)
-    );
+    verify(&s.uri, "32m", "24m", || "after Q was built".into());
     assert!(s.stop().success());
     ok(&args(&["check"], &ms[..4]));
     let d: serde_json::Value =
@@ -448,7 +465,7 @@ fn members_that_grew_are_used_online_with_size_max_while_fio_verifies() {
         }
         grow_members(&ms);
         let old_space = (before - (4 << 20)).to_string();
-        let mut writer = Guarded::spawn(&mut fio(&s.uri, "4m", &old_space, 6));
+        let mut writer = Guarded::spawn(&mut fio(&s.uri, "4m", &old_space, Some(6)));
         std::thread::sleep(std::time::Duration::from_millis(500));
         let out = ok(&["grow", "--json", "--control", &ctl, "--size", "max"]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -457,10 +474,11 @@ fn members_that_grew_are_used_online_with_size_max_while_fio_verifies() {
         let after = v["new_size"].as_u64().unwrap();
         assert!(after > before * 2, "RAID-{level}: {before} -> {after}");
         assert_eq!(export_size(&s.uri), after, "RAID-{level}");
-        // fio writes the first half of the new space; the rest keeps what
-        // the disks held, which the resync must make consistent.
+        // fio writes the first half of the new space, every block once;
+        // the rest keeps what the disks held, which the resync must make
+        // consistent.
         let new_space = ((after - before) / 2).to_string();
-        let mut grower = Guarded::spawn(&mut fio(&s.uri, &before.to_string(), &new_space, 4));
+        let mut grower = Guarded::spawn(&mut fio(&s.uri, &before.to_string(), &new_space, None));
         assert!(
             writer
                 .wait_within(std::time::Duration::from_secs(120))
@@ -479,21 +497,12 @@ fn members_that_grew_are_used_online_with_size_max_while_fio_verifies() {
         if level != "0" {
             assert_eq!(st["last_recovery"]["result"], "done", "RAID-{level}: {st}");
         }
-        let verify = |s: &Served, offset: &str, size: &str| {
-            let v = output_within(
-                fio(&s.uri, offset, size, 2).args(["--rw=randread", "--verify_only"]),
-                DEADLINE,
-            );
-            // (fio names the block that failed, and why, on stderr.)
-            assert!(
-                v.status.success(),
-                "RAID-{level}: {}\n{}\n{}",
-                String::from_utf8_lossy(&v.stdout),
-                String::from_utf8_lossy(&v.stderr),
-                s.status()
-            );
+        let new_space_holds_fio_blocks = |s: &Served| {
+            verify(&s.uri, &before.to_string(), &new_space, || {
+                format!("RAID-{level}: {}", s.status())
+            })
         };
-        verify(&s, &before.to_string(), &new_space);
+        new_space_holds_fio_blocks(&s);
         let back = dir.path().join("back");
         tool("nbdcopy", &[&s.uri, &back.display().to_string()]);
         assert!(
@@ -510,7 +519,7 @@ fn members_that_grew_are_used_online_with_size_max_while_fio_verifies() {
         // A restart assembles the grown array, the new space's data kept.
         let s = Served::start(dir.path(), &ms, &[]);
         assert_eq!(export_size(&s.uri), after, "RAID-{level}");
-        verify(&s, &before.to_string(), &new_space);
+        new_space_holds_fio_blocks(&s);
         drop(s);
     }
 }
@@ -551,12 +560,9 @@ fn the_chunk_changes_while_fio_verifies_and_a_member_fails_midway() {
         let file = dir.path().join("data");
         random_file(&file, half);
         tool("nbdcopy", &[&file.display().to_string(), &s.uri, "--flush"]);
-        let mut writer = Guarded::spawn(&mut fio(
-            &s.uri,
-            &half.to_string(),
-            &((size as usize - half) / 2).to_string(),
-            8,
-        ));
+        let (fio_at, fio_len) = (half.to_string(), ((size as usize - half) / 2).to_string());
+        fill(&s.uri, &fio_at, &fio_len);
+        let mut writer = Guarded::spawn(&mut fio(&s.uri, &fio_at, &fio_len, Some(8)));
         std::thread::sleep(std::time::Duration::from_millis(500));
         let out = ok(&["grow", "--json", "--control", &ctl, "--chunk", to]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -608,22 +614,9 @@ fn the_chunk_changes_while_fio_verifies_and_a_member_fails_midway() {
         assert_eq!(st["last_recovery"]["result"], "done", "{st}");
         assert_eq!(st["array"]["chunk"].as_u64(), Some(want(to)), "{st}");
         assert_eq!(export_size(&s.uri), size);
-        let v = output_within(
-            fio(
-                &s.uri,
-                &half.to_string(),
-                &((size as usize - half) / 2).to_string(),
-                2,
-            )
-            .args(["--rw=randread", "--verify_only"]),
-            DEADLINE,
-        );
-        assert!(
-            v.status.success(),
-            "{}\n{}",
-            String::from_utf8_lossy(&v.stdout),
-            String::from_utf8_lossy(&v.stderr)
-        );
+        verify(&s.uri, &fio_at, &fio_len, || {
+            format!("level {level}: after the change: {}", s.status())
+        });
         let back = dir.path().join("back");
         tool("nbdcopy", &[&s.uri, &back.display().to_string()]);
         assert!(
