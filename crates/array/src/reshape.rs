@@ -69,10 +69,33 @@ use std::sync::{Arc, Condvar, Mutex};
 const MAX_BATCH: u64 = 32 << 20;
 
 /// Bytes of each member one batch of a change of chunk rewrites at most
-/// (or one unit, if larger): every client waits for such a batch, which
-/// sets its bytes aside and flushes twice before they go (on a disk of
-/// 100 MB/s, about 0.2 s).
-const CHUNK_BATCH: u64 = 4 << 20;
+/// (or one unit, if larger; `MAX_BATCH` of array data bounds it too). A
+/// batch reads its bytes, sets them aside, flushes, records that, writes
+/// them in place and records that: a fixed cost of about six flushes and
+/// as many seeks to the metadata area and back, which a batch of a few
+/// MiB per member pays once for every MiB it moves (0.14 x a disk's
+/// bandwidth per member with 1.5 MiB batches, see docs/performance.md).
+/// Clients wait only for requests to the batch's data, and, when the slot
+/// is the journal's space, for writes.
+const CHUNK_BATCH: u64 = 16 << 20;
+
+/// What a batch in motion holds off.
+#[derive(Debug, Clone, Copy)]
+struct Moving {
+    /// The array data being moved: requests to it wait.
+    lo: u64,
+    hi: u64,
+    /// Whether every write waits too (a change of chunk whose slot is the
+    /// journal's space: any write would log a record over the batch's
+    /// bytes set aside).
+    writes: bool,
+}
+
+impl Moving {
+    fn holds(&self, off: u64, len: u64, write: bool) -> bool {
+        (write && self.writes) || (off < self.hi && self.lo < off + len.max(1))
+    }
+}
 
 /// A reshape in progress.
 #[derive(Debug)]
@@ -84,10 +107,10 @@ pub(crate) struct Reshaping {
     /// Roles that joined (the new members: `old.members()..new.members()`).
     pub first_new_role: usize,
     /// A change of chunk: where each member sets the old bytes of a batch
-    /// aside (member offset and length of free metadata space).
-    slot: Option<(u64, u64)>,
-    /// The array data a batch is moving: requests to it wait.
-    moving: Mutex<Option<(u64, u64)>>,
+    /// aside.
+    slot: Option<chunk::Slot>,
+    /// What the batch under way holds off.
+    moving: Mutex<Option<Moving>>,
     moved: Condvar,
 }
 
@@ -96,7 +119,7 @@ impl Reshaping {
         old: Arc<Geometry>,
         new: Arc<Geometry>,
         rows: u64,
-        slot: Option<(u64, u64)>,
+        slot: Option<chunk::Slot>,
     ) -> Reshaping {
         Reshaping {
             first_new_role: old.members(),
@@ -186,7 +209,7 @@ impl Reshaping {
             let per_unit = unit / self.new.chunk;
             let room = self
                 .slot
-                .map_or(0, |(_, len)| len.saturating_sub(chunk::SLOT_HEADER));
+                .map_or(0, |s| s.len.saturating_sub(chunk::SLOT_HEADER));
             let units = (p / per_unit)
                 .min(room / unit)
                 .min(CHUNK_BATCH / unit)
@@ -207,17 +230,18 @@ impl Reshaping {
         safe.min(most).min(self.new.stripes()).max(p + 1)
     }
 
-    /// Whether `[off, off + len)` touches the data being moved.
-    fn in_motion(&self, off: u64, len: u64) -> bool {
+    /// Whether a request to `[off, off + len)` (a `write` or not) must
+    /// wait for the batch under way.
+    fn in_motion(&self, off: u64, len: u64, write: bool) -> bool {
         self.moving
             .locked()
-            .is_some_and(|(a, b)| off < b && a < off + len.max(1))
+            .is_some_and(|m| m.holds(off, len, write))
     }
 
-    /// Wait until `[off, off + len)` is not being moved.
-    fn wait_moved(&self, off: u64, len: u64) {
+    /// Wait until the batch under way no longer holds such a request off.
+    fn wait_moved(&self, off: u64, len: u64, write: bool) {
         let mut m = self.moving.locked();
-        while m.is_some_and(|(a, b)| off < b && a < off + len.max(1)) {
+        while m.is_some_and(|m| m.holds(off, len, write)) {
             m = self
                 .moved
                 .wait(m)
@@ -259,22 +283,24 @@ impl Array {
             .clone()
     }
 
-    /// Held by every client request to `[off, off + len)` for its whole
-    /// run: a reshape takes it alone for a moment to change the boundary
-    /// or to start moving data, so a request sees one boundary from start
-    /// to end and never data in motion (it waits for that, unheld).
+    /// Held by every client request to `[off, off + len)` (a `write`, or
+    /// a read) for its whole run: a reshape takes it alone for a moment to
+    /// change the boundary or to start moving data, so a request sees one
+    /// boundary from start to end and never data in motion (it waits for
+    /// that, unheld).
     pub(crate) fn fence(
         &self,
         off: u64,
         len: u64,
+        write: bool,
     ) -> std::sync::RwLockReadGuard<'_, Option<Arc<Reshaping>>> {
         loop {
             let g = self.reshape.read().unwrap_or_else(|e| e.into_inner());
             match g.as_ref() {
-                Some(r) if r.in_motion(off, len) => {
+                Some(r) if r.in_motion(off, len, write) => {
                     let r = r.clone();
                     drop(g);
-                    r.wait_moved(off, len);
+                    r.wait_moved(off, len, write);
                 }
                 _ => return g,
             }
@@ -743,14 +769,11 @@ impl Array {
     /// whole rows, flushed, the position recorded, then published.
     fn reshape_batch(&self, r: &Reshaping, p: u64, q: u64, backup: Option<&[u8]>) -> Result<()> {
         if r.chunk_change() {
-            // Every request held off for the batch: the slot may be the
-            // journal's space, and each unit is rewritten in place.
-            let _w = self.reshape.write().unwrap_or_else(|e| e.into_inner());
-            let done = self.move_units(r, p, q);
-            if done.is_ok() {
-                r.rows.store(q, Ordering::Release);
-            }
-            return done;
+            // Units are rewritten in place: requests to the batch's data
+            // wait, and every write if the slot is the journal's space.
+            let (lo, hi) = (p * r.width(), (q * r.width()).min(r.old.capacity()));
+            let writes = r.slot.is_some_and(|s| s.journal);
+            return self.holding_off(r, Moving { lo, hi, writes }, q, || self.move_units(r, p, q));
         }
         let (wo, wn) = (r.old.data_members() as u64, r.new.data_members() as u64);
         let critical = q * wo > p * wn;
@@ -759,15 +782,32 @@ impl Array {
             "only the first batch overwrites live rows"
         );
         let width = r.width();
-        let (lo, hi) = (p * width, q * width);
-        let src_end = hi.min(r.old.capacity());
+        let (lo, hi) = (p * width, (q * width).min(r.old.capacity()));
+        let moving = Moving {
+            lo,
+            hi,
+            writes: false,
+        };
+        self.holding_off(r, moving, q, || self.move_rows(r, p, q, backup, critical))
+    }
+
+    /// Run `step` (a batch ending at new row `q`) with the requests
+    /// `moving` says held off, then publish `q` as the boundary if it
+    /// succeeded and let them go.
+    fn holding_off(
+        &self,
+        r: &Reshaping,
+        moving: Moving,
+        q: u64,
+        step: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         // Taken alone for a moment: requests under way end, and those to
-        // come wait if they touch the data being moved.
-        if lo < src_end {
+        // come wait if the batch holds them off.
+        if moving.lo < moving.hi || moving.writes {
             let _w = self.reshape.write().unwrap_or_else(|e| e.into_inner());
-            *r.moving.locked() = Some((lo, src_end));
+            *r.moving.locked() = Some(moving);
         }
-        let done = self.move_rows(r, p, q, backup, critical);
+        let done = step();
         let _w = self.reshape.write().unwrap_or_else(|e| e.into_inner());
         if done.is_ok() {
             r.rows.store(q, Ordering::Release);

@@ -27,7 +27,7 @@ impl Array {
             return None;
         }
         // Not while a reshape moves data: `read` places by the boundary.
-        let fence = self.fence(offset, len);
+        let fence = self.fence(offset, len, false);
         if fence.is_some() {
             return None;
         }
@@ -101,7 +101,7 @@ impl Array {
         f: &mut dyn FnMut(&[FileExtent<'_>]) -> std::io::Result<()>,
     ) -> Option<std::io::Result<()>> {
         // Not while a reshape moves data: `write` places by the boundary.
-        let fence = self.fence(offset, len);
+        let fence = self.fence(offset, len, false);
         if fence.is_some() {
             return None;
         }

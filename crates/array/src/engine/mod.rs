@@ -375,7 +375,7 @@ impl Array {
         self.core.check(offset, buf.len() as u64)?;
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        let fence = self.fence(offset, buf.len() as u64);
+        let fence = self.fence(offset, buf.len() as u64, false);
         let v = self.core.view.load_full();
         let Some(r) = fence.as_ref() else {
             return self.read_view(&v, buf, offset);
@@ -584,7 +584,7 @@ impl Array {
         self.core.begin_write()?;
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        let fence = self.fence(offset, buf.len() as u64);
+        let fence = self.fence(offset, buf.len() as u64, true);
         let v = self.core.view.load_full();
         let Some(r) = fence.as_ref() else {
             return self.write_view(&v, buf, offset);
@@ -645,7 +645,7 @@ impl Array {
         self.core.begin_write()?;
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        let fence = self.fence(offset, len);
+        let fence = self.fence(offset, len, false);
         if fence.is_some() {
             // Advisory: left as it is while data moves.
             return Ok(None);

@@ -8,6 +8,15 @@ use raidkit_layout::{Geometry, Level};
 use raidkit_member::Locked;
 use std::sync::Arc;
 
+/// Where each member sets a batch's old bytes aside: member offset and
+/// length of its metadata space, and whether that space is the journal's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Slot {
+    pub at: u64,
+    pub len: u64,
+    pub journal: bool,
+}
+
 /// The header of a member's slot (see [`Array::change_chunk`]).
 pub(super) const SLOT_HEADER: u64 = 4096;
 const SLOT_MAGIC: [u8; 8] = *b"RKCHUNK\0";
@@ -62,18 +71,24 @@ fn slot_len(h: &[u8], uuid: uuid::Uuid, row: u64) -> Option<u64> {
 /// bytes, parity included, keep the level's redundancy meanwhile.
 ///
 /// The slot is the space the journal takes when the array has one (every
-/// record is known applied before a batch, and no client writes while it
-/// runs) and otherwise the same space, which is then unused. Clients wait
-/// for a batch (a few MiB of each member at most). md does the same with
-/// its backup file when it cannot move `data_offset`.
+/// record is known applied before a batch, and every client write waits
+/// while it runs, since it would log a record there) and otherwise the
+/// same space, which is then unused. Reads, and on arrays without a
+/// journal writes, wait only if they touch the batch's array data: other
+/// units are neither read nor written by it. md does the same with its
+/// backup file when it cannot move `data_offset`.
 impl Array {
-    /// Where each member's slot lies (member offset, length), or None if
-    /// the metadata area has no room for one.
-    pub(super) fn chunk_slot(&self) -> Option<(u64, u64)> {
+    /// Where each member's slot lies, or None if the metadata area has
+    /// no room for one.
+    pub(super) fn chunk_slot(&self) -> Option<Slot> {
         let meta = self.core.meta.locked();
         let sb = &meta.sb;
         if sb.journal.size > 0 {
-            return Some((sb.journal.offset, sb.journal.size));
+            return Some(Slot {
+                at: sb.journal.offset,
+                len: sb.journal.size,
+                journal: true,
+            });
         }
         let data_size = sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
         let bitmap = if sb.bitmap.region > 0 {
@@ -97,7 +112,11 @@ impl Array {
                 }
             })
             .min()?;
-        (end > start + SLOT_HEADER).then(|| (start, end - start))
+        (end > start + SLOT_HEADER).then(|| Slot {
+            at: start,
+            len: end - start,
+            journal: false,
+        })
     }
 
     /// Change the array's chunk to `chunk` bytes while it serves: every
@@ -137,7 +156,7 @@ impl Array {
         debug_assert_eq!(new.capacity(), old.capacity());
         let unit = old.chunk.max(chunk);
         let slot = self.chunk_slot();
-        let room = slot.map_or(0, |(_, len)| len.saturating_sub(SLOT_HEADER));
+        let room = slot.map_or(0, |s| s.len.saturating_sub(SLOT_HEADER));
         if room < unit {
             return Err(Error::Invalid(format!(
                 "changing the chunk sets {unit} bytes of each member aside at a time, and their metadata area has room for {room}: use a smaller chunk, or members with a larger metadata area"
@@ -188,7 +207,7 @@ impl Array {
     /// new row `p` into its slot; all flushed. A member that cannot is
     /// failed (the level's redundancy decides whether the array goes on).
     fn write_slots(&self, r: &Reshaping, p: u64, per: &[Vec<u8>]) -> Result<()> {
-        let (at, _) = r.slot.expect("a change of chunk has a slot");
+        let at = r.slot.expect("a change of chunk has a slot").at;
         let uuid = self.core.meta.locked().sb.array_uuid;
         let v = self.core.view.load_full();
         crate::engine::in_parallel(per.iter().enumerate(), |(role, b)| {
@@ -214,7 +233,7 @@ impl Array {
     /// A member in service whose slot does not hold them intact: refused,
     /// since its bytes there may be neither placement's.
     pub(super) fn restore_slots(&self, r: &Reshaping, p: u64) -> Result<()> {
-        let (at, len) = r.slot.expect("a change of chunk has a slot");
+        let super::chunk::Slot { at, len, .. } = r.slot.expect("a change of chunk has a slot");
         let uuid = self.core.meta.locked().sb.array_uuid;
         let v = self.core.view.load_full();
         let mut restored = 0;

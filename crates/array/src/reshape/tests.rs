@@ -25,7 +25,12 @@ fn chunk_plan(level: Level, n: usize, old: u64, new: u64, slot: u64) -> Reshapin
             .unwrap(),
         )
     };
-    Reshaping::new(g(old), g(new), 0, Some((64 << 10, slot)))
+    let slot = chunk::Slot {
+        at: 64 << 10,
+        len: slot,
+        journal: true,
+    };
+    Reshaping::new(g(old), g(new), 0, Some(slot))
 }
 
 /// A change of chunk: every batch is whole units of the larger chunk,
