@@ -3,7 +3,7 @@
 //! marks (the whole array without one). See `journal.rs` for the log.
 
 use crate::background::{windows, ParityResync, Plan, Process};
-use crate::core::{Core, Disk};
+use crate::core::{Core, Disk, View};
 use crate::engine::Array;
 use crate::engine::{in_parallel, Small};
 use crate::error::{Error, Result};
@@ -398,6 +398,15 @@ impl Array {
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// `unsynced` for stripe `stripe` of view `v`'s geometry. The resync
+    /// counts units of the array's chunk; during a change of chunk a
+    /// stripe of the old geometry spans other units, so it is placed by
+    /// its member bytes: unsynced if its last unit is.
+    pub(crate) fn unsynced_stripe(&self, v: &View, stripe: u64) -> bool {
+        let last = ((stripe + 1) * v.geom.chunk).div_ceil(self.core.geom().chunk) - 1;
+        self.unsynced(last)
+    }
+
     /// Record how far a resync from a position got.
     fn resync_checkpoint(&self, at: Option<u64>) -> Result<()> {
         let mut meta = self.core.meta.locked();
@@ -589,7 +598,9 @@ impl Array {
                 .iter()
                 .filter(|&&r| Core::readable(&v, r, dev, len).is_none())
                 .count();
-            if absent > 0 && (self.unsynced(stripe) || absent > 1 + usize::from(sm.q.is_some())) {
+            if absent > 0
+                && (self.unsynced_stripe(&v, stripe) || absent > 1 + usize::from(sm.q.is_some()))
+            {
                 continue;
             }
             let _g = self.core.lock(stripe);

@@ -275,7 +275,7 @@ impl Array {
                 data[dd] = read(sm.data[dd], &mut failed);
             }
         }
-        if self.unsynced(stripe) {
+        if self.unsynced_stripe(v, stripe) {
             // Its parity was never made consistent: what it would give is
             // garbage, so the data is unavailable until the resync comes.
             let mismatched = mismatched.locked();

@@ -238,7 +238,7 @@ impl Array {
                 .all(|(p, _)| Core::readable(v, p.copies[0].0, p.copies[0].1, p.len).is_some());
         let rmw_reads = pieces.len() + parity_roles.len();
         // Parity never made consistent cannot be updated from itself.
-        let rmw_ok = rmw_ok && !self.unsynced(stripe);
+        let rmw_ok = rmw_ok && !self.unsynced_stripe(v, stripe);
 
         if rmw_ok && rcw_reads > 0 && rmw_reads < rcw_reads {
             let mut pbuf = scratch::take(len);
