@@ -11,8 +11,10 @@
 # Several runs, medians reported. With CHUNK=SIZE in the environment the
 # change is `raidkit grow --chunk SIZE` instead (from create's default
 # chunk, 512K; members and size unchanged, the same rate per member).
+# LEVELS="6" measures only those levels; CLIENT=0 skips the runs with a
+# client (only the idle rate).
 #
-# usage: [CHUNK=64K] bench/reshape-sim.sh [RUNS] [MEMBERS] [MEMBER_SIZE] [BW] [SEEK]
+# usage: [CHUNK=64K] [LEVELS="5 6"] [CLIENT=0] bench/reshape-sim.sh [RUNS] [MEMBERS] [MEMBER_SIZE] [BW] [SEEK]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-3}
@@ -32,6 +34,8 @@ cleanup() {
 trap cleanup EXIT
 sim() { echo "sim:$1?bw=$BW&seek=$SEEK"; }
 CHUNK=${CHUNK:-}
+LEVELS=${LEVELS:-5 6}
+CLIENT=${CLIENT:-1}
 # change: start the reshape (a member added, or the chunk changed).
 change() {
   if [ -n "$CHUNK" ]; then
@@ -78,7 +82,7 @@ seconds_of() { # status JSON on stdin: how long the last reshape took
   python3 -c 'import json,sys; print(json.load(sys.stdin)["last_recovery"]["seconds"])'
 }
 
-for level in 5 6; do
+for level in $LEVELS; do
   rates=(); busy=(); during=(); idle=(); moved=()
   for run in $(seq "$RUNS"); do
     start "$level"
@@ -91,6 +95,11 @@ for level in 5 6; do
     # The array's data moved per second (its size before the change).
     moved+=("$(python3 -c "print($old_size/$secs)")")
     rates+=("$rate")
+    if [ "$CLIENT" = 0 ]; then
+      idle+=(0); during+=(0)
+      echo "raid$level run $run: idle reshape $(python3 -c "print(round($rate/1e6,1))") MB/s per member"
+      continue
+    fi
     # With a client: its IOPS alone, then while the array grows.
     start "$level"
     idle+=("$(client 5)")
@@ -109,6 +118,7 @@ m = statistics.median(r)
 print(f"  idle reshape: median {m/1e6:.1f} MB/s per member (min {min(r)/1e6:.1f}, max {max(r)/1e6:.1f}) = {m/bw:.2f} x one disk's {bw/1e6:.0f} MB/s")
 a = statistics.median(mv)
 print(f"  the array's data moved: median {a/1e6:.1f} MB/s (min {min(mv)/1e6:.1f}, max {max(mv)/1e6:.1f}) = {a/bw:.2f} x one disk")
-print(f"  client: median {statistics.median(i):.0f} IOPS alone, {statistics.median(d):.0f} IOPS during the reshape")
+if max(i) > 0:
+    print(f"  client: median {statistics.median(i):.0f} IOPS alone, {statistics.median(d):.0f} IOPS during the reshape")
 PY
 done
