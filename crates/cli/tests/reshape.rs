@@ -323,34 +323,66 @@ fn grow_refuses_what_it_cannot_do_and_changes_nothing() {
 }
 
 #[test]
-fn a_two_disk_mirror_becomes_a_three_disk_raid5_while_served() {
-    // The classic path: a mirror of two disks, a third bought. The level
-    // changes in place (no byte moves), then the array grows by the disk.
-    let dir = tmp();
-    let ms = members(dir.path(), 3);
-    create("1", &ms[..2], "32M");
-    let mut s = Served::start(dir.path(), &ms[..2], &[]);
-    let ctl = s.control.display().to_string();
-    let before = export_size(&s.uri);
-    let file = dir.path().join("data");
-    random_file(&file, before as usize);
-    tool("nbdcopy", &[&file.display().to_string(), &s.uri, "--flush"]);
-    grow_level(&ctl, "5", &ms[2], 3, Some(2 * before));
-    ok(&["wait", "--control", &ctl]);
-    let st = s.status();
-    assert_eq!(st["array"]["level"], "raid5", "{st}");
-    assert_eq!(st["array"]["size"].as_u64(), Some(2 * before));
-    let back = dir.path().join("back");
-    tool("nbdcopy", &[&s.uri, &back.display().to_string()]);
-    let got = std::fs::read(&back).unwrap();
-    assert!(got[..before as usize] == std::fs::read(&file).unwrap()[..]);
-    assert!(got[before as usize..].iter().all(|&b| b == 0));
-    assert!(s.stop().success());
-    ok(&args(&["check"], &ms));
-    let d: serde_json::Value =
-        serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
-    assert_eq!(d["level"], "raid5", "{d}");
-    assert_eq!(d["raid_disks"], 3, "{d}");
+fn a_mirror_and_a_raid4_become_raid5_and_grow_while_fio_verifies() {
+    // The classic path: a mirror of two disks, a third bought; and a
+    // RAID-4 whose parity disk is its bottleneck, a fourth bought. The
+    // level changes in place (no byte moves), then the array grows by the
+    // disk, while fio writes and verifies in its second half.
+    for (level, n, grown) in [("1", 2, 2), ("4", 3, 3)] {
+        let dir = tmp();
+        let ms = members(dir.path(), n + 1);
+        create(level, &ms[..n], "32M");
+        let mut s = Served::start(
+            dir.path(),
+            &ms[..n],
+            &["--rebuild-min", "8M", "--rebuild-max", "8M"],
+        );
+        let ctl = s.control.display().to_string();
+        let before = export_size(&s.uri);
+        // Known data in the first half, fio's own in the second.
+        let half = before / 2;
+        let file = dir.path().join("data");
+        random_file(&file, half as usize);
+        tool("nbdcopy", &[&file.display().to_string(), &s.uri, "--flush"]);
+        let (fio_at, fio_len) = (half.to_string(), (before - half).to_string());
+        fill(&s.uri, &fio_at, &fio_len);
+        let mut writer = Guarded::spawn(&mut fio(&s.uri, &fio_at, &fio_len, Some(8)));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let after = before / (grown - 1) * grown;
+        grow_level(&ctl, "5", &ms[n], n as u64 + 1, Some(after));
+        assert_eq!(s.status()["recovery"]["kind"], "reshape", "RAID-{level}");
+        assert!(
+            writer
+                .wait_within(std::time::Duration::from_secs(120))
+                .success(),
+            "RAID-{level}: fio failed its verification during the change"
+        );
+        ok(&["wait", "--control", &ctl]);
+        let st = s.status();
+        assert_eq!(st["array"]["level"], "raid5", "RAID-{level}: {st}");
+        assert_eq!(st["array"]["size"].as_u64(), Some(after), "RAID-{level}");
+        assert_eq!(st["last_recovery"]["result"], "done", "RAID-{level}: {st}");
+        verify(&s.uri, &fio_at, &fio_len, || {
+            format!("RAID-{level}: after the change: {}", s.status())
+        });
+        let back = dir.path().join("back");
+        tool("nbdcopy", &[&s.uri, &back.display().to_string()]);
+        let got = std::fs::read(&back).unwrap();
+        assert!(
+            got[..half as usize] == std::fs::read(&file).unwrap()[..],
+            "RAID-{level}: data written before the change differs"
+        );
+        assert!(
+            got[before as usize..].iter().all(|&b| b == 0),
+            "RAID-{level}: the new space does not read back zeroes"
+        );
+        assert!(s.stop().success());
+        ok(&args(&["check"], &ms));
+        let d: serde_json::Value =
+            serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
+        assert_eq!(d["level"], "raid5", "RAID-{level}: {d}");
+        assert_eq!(d["raid_disks"], n + 1, "RAID-{level}: {d}");
+    }
 }
 
 #[test]
