@@ -233,7 +233,7 @@ impl Array {
     /// A member in service whose slot does not hold them intact: refused,
     /// since its bytes there may be neither placement's.
     pub(super) fn restore_slots(&self, r: &Reshaping, p: u64) -> Result<()> {
-        let super::chunk::Slot { at, len, .. } = r.slot.expect("a change of chunk has a slot");
+        let Slot { at, len, .. } = r.slot.expect("a change of chunk has a slot");
         let uuid = self.core.meta.locked().sb.array_uuid;
         let v = self.core.view.load_full();
         let mut restored = 0;
