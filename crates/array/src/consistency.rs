@@ -5,7 +5,7 @@
 use crate::background::{windows, ParityResync, Plan, Process};
 use crate::core::{Core, Disk, View};
 use crate::engine::Array;
-use crate::engine::{in_parallel, Small};
+use crate::engine::{in_parallel_on, journal_pool, Small};
 use crate::error::{Error, Result};
 use crate::journal::{self, Record, Slot};
 use crate::levels::parity::DataFrom;
@@ -215,7 +215,7 @@ impl Array {
         if targets.len() > 1 && !Self::page_cache_only(&v) {
             // Disks: every copy at once, the records wait for the slowest
             // device rather than for the sum of them.
-            let _ = in_parallel(targets.iter(), |d| {
+            let _ = in_parallel_on(journal_pool(), false, targets.iter(), |d| {
                 written.fetch_add(put(d), std::sync::atomic::Ordering::Relaxed);
                 Ok(())
             });

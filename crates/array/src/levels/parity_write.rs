@@ -5,7 +5,7 @@
 
 use super::parity::{column_parity, COLUMN};
 use crate::core::{Core, View};
-use crate::engine::{in_parallel, io_pool, Array, Small};
+use crate::engine::{all_small, in_parallel, in_parallel_small, Array, Small};
 use crate::error::{Error, Result};
 use crate::{scratch, seams};
 use raidkit_layout::{Piece, StripeMap};
@@ -411,13 +411,9 @@ impl Array {
                     match (sm.q, &qbuf) {
                         // P and Q to their members at once.
                         (Some(role), Some(q)) => {
-                            let write_p = || self.core.member_write(v, sm.p, &pbuf, dev);
-                            let write_q = || self.core.member_write(v, role, q, dev);
-                            let (p_done, q_done) = match io_pool() {
-                                Some(pool) => pool.join(write_p, write_q),
-                                None => (write_p(), write_q()),
-                            };
-                            p_done.and(q_done)
+                            in_parallel([(sm.p, &pbuf[..]), (role, &q[..])], |(r, b)| {
+                                self.core.member_write(v, r, b, dev)
+                            })
                         }
                         _ => self.core.member_write(v, sm.p, &pbuf, dev),
                     }
@@ -464,6 +460,8 @@ impl Array {
         };
         if Self::page_cache_only(v) {
             reads.into_iter().try_for_each(read).is_ok()
+        } else if all_small(reads.iter().map(|r| &r.2[..])) {
+            in_parallel_small(reads, read).is_ok()
         } else {
             in_parallel(reads, read).is_ok()
         }
@@ -491,6 +489,8 @@ impl Array {
         let write = |(role, at, buf): (usize, u64, &[u8])| self.core.member_write(v, role, buf, at);
         if Self::page_cache_only(v) {
             writes.into_iter().try_for_each(write)
+        } else if all_small(writes.iter().map(|w| w.2)) {
+            in_parallel_small(writes, write)
         } else {
             in_parallel(writes, write)
         }
