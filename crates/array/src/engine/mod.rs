@@ -91,9 +91,9 @@ pub(crate) fn all_small<'a>(bufs: impl IntoIterator<Item = &'a [u8]>) -> bool {
     bufs.into_iter().all(|b| b.len() < PARALLEL_DEVICE_IO)
 }
 
-/// Requests spreading their member I/O over threads at once, up to which
-/// one more does: past it the devices are kept busy by the requests
-/// themselves, and each hand-off to a pool thread costs two context
+/// Requests in `in_parallel_on` at once (spread or not), up to which a
+/// request with small calls spreads them: past it the devices are kept
+/// busy by the requests themselves, and each hand-off to a pool thread costs two context
 /// switches on the path of every request (on two cores at 32 requests in
 /// flight, the server's CPU went to switching threads, not to I/O).
 const SPREAD_BELOW: usize = 8;
