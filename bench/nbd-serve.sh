@@ -14,7 +14,11 @@
 # binary (another revision, built elsewhere): its ratio to the first is then
 # that revision against this one, measured in the same rotation.
 #
-# usage: bench/nbd-serve.sh [ROUNDS] [SECONDS_PER_JOB]
+# QDS="1 8 32" runs every job at each of those queue depths (default: 32
+# alone); a job is then named with its depth (seqread_1m_qd1). The seeds'
+# own tests are a single dd-style stream at depth 1.
+#
+# usage: [QDS="1 8 32"] bench/nbd-serve.sh [ROUNDS] [SECONDS_PER_JOB]
 # Prints one line per measurement and a table of medians (with min-max).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -89,14 +93,15 @@ done
 fio --name=fill --ioengine=nbd --uri="${URI[qemu-nbd]}" --rw=write --bs=1M --iodepth=8 --size=512M >/dev/null
 
 run() { # server job -> value (IOPS or MB/s)
-  local uri=$1 job=$2 rw bs metric
-  case $job in
-    randread_4k_qd32)  rw=randread;  bs=4k; metric=iops ;;
-    randwrite_4k_qd32) rw=randwrite; bs=4k; metric=iops ;;
-    seqread_1m)        rw=read;      bs=1M; metric=bw ;;
-    seqwrite_1m)       rw=write;     bs=1M; metric=bw ;;
+  local uri=$1 job=$2 rw bs metric qd=32
+  [[ $job == *_qd* ]] && qd=${job##*_qd}
+  case ${job%_qd*} in
+    randread_4k)  rw=randread;  bs=4k; metric=iops ;;
+    randwrite_4k) rw=randwrite; bs=4k; metric=iops ;;
+    seqread_1m)   rw=read;      bs=1M; metric=bw ;;
+    seqwrite_1m)  rw=write;     bs=1M; metric=bw ;;
   esac
-  fio --name=b --ioengine=nbd --uri="$uri" --rw=$rw --bs=$bs --iodepth=32 --size=512M \
+  fio --name=b --ioengine=nbd --uri="$uri" --rw=$rw --bs=$bs --iodepth="$qd" --size=512M \
       --time_based --runtime="$SECS" --ramp_time=1 --output-format=json --output="$W/out.json" >/dev/null
   python3 - "$W/out.json" "$rw" "$metric" <<'PY'
 import json, sys
@@ -107,7 +112,17 @@ print(f"{v:.0f}")
 PY
 }
 
-JOBS=(randread_4k_qd32 randwrite_4k_qd32 seqread_1m seqwrite_1m)
+QDS=${QDS:-32}
+JOBS=()
+for qd in $QDS; do
+  if [ "$QDS" = 32 ]; then
+    # The names of runs before QDS: depth 32 said only for 4 KiB jobs.
+    JOBS+=(randread_4k_qd32 randwrite_4k_qd32 seqread_1m seqwrite_1m)
+  else
+    JOBS+=("randread_4k_qd$qd" "randwrite_4k_qd$qd" "seqread_1m_qd$qd" "seqwrite_1m_qd$qd")
+  fi
+done
+export JOB_LIST="${JOBS[*]}"
 SERVERS=(raidkit nbdkit-file qemu-nbd raidkit-raid5x4 raidkit-control)
 RES="$W/results.txt"
 : > "$RES"
@@ -117,7 +132,7 @@ for r in $(seq "$ROUNDS"); do
   ORDER=("${SERVERS[@]:$(( (r - 1) % ${#SERVERS[@]} ))}" "${SERVERS[@]:0:$(( (r - 1) % ${#SERVERS[@]} ))}")
   for job in "${JOBS[@]}"; do
     for s in "${ORDER[@]}"; do
-      [ "$s" = raidkit-raid5x4 ] && [ "$job" != seqwrite_1m ] && [ "$job" != seqread_1m ] && continue
+      [ "$s" = raidkit-raid5x4 ] && [[ $job != seq* ]] && continue
       v=$(run "${URI[$s]}" "$job")
       echo "round $r $job $s $v" | tee -a "$RES"
     done
@@ -133,7 +148,7 @@ for line in open(sys.argv[1]):
     _, r, job, srv, v = line.split()
     d[(job, srv)].append(float(v))
     by_round[(job, r)][srv] = float(v)
-jobs = ["randread_4k_qd32", "randwrite_4k_qd32", "seqread_1m", "seqwrite_1m"]
+jobs = os.environ["JOB_LIST"].split()
 srvs = ["raidkit", "nbdkit-file", "qemu-nbd", "raidkit-raid5x4"]
 med = {k: statistics.median(v) for k, v in d.items()}
 print()
@@ -154,10 +169,12 @@ for j in jobs:
               for (jj, _), x in by_round.items() if jj == j]
     row += f"{statistics.median(paired):>8.2f}"
     print(row)
-r5 = med[("seqwrite_1m", "raidkit-raid5x4")] / med[("seqwrite_1m", "raidkit")]
-r5p = statistics.median(x["raidkit-raid5x4"] / x["raidkit"]
-                        for (jj, _), x in by_round.items() if jj == "seqwrite_1m")
-print(f"\nRAID-5 of 4 members, 1 MiB sequential write / one member: {r5:.2f} (paired by round: {r5p:.2f})")
+print()
+for sw in [j for j in jobs if j.startswith("seqwrite_1m")]:
+    r5 = med[(sw, "raidkit-raid5x4")] / med[(sw, "raidkit")]
+    r5p = statistics.median(x["raidkit-raid5x4"] / x["raidkit"]
+                            for (jj, _), x in by_round.items() if jj == sw)
+    print(f"RAID-5 of 4 members, {sw} / one member: {r5:.2f} (paired by round: {r5p:.2f})")
 print("raidkit/best: ratio of the medians; paired: median of the rounds' own ratios")
 what = f", served by {os.environ['RAIDKIT_B']}" if os.environ.get("RAIDKIT_B") else ", identical"
 if os.environ.get("HTTP") == "1":

@@ -22,11 +22,18 @@
 # CONFIGS="r5-journal r5-journal-plain" measures what checksums cost.
 # A config ending in -B is served by the binary RAIDKIT_B instead (two
 # builds side by side in one run: CONFIGS="r5-none r5-none-B").
+# A config ending in @SIZE is created with --data-offset SIZE: the metadata
+# area, whose journal is what is left after the bitmap and checksums. Loop
+# devices of a few GiB get 1/128 of their size by default (8 MiB at 1G); a
+# disk of 16 GiB or more gets 128 MiB, so "r5-journal@128M" measures the
+# journal as a real disk has it (CONFIGS="r5-none@128M r5-journal@128M").
 # LOOP=0 uses the files themselves as members (no loop devices, I/O as
 # `--io auto` picks it: on DIR=/dev/shm, the RAM disk, the CPU cost alone;
 # no raw config there, fio's direct I/O needs a real file system).
 #
-# usage: [RAIDKIT=path/to/raidkit] [CHUNK=64K] [DIR=/var/tmp] [LOOP=1] [JOBS="..."] [CONFIGS="..."]
+# IOSTAT=1 prints, after each raidkit measurement, what one client request
+# cost the four devices (reads, writes, KiB written, flushes).
+# usage: [RAIDKIT=path/to/raidkit] [CHUNK=64K] [DIR=/var/tmp] [LOOP=1] [IOSTAT=1] [JOBS="..."] [CONFIGS="..."]
 #        bench/real-disk.sh [ROUNDS] [SECONDS] [SIZE]
 #   ROUNDS   rounds (default 3), SECONDS per job (default 10),
 #   SIZE     per device (default 1G; the files are DIR/raidkit-real-disk.*)
@@ -123,16 +130,49 @@ raw() { # job -> value: fio on the four devices at once
   figure "$W/out.json" "$1"
 }
 
+devstat() { # -> the four loop devices' /sys/block/*/stat lines
+  for d in "${LOOPS[@]}"; do cat "/sys/block/$(basename "$d")/stat"; done
+}
+
 nbd() { # uri job -> value
+  local snap=""
+  if [ "${IOSTAT:-0}" = 1 ] && [ "$LOOP" = 1 ]; then
+    # The devices' counters once fio's ramp is over, and at its end.
+    (sleep 1; devstat > "$W/stat0") & snap=$!
+  fi
   # shellcheck disable=SC2046
   fio --name=b --ioengine=nbd --uri="$1" $(job_args "$2") --time_based --runtime="$SECS" \
       --ramp_time=1 --output-format=json --output="$W/out.json" >/dev/null
+  if [ -n "$snap" ]; then
+    wait "$snap"
+    devstat > "$W/stat1"
+    per_op "$W/out.json" "$2" "${c:-}" >&2
+  fi
   figure "$W/out.json" "$2"
 }
 
-serve() { # level policy checksums(on|off) [binary] -> starts $SERVER, its address in $URI
+# IOSTAT=1: what each client request cost the devices (all four summed),
+# from their /sys/block counters over fio's measured time: reads, writes,
+# KiB written and cache flushes per request (the journal's records and
+# checkpoints show here).
+per_op() { # json job config
+  python3 - "$1" "$2" "$W/stat0" "$W/stat1" "$3" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]
+side = "write" if "write" in sys.argv[2] else "read"
+ops = j[side]["total_ios"] or 1
+a = [list(map(int, l.split())) for l in open(sys.argv[3])]
+b = [list(map(int, l.split())) for l in open(sys.argv[4])]
+d = lambda i: sum(y[i] - x[i] for x, y in zip(a, b))
+print(f"  iostat {sys.argv[5]} {sys.argv[2]}: per request {d(0)/ops:.2f} reads, {d(4)/ops:.2f} writes, "
+      f"{d(6)/2/ops:.1f} KiB written, {d(15)/ops:.2f} flushes")
+PY
+}
+
+serve() { # level policy checksums(on|off) [binary] [data offset] -> starts $SERVER, its address in $URI
   local level=$1 policy=$2 csum=$3 R=${4:-$R} pol=()
   [ "$policy" = default ] || pol=(--consistency-policy "$policy")
+  [ -z "${5:-}" ] || pol+=(--data-offset "$5")
   "$R" create --io "$IO" --force --assume-clean --level "$level" --chunk "$CHUNK" \
       --checksums "$csum" --name "r$level" "${pol[@]}" "${LOOPS[@]}" >/dev/null
   : > "$W/serve.out"
@@ -177,12 +217,14 @@ for r in $(seq "$ROUNDS"); do
       done
       continue
     fi
-    level=${c%%-*}; level=${level#r}; policy=${c#*-}; csum=on; bin=$R
+    dof=""; cfg=$c
+    if [[ $cfg == *@* ]]; then dof=${cfg#*@}; cfg=${cfg%@*}; fi
+    level=${cfg%%-*}; level=${level#r}; policy=${cfg#*-}; csum=on; bin=$R
     if [[ $policy == *-B ]]; then
       policy=${policy%-B}; bin=${RAIDKIT_B:?a -B config needs RAIDKIT_B}
     fi
     if [[ $policy == *-plain ]]; then policy=${policy%-plain}; csum=off; fi
-    serve "$level" "$policy" "$csum" "$bin"
+    serve "$level" "$policy" "$csum" "$bin" "$dof"
     jobs=()
     for j in "${JOBS[@]}"; do [[ $j == *_qd8 ]] || jobs+=("$j"); done
     [ "$level" = 0 ] && jobs+=(seqread_1m_qd1)
@@ -221,11 +263,15 @@ print(f"  RAID-0 1 MiB seq read / raw aggregate:              {ratio(('seqread_1
 print(f"  RAID-0 4 KiB rand read / raw aggregate:             {ratio(('randread_4k', 'r0-default'), ('randread_4k', 'raw'))}  [>= 0.9]")
 print(f"  RAID-0 4 KiB rand read / raw at the same 32 in flight: {ratio(('randread_4k', 'r0-default'), ('randread_4k_qd8', 'raw'))}  [>= 0.9]")
 print(f"  RAID-0 1 MiB seq read, one reader QD1 / raw agg.:   {ratio(('seqread_1m_qd1', 'r0-default'), ('seqread_1m', 'raw'))}  [>= 0.9]")
+offsets = [""] + sorted({c[c.index("@"):] for (_, c) in d if "@" in c})
 for lv in ("r5", "r6"):
     for p in ("bitmap", "journal"):
-        tag = " (the default)" if p == "journal" else ""
-        print(f"  {lv} {p}{tag} / none, 1 MiB seq write:  {ratio(('seqwrite_1m', f'{lv}-{p}'), ('seqwrite_1m', f'{lv}-none'))}  [>= 0.9]")
-        print(f"  {lv} {p}{tag} / none, 4 KiB rand write: {ratio(('randwrite_4k', f'{lv}-{p}'), ('randwrite_4k', f'{lv}-none'))}  [>= 0.7]")
+        for o in offsets:
+            tag = " (the default)" if p == "journal" else ""
+            if o:
+                tag += f" {o}"
+            print(f"  {lv} {p}{tag} / none, 1 MiB seq write:  {ratio(('seqwrite_1m', f'{lv}-{p}{o}'), ('seqwrite_1m', f'{lv}-none{o}'))}  [>= 0.9]")
+            print(f"  {lv} {p}{tag} / none, 4 KiB rand write: {ratio(('randwrite_4k', f'{lv}-{p}{o}'), ('randwrite_4k', f'{lv}-none{o}'))}  [>= 0.7]")
 for (job, c) in sorted(med):
     if c.endswith("-plain") and (job, c[:-6]) in med:
         print(f"  {c[:-6]} with checksums / without, {job}: {ratio((job, c[:-6]), (job, c))}  [reads >= 0.95, writes >= 0.9]")

@@ -4,12 +4,14 @@
 use crate::engine::Array;
 use crate::error::{Error, Result};
 use crate::superblock::{
-    member_layout, probe, write_superblock, ArrayState, BitmapArea, ChecksumArea, JournalArea,
-    Role, RoleEntry, RoleState, Superblock,
+    member_layout, member_layout_with, probe, write_superblock, ArrayState, BitmapArea,
+    ChecksumArea, JournalArea, Role, RoleEntry, RoleState, Superblock,
 };
 use crate::{assemble, bitmap, journal, SB_SIZE};
 use raidkit_layout::{Geometry, Layout, Level};
 use raidkit_member::{IoMode, Member};
+
+const MIB: u64 = 1 << 20;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -46,6 +48,10 @@ pub struct CreateOptions {
     /// Each member's failure domain label, in member order (spares after
     /// the roles); empty or shorter: none given for the rest.
     pub domains: Vec<String>,
+    /// Where each member's data begins (the metadata area before it holds
+    /// the superblocks, bitmap, journal and checksums); None: raidkit's
+    /// default for the member's size (`superblock::data_offset_for`).
+    pub data_offset: Option<u64>,
 }
 
 /// How redundancy is kept consistent across crashes, as md's
@@ -253,6 +259,21 @@ pub fn create(
             }
         }
     }
+    if let Some(off) = opts.data_offset {
+        if opts.md {
+            return Err(Error::Invalid(
+                "--data-offset with md metadata: md's data offset is mdadm's, set by the member's size".into(),
+            ));
+        }
+        // Whole MiB, as raidkit's own offsets: the journal and checksum
+        // areas inside are aligned to 64 KiB, and a disk's erase blocks
+        // and RAID chunks to far less than a MiB.
+        if off < MIB || !off.is_multiple_of(MIB) {
+            return Err(Error::Invalid(format!(
+                "--data-offset {off}: give a whole number of MiB, at least 1M (the superblocks, bitmap, journal and checksums live before the data)"
+            )));
+        }
+    }
     if opts.md {
         // md's superblock has no place for raidkit's checksums, bitmap or
         // journal, nor for a role created empty.
@@ -278,7 +299,10 @@ pub fn create(
                     ChecksumArea::default(),
                 )
             } else {
-                member_layout(s, opts.checksums)
+                match opts.data_offset {
+                    Some(meta) => member_layout_with(s, opts.checksums, meta),
+                    None => member_layout(s, opts.checksums),
+                }
             }
         })
         .collect();

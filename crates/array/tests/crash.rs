@@ -76,6 +76,7 @@ fn template(level: Level, n: usize, policy: Policy) -> Vec<Vec<u8>> {
         spares: Vec::new(),
         checksums: CHECKSUMS.with(|c| c.get()),
         md: false,
+        data_offset: None,
         domains: Vec::new(),
     };
     let specs: Vec<Spec> = paths.iter().map(|p| Spec::File(p.clone())).collect();

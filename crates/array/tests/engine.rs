@@ -86,6 +86,7 @@ fn make_sized(level: Level, layout: Layout, paths: &[PathBuf], member: u64) {
         spares: Vec::new(),
         checksums: false,
         md: false,
+        data_offset: None,
         domains: Vec::new(),
     };
     raidkit_open::create(&specs(paths), &[], &opts, |_, _| {}).unwrap();
@@ -484,6 +485,7 @@ fn raid50_nests_arrays_as_members() {
             spares: Vec::new(),
             checksums: false,
             md: false,
+            data_offset: None,
             domains: Vec::new(),
         };
         raidkit_open::create(&specs(ps), &[], &opts, |_, _| {}).unwrap();
@@ -503,6 +505,7 @@ fn raid50_nests_arrays_as_members() {
         spares: Vec::new(),
         checksums: false,
         md: false,
+        data_offset: None,
         domains: Vec::new(),
     };
     raidkit_open::create(&outer, &[], &opts, |_, _| {}).unwrap();
@@ -575,6 +578,7 @@ fn full_stripe_writes_with_large_chunks() {
             spares: Vec::new(),
             checksums: false,
             md: false,
+            data_offset: None,
             domains: Vec::new(),
         };
         raidkit_open::create(&specs(&ps), &[], &opts, |_, _| {}).unwrap();

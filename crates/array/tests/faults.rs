@@ -44,6 +44,7 @@ fn make(dir: &Path, level: Level, n: usize, spares: usize) -> Vec<String> {
         spares: Vec::new(),
         checksums: false,
         md: false,
+        data_offset: None,
         domains: Vec::new(),
     };
     let spares: Vec<Spec> = (0..spares)

@@ -46,6 +46,7 @@ fn make(dir: &Path, level: Level, n: usize) -> Vec<String> {
         spares: Vec::new(),
         checksums: true,
         md: false,
+        data_offset: None,
         domains: Vec::new(),
     };
     let specs: Vec<Spec> = members.iter().map(|m| Spec::File(m.clone())).collect();

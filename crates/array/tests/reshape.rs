@@ -36,6 +36,7 @@ fn options(level: Level, policy: Policy, checksums: bool) -> CreateOptions {
         spares: Vec::new(),
         checksums,
         md: false,
+        data_offset: None,
         domains: Vec::new(),
     }
 }

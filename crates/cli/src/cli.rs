@@ -568,6 +568,15 @@ pub struct CreateArgs {
     /// for them).
     #[arg(long, value_name = "on|off", value_parser = on_off, action = clap::ArgAction::Set)]
     pub checksums: Option<bool>,
+    /// Where each member's data begins: the metadata area before it holds
+    /// the superblocks, the write-intent bitmap, the journal (all of the
+    /// rest: a larger area means a longer journal, checkpointed less
+    /// often) and the checksums. A whole number of MiB. Default: 1/128 of
+    /// the member, between 1M and 128M (128M on members of 16G and more),
+    /// as mdadm reserves. Not with --metadata md.
+    /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
+    #[arg(value_name = "SIZE", long, value_parser = size)]
+    pub data_offset: Option<u64>,
     /// The superblock format: raidkit (default), or md (Linux md's v1.2,
     /// as mdadm --create writes it, with mdadm's data offset), so that the
     /// kernel's md driver assembles the array. md metadata has no raidkit

@@ -132,6 +132,7 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
         checksums: a.checksums.unwrap_or(!md),
         md,
         domains: a.domain.clone(),
+        data_offset: a.data_offset,
     };
     let spares = a
         .spare

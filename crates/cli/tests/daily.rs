@@ -924,3 +924,107 @@ fn create_can_leave_the_initial_sync_to_the_server() {
     assert!(d["resync_offset"].is_null(), "{d}");
     rk_ok(t, &args(&["check"], &ms));
 }
+
+#[test]
+fn data_offset_sets_the_metadata_area_and_members_joining_keep_it() {
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 3);
+    let examine = |m: &str| {
+        json(&String::from_utf8_lossy(
+            &ok(&["examine", "--json", m]).stdout,
+        ))
+    };
+    // Bad offsets: refused, exit 1, and no member file made.
+    for (off, extra) in [
+        ("1500K", &[][..]),
+        ("64M", &[][..]),
+        (
+            "4M",
+            &[
+                "--metadata",
+                "md",
+                "--checksums",
+                "off",
+                "--consistency-policy",
+                "none",
+            ][..],
+        ),
+    ] {
+        let mut a = vec![
+            "create",
+            "--level",
+            "5",
+            "--size",
+            "64M",
+            "--data-offset",
+            off,
+        ];
+        a.extend_from_slice(extra);
+        let o = raidkit_refused(&args(&a, &ms));
+        assert_eq!(o.status.code(), Some(1), "--data-offset {off}: {o:?}");
+        assert!(
+            ms.iter().all(|m| !Path::new(m).exists()),
+            "--data-offset {off} left files"
+        );
+    }
+    ok(&args(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--size",
+            "64M",
+            "--chunk",
+            "64K",
+            "--data-offset",
+            "16M",
+        ],
+        &ms,
+    ));
+    let sb = examine(&ms[0]);
+    assert_eq!(sb["data_offset"], 16 << 20, "{sb}");
+    // The journal takes what the bitmap and checksums leave of the area:
+    // far more than the 1 MiB a 64 MiB member gets by default.
+    assert!(sb["journal"]["size"].as_u64().unwrap() > 15 << 20, "{sb}");
+
+    let mut s = Served::start(t, &ms, &[]);
+    let ctl = s.control.display().to_string();
+    tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x5a 0 40M", &s.uri],
+    );
+    ok(&["fail", "--control", &ctl, &ms[1]]);
+    ok(&["remove", "--control", &ctl, &ms[1]]);
+    // A member of 64 MiB joining gets the array's metadata area, not the
+    // 1 MiB its size alone would give: the journal lies there on every
+    // member, and a smaller area would put the member's data under it.
+    let new = t.join("new.img").display().to_string();
+    ok(&["add", "--control", &ctl, &new]);
+    ok(&["wait", "--control", &ctl]);
+    let joined = examine(&new);
+    assert_eq!(joined["data_offset"], 16 << 20, "{joined}");
+    assert_eq!(joined["journal"], sb["journal"], "{joined}");
+    // Written again after the rebuild, through the journal onto the new
+    // member too, and read back.
+    tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0xa5 8M 16M", &s.uri],
+    );
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x5a 0 8M",
+            "-c",
+            "read -P 0xa5 8M 16M",
+            "-c",
+            "read -P 0x5a 24M 16M",
+            &s.uri,
+        ],
+    );
+    assert_eq!(s.stop().code(), Some(0));
+    ok(&["check", &ms[0], &ms[2], &new]);
+}

@@ -62,6 +62,7 @@ fn specs_open_in_the_process_io_mode() {
         spares: Vec::new(),
         checksums: false,
         md: false,
+        data_offset: None,
         domains: Vec::new(),
     };
     raidkit_open::create(&members, &[], &opts, |_, _| {}).unwrap();

@@ -8,8 +8,8 @@ use crate::assemble::Absence;
 use crate::error::{Error, Result};
 use crate::events::{NewEvent, Severity};
 use crate::superblock::{
-    member_layout, probe, write_superblock, ReshapePos, Role, RoleEntry, RoleState, Superblock,
-    SB_SIZE,
+    data_offset_for, member_layout_with, probe, write_superblock, ReshapePos, Role, RoleEntry,
+    RoleState, Superblock, SB_SIZE,
 };
 use raidkit_layout::Geometry;
 use raidkit_member::Locked;
@@ -487,7 +487,7 @@ impl Core {
             }
         };
         let need = sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
-        let off = member_layout(m.len(), sb.checksums.enabled()).0;
+        let off = joining_layout(sb, m.len()).0;
         // md's metadata takes its own room (`md::joining` checks it).
         if sb.md.is_none() && m.len() < off + need {
             return Err(Error::Invalid(format!(
@@ -506,7 +506,7 @@ impl Core {
         sb.member_uuid = Uuid::new_v4();
         sb.domain = String::new();
         sb.role = Role::Spare;
-        (sb.data_offset, sb.checksums) = member_layout(m.len(), meta.sb.checksums.enabled());
+        (sb.data_offset, sb.checksums) = joining_layout(&meta.sb, m.len());
         sb.data_size = meta.sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
         sb.recovery_offset = None;
         if let Some(template) = &meta.sb.md {
@@ -796,4 +796,18 @@ impl Core {
         self.wake.kick();
         Ok(r)
     }
+}
+
+/// Where a member of `len` bytes joining the array of `sb` keeps its data
+/// and checksums: raidkit's default for its size, or more where the array
+/// was made with a larger metadata area (`create --data-offset`), whose
+/// bitmap and journal lie at the same offsets on every member.
+fn joining_layout(sb: &Superblock, len: u64) -> (u64, crate::superblock::ChecksumArea) {
+    let end = if sb.checksums.enabled() {
+        sb.checksums.offset
+    } else {
+        sb.data_offset
+    };
+    let meta = data_offset_for(len).max(end.next_multiple_of(1 << 20));
+    member_layout_with(len, sb.checksums.enabled(), meta)
 }

@@ -107,6 +107,7 @@ fn file_array(
         spares: Vec::new(),
         checksums: false,
         md: false,
+        data_offset: None,
         domains: Vec::new(),
     };
     let new: Vec<CreateMember> = members

@@ -240,9 +240,17 @@ impl ChecksumArea {
 }
 
 /// Where a member of `len` bytes keeps its data, and its checksum area
-/// (just before the data) when the array keeps checksums.
+/// (just before the data) when the array keeps checksums, with the
+/// metadata area raidkit gives it by default.
 pub fn member_layout(len: u64, checksums: bool) -> (u64, ChecksumArea) {
-    let meta = data_offset_for(len);
+    member_layout_with(len, checksums, data_offset_for(len))
+}
+
+/// As [`member_layout`], with a metadata area (superblocks, bitmap,
+/// journal and, when it fits in a quarter of it, the checksum area) of
+/// `meta` bytes: create's `--data-offset`, or what a member joining an
+/// array needs to hold the journal the array was made with.
+pub fn member_layout_with(len: u64, checksums: bool, meta: u64) -> (u64, ChecksumArea) {
     if !checksums {
         return (meta, ChecksumArea::default());
     }

@@ -45,6 +45,7 @@ fn build(a: &BenchEngineArgs, level: Level, tag: &str) -> Result<(Bench, Vec<Str
         spares: Vec::new(),
         checksums: false,
         md: false,
+        data_offset: None,
         domains: Vec::new(),
     };
     raidkit_open::create(&specs, &[], &opts, |_, _| {})

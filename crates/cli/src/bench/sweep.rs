@@ -161,6 +161,7 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
                     spares: Vec::new(),
                     checksums: false,
                     md: false,
+                    data_offset: None,
                     domains: Vec::new(),
                 };
                 let files: Vec<Spec> = paths.iter().map(|p| Spec::File(p.clone())).collect();
