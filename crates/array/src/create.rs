@@ -4,16 +4,16 @@
 use crate::engine::Array;
 use crate::error::{Error, Result};
 use crate::superblock::{
-    member_layout, member_layout_with, probe, write_superblock, ArrayState, BitmapArea,
+    data_offset_for, member_layout_with, probe, write_superblock, ArrayState, BitmapArea,
     ChecksumArea, JournalArea, Role, RoleEntry, RoleState, Superblock,
 };
 use crate::{assemble, bitmap, journal, SB_SIZE};
 use raidkit_layout::{Geometry, Layout, Level};
 use raidkit_member::{IoMode, Member};
-
-const MIB: u64 = 1 << 20;
 use std::sync::Arc;
 use uuid::Uuid;
+
+const MIB: u64 = 1 << 20;
 
 /// What to create.
 #[derive(Debug, Clone)]
@@ -299,10 +299,8 @@ pub fn create(
                     ChecksumArea::default(),
                 )
             } else {
-                match opts.data_offset {
-                    Some(meta) => member_layout_with(s, opts.checksums, meta),
-                    None => member_layout(s, opts.checksums),
-                }
+                let meta = opts.data_offset.unwrap_or_else(|| data_offset_for(s));
+                member_layout_with(s, opts.checksums, meta)
             }
         })
         .collect();
