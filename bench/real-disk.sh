@@ -33,7 +33,11 @@
 #
 # IOSTAT=1 prints, after each raidkit measurement, what one client request
 # cost the four devices (reads, writes, KiB written, flushes).
-# usage: [RAIDKIT=path/to/raidkit] [CHUNK=64K] [DIR=/var/tmp] [LOOP=1] [IOSTAT=1] [JOBS="..."] [CONFIGS="..."]
+# CPUSTAT=1 prints what one client request cost the machine, from
+# /proc/stat over the same span: CPU time (all processes, the kernel's
+# loop workers included), context switches, and the share of time busy
+# and waiting for I/O.
+# usage: [RAIDKIT=path/to/raidkit] [CHUNK=64K] [DIR=/var/tmp] [LOOP=1] [IOSTAT=1] [CPUSTAT=1] [JOBS="..."] [CONFIGS="..."]
 #        bench/real-disk.sh [ROUNDS] [SECONDS] [SIZE]
 #   ROUNDS   rounds (default 3), SECONDS per job (default 10),
 #   SIZE     per device (default 1G; the files are DIR/raidkit-real-disk.*)
@@ -131,14 +135,45 @@ raw() { # job -> value: fio on the four devices at once
 }
 
 devstat() { # -> the four loop devices' /sys/block/*/stat lines
+  [ "$LOOP" = 1 ] || return 0
   for d in "${LOOPS[@]}"; do cat "/sys/block/$(basename "$d")/stat"; done
+}
+
+cpustat() { # -> the machine's CPU times and context switches, and when
+  grep -E '^(cpu|ctxt) ' /proc/stat
+  date +%s.%N
+}
+
+# CPUSTAT=1: what each client request cost the machine.
+cpu_per_op() { # json job config
+  python3 - "$1" "$2" "$W/cpu0" "$W/cpu1" "$3" <<'PY'
+import json, os, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]
+side = "write" if "write" in sys.argv[2] else "read"
+rate = j[side]["iops"] or 1  # fio's mean rate: requests in the span = rate x span
+def load(f):
+    lines = open(f).read().split("\n")
+    cpu = [int(x) for x in lines[0].split()[1:]]
+    return cpu, int(lines[1].split()[1]), float(lines[2])
+(c0, x0, t0), (c1, x1, t1) = load(sys.argv[3]), load(sys.argv[4])
+d = [b - a for a, b in zip(c0, c1)]
+total = sum(d) or 1
+busy = total - d[3] - d[4]  # idle and iowait
+ops = rate * (t1 - t0)
+hz = os.sysconf("SC_CLK_TCK")  # /proc/stat's unit
+print(f"  cpustat {sys.argv[5]} {sys.argv[2]}: per request {busy / hz / ops * 1e6:.0f} us CPU, "
+      f"{(x1 - x0) / ops:.1f} context switches; busy {100 * busy / total:.0f} %, "
+      f"waiting for I/O {100 * d[4] / total:.0f} %")
+PY
 }
 
 nbd() { # uri job -> value
   local snap=""
-  if [ "${IOSTAT:-0}" = 1 ] && [ "$LOOP" = 1 ]; then
-    # The devices' counters once fio's ramp is over, and at its end.
-    (sleep 1; devstat > "$W/stat0") & snap=$!
+  local io=0 cpu=${CPUSTAT:-0}
+  [ "${IOSTAT:-0}" = 1 ] && [ "$LOOP" = 1 ] && io=1
+  if [ "$io" = 1 ] || [ "$cpu" = 1 ]; then
+    # The counters once fio's ramp is over, and at its end.
+    (sleep 1; devstat > "$W/stat0"; cpustat > "$W/cpu0") & snap=$!
   fi
   # shellcheck disable=SC2046
   fio --name=b --ioengine=nbd --uri="$1" $(job_args "$2") --time_based --runtime="$SECS" \
@@ -146,7 +181,9 @@ nbd() { # uri job -> value
   if [ -n "$snap" ]; then
     wait "$snap"
     devstat > "$W/stat1"
-    per_op "$W/out.json" "$2" "${c:-}" >&2
+    cpustat > "$W/cpu1"
+    [ "$io" = 1 ] && per_op "$W/out.json" "$2" "${c:-}" >&2
+    [ "$cpu" = 1 ] && cpu_per_op "$W/out.json" "$2" "${c:-}" >&2
   fi
   figure "$W/out.json" "$2"
 }

@@ -210,7 +210,17 @@ impl DirectMember {
         let len = buf.len() as u64;
         self.size
             .access(&self.file, &self.name, Op::Write, offset, len)?;
-        let r = if durable {
+        let r = if durable && !self.regular {
+            // A block device gives RWF_DSYNC a FUA write (on a device
+            // without FUA, a write and a cache flush) and then flushes the
+            // cache again (blkdev_write_iter's generic_write_sync): two
+            // flushes. A write and one flush make it as durable; on loop
+            // devices over ext4 that is 1.4-1.7x faster (docs/performance.md).
+            // A regular file keeps RWF_DSYNC: its file system writes FUA
+            // and skips the flush where it can.
+            self.write_direct(buf, offset, false)
+                .and_then(|()| self.file.sync_data())
+        } else if durable {
             self.dsync.write(
                 |dsync| self.write_direct(buf, offset, dsync),
                 || self.file.sync_data(),

@@ -179,6 +179,34 @@ fn a_loop_device_is_sized_blocked_and_opened_direct() {
     }
 }
 
+/// Cache flushes a device has completed (field 16 of /sys/block/*/stat).
+fn flushes(l: &Loop) -> u64 {
+    let base = l.dev.trim_start_matches("/dev/");
+    let stat = std::fs::read_to_string(format!("/sys/block/{base}/stat")).unwrap();
+    stat.split_whitespace().nth(15).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_durable_write_to_a_device_costs_one_cache_flush() {
+    // RWF_DSYNC on a block device gives a FUA write (on a loop device, a
+    // write and a flush) and then a second flush; the journal's records
+    // are durable writes, so each costs its commit one flush, not two.
+    let _turn = serial();
+    let Some(l) = Loop::attach(16 << 20, 512) else {
+        return;
+    };
+    let m = DirectMember::open(l.path(), false).unwrap();
+    let a = AlignedBuf::from_slice(&[9u8; 4096]);
+    let before = flushes(&l);
+    for i in 0..20u64 {
+        m.write_at_durable(&a, i * 4096).unwrap();
+    }
+    assert_eq!(flushes(&l) - before, 20, "flushes for 20 durable writes");
+    let mut b = vec![0u8; 4096];
+    m.read_at(&mut b, 19 * 4096).unwrap();
+    assert_eq!(b, vec![9u8; 4096]);
+}
+
 #[test]
 fn a_device_held_exclusively_is_refused_for_writing() {
     let _turn = serial();
