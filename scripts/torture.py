@@ -8,8 +8,14 @@ after that flush.
 
 usage: scripts/torture.py [--cycles N] [--level 5|6] [--seed S] [--raidkit PATH]
                           [--sabotage] [--old-copy] [--sync-cut] [--grow]
-                          [--chunk SIZE]
+                          [--chunk SIZE] [--devices DEV,DEV,...]
                           [--serve-arg=ARG ...]
+
+--devices: the members are these block devices (4 for RAID-5, 5 for
+RAID-6; at least 48 MiB each, their contents are overwritten), not files on
+the RAM disk: loop devices with direct I/O over files on a disk, say, where
+the server opens them with O_DIRECT and a durable write is a device cache
+flush. Not with --grow, --chunk or --sync-cut, which make member files.
 
 --grow: in the first cycle the array is grown by one member (`raidkit grow
 --add`), its reshape slowed (serve --rebuild-min/--rebuild-max 12M) so
@@ -48,6 +54,7 @@ import os
 import random
 import shutil
 import signal
+import stat
 import socket
 import subprocess
 import sys
@@ -275,6 +282,8 @@ def main():
                     help="grow the array by a member in the first cycle, kills during its reshape")
     ap.add_argument("--chunk",
                     help="change the chunk to this size in the first cycle, kills during its reshape")
+    ap.add_argument("--devices",
+                    help="comma-separated block devices to use as the members instead of files")
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="pass this argument to every `raidkit serve` (for the tests: "
                     "--serve-arg=--read-only must make the run fail)")
@@ -288,8 +297,20 @@ def main():
     try:
         n = 4 if args.level == "5" else 5
         members = [os.path.join(work, f"d{i}.img") for i in range(n)]
+        if args.devices:
+            members = args.devices.split(",")
+            if len(members) != n:
+                raise RuntimeError(f"--devices: RAID-{args.level} here takes {n} devices, "
+                                   f"not {len(members)}")
+            if args.grow or args.chunk or args.sync_cut:
+                raise RuntimeError("--devices does not go with --grow, --chunk or --sync-cut")
+            for m in members:
+                if not stat.S_ISBLK(os.stat(m).st_mode):
+                    raise RuntimeError(f"--devices: {m} is not a block device")
         create = [args.raidkit, "create", "--level", args.level, "--size", "48M",
                   "--chunk", "64K", "--bitmap-region", "1M", "--name", "torture"]
+        if args.devices:
+            create.append("--force")  # whatever the devices held goes
         if args.sabotage:
             # With checksums a scribble is healed or refused (EIO), never
             # returned: the planted loss, which must be seen as wrong data,

@@ -10,52 +10,6 @@ use common::*;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-/// How long one torture run may take before it is killed (with the
-/// servers it started: they are in its process group).
-const TORTURE_DEADLINE: Duration = Duration::from_secs(240);
-
-/// Runs scripts/torture.py; (exit code, stdout and stderr).
-fn torture(extra: &[&str]) -> (Option<i32>, String) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/torture.py");
-    let o = output_within(
-        Command::new("/usr/bin/python3")
-            .arg(script)
-            .args(["--raidkit", BIN])
-            .args(extra),
-        TORTURE_DEADLINE,
-    );
-    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-    (o.status.code(), text)
-}
-
-/// The figures of the summary line: (cycles, blocks acknowledged and
-/// flushed, losses). None when there is no summary (the run failed).
-fn summary(out: &str) -> Option<(u64, u64, u64)> {
-    let line = out.lines().find(|l| l.starts_with("summary: "))?;
-    let num = |after: &str| -> Option<u64> {
-        let i = line.find(after)? + after.len();
-        line[i..]
-            .split(|c: char| !c.is_ascii_digit())
-            .next()?
-            .parse()
-            .ok()
-    };
-    let cycles = num("summary: ")?;
-    let acked = num("cycles, ")?;
-    Some((cycles, acked, num("losses: ")?))
-}
-
-/// Blocks acknowledged and flushed in each cycle, from the cycle lines.
-fn acked_per_cycle(out: &str) -> Vec<u64> {
-    out.lines()
-        .filter(|l| l.starts_with("cycle "))
-        .map(|l| {
-            let i = l.find("s, ").expect("cycle line") + 3;
-            l[i..].split(' ').next().unwrap().parse().expect("a count")
-        })
-        .collect()
-}
-
 #[test]
 fn kill9_torture_loses_nothing_flushed() {
     for (level, seed) in [("5", "3"), ("6", "4")] {
