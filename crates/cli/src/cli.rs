@@ -406,6 +406,11 @@ pub struct SweepArgs {
     /// write-back).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub qd: u16,
+    /// Read through the read-ahead `serve` puts in front of arrays whose
+    /// members wait for devices (whole stripes, about 1 MiB, four in
+    /// flight): the reads a served client gets.
+    #[arg(long)]
+    pub read_ahead: bool,
     /// Write the results as CSV to this file.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,

@@ -387,6 +387,16 @@ pub(crate) fn bind(listen: &Option<String>, socket: &Option<PathBuf>) -> Result<
     })
 }
 
+/// The read-ahead `serve` puts in front of an array whose members wait
+/// for devices: blocks of whole stripes, about 1 MiB, four in flight.
+pub(crate) fn read_ahead(array: &Arc<Array>) -> Result<raidkit_member::ReadAhead> {
+    let g = array.geometry();
+    let stripe = (g.chunk * g.data_members().max(1) as u64).max(4096);
+    let block = (1u64 << 20).div_ceil(stripe) * stripe;
+    raidkit_member::ReadAhead::new(array.clone(), block, 4)
+        .context("starting the read-ahead threads")
+}
+
 /// What the NBD server serves of `array`: the array, behind read-ahead
 /// where its members wait on devices, tuned for its geometry.
 fn export_of(
@@ -398,14 +408,7 @@ fn export_of(
 ) -> Result<(Export, Config)> {
     let sb = array.superblock();
     let device: Arc<dyn raidkit_member::Member> = if array.waits_on_devices() && !a.no_read_ahead {
-        // Blocks of whole stripes, about 1 MiB, four in flight.
-        let g = array.geometry();
-        let stripe = (g.chunk * g.data_members().max(1) as u64).max(4096);
-        let block = (1u64 << 20).div_ceil(stripe) * stripe;
-        Arc::new(
-            raidkit_member::ReadAhead::new(array.clone(), block, 4)
-                .context("starting the read-ahead threads")?,
-        )
+        Arc::new(read_ahead(array)?)
     } else {
         array.clone()
     };

@@ -25,6 +25,11 @@ use std::sync::{Arc, Condvar, Mutex};
 /// Reads in a row at the end of the last one before reading ahead starts.
 const STREAK: u32 = 2;
 
+/// How many read-ahead windows behind the stream's end a read must start
+/// to begin a stream of its own (16 x four blocks of 1 MiB: 64 MiB, more
+/// than 32 requests of 1 MiB in flight leave between the first and last).
+const RESTART: u64 = 16;
+
 #[derive(Debug)]
 enum State {
     Reading,
@@ -152,6 +157,14 @@ impl Member for ReadAhead {
                 // Not the stream's next read (or far behind it): a new stream.
                 s.streak = 0;
                 s.blocks.clear();
+                if offset.saturating_add(self.block * self.ahead as u64 * RESTART) < s.last_end {
+                    // Farther back than a client's requests in flight
+                    // reach: a reader gone back to read again (a second
+                    // pass from the start), whose next read must count.
+                    // Nearer, it is a request of the same stream arriving
+                    // late, and the stream's end stays the furthest.
+                    s.last_end = end;
+                }
             }
             s.last_end = s.last_end.max(end);
             while s.blocks.front().is_some_and(|b| b.start + b.len <= offset) {
@@ -305,6 +318,33 @@ mod tests {
         at += buf.len() as u64;
         ra.read_at(&mut buf, at).unwrap();
         assert!(buf.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_second_pass_from_the_start_is_read_ahead_again() {
+        let m = Arc::new(Counting(MemMember::new("m", 8 << 20), Default::default()));
+        let data = pattern(8 << 20);
+        m.write_at(&data, 0).unwrap();
+        // Blocks of 64 KiB: a read 4 MiB behind the stream starts a new one.
+        let ra = ReadAhead::new(m.clone(), 64 << 10, 4).unwrap();
+        let mut buf = vec![0u8; 16 << 10];
+        for pass in 0..3 {
+            let before = m.1.load(std::sync::atomic::Ordering::Relaxed);
+            // Each pass a little shorter: it starts where the last did not.
+            let mut at = 0u64;
+            while at < (6 << 20) - pass * (256 << 10) {
+                ra.read_at(&mut buf, at).unwrap();
+                assert_eq!(buf, data[at as usize..at as usize + buf.len()], "at {at}");
+                at += buf.len() as u64;
+            }
+            // A member read per 64 KiB block read ahead, not per 16 KiB read.
+            let reads = m.1.load(std::sync::atomic::Ordering::Relaxed) - before;
+            let asked = at / buf.len() as u64;
+            assert!(
+                (reads as u64) < asked / 2,
+                "pass {pass}: {reads} member reads for {asked} sequential reads"
+            );
+        }
     }
 
     #[test]

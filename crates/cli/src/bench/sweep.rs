@@ -10,7 +10,7 @@ use raidkit_array::assemble::assemble;
 use raidkit_array::create::{CreateOptions, Policy};
 use raidkit_array::Array;
 use raidkit_layout::Level;
-use raidkit_member::SimConfig;
+use raidkit_member::{Member, SimConfig};
 use raidkit_open::spec::{self, Spec};
 use serde_json::json;
 use std::fmt::Write as _;
@@ -63,8 +63,8 @@ fn ideal_factor(level: Level, n: usize) -> f64 {
 /// One streaming client: `qd` requests of `block` bytes in flight (each
 /// from its own thread, taking the next block of the stream), for `secs`.
 /// MB/s.
-fn measure(array: &Array, write: bool, block: u64, qd: usize, secs: f64) -> Result<f64> {
-    let cap = array.capacity() / block * block;
+fn measure(dev: &dyn Member, write: bool, block: u64, qd: usize, secs: f64) -> Result<f64> {
+    let cap = dev.len() / block * block;
     if cap == 0 {
         bail!("members too small for a {block}-byte block");
     }
@@ -81,9 +81,9 @@ fn measure(array: &Array, write: bool, block: u64, qd: usize, secs: f64) -> Resu
                     while Instant::now() < until {
                         let off = next.fetch_add(block, Ordering::Relaxed) % cap;
                         if write {
-                            array.write(&buf, off)?;
+                            dev.write_at(&buf, off)?;
                         } else {
-                            array.read(&mut rbuf, off)?;
+                            dev.read_at(&mut rbuf, off)?;
                         }
                         bytes += block;
                     }
@@ -100,7 +100,7 @@ fn measure(array: &Array, write: bool, block: u64, qd: usize, secs: f64) -> Resu
         Ok(sum)
     })?;
     if write {
-        array.flush()?;
+        dev.flush()?;
     }
     Ok(bytes as f64 / t0.elapsed().as_secs_f64() / 1e6)
 }
@@ -171,7 +171,22 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
                     .into_iter()
                     .map(|f| Spec::Sim(Box::new(f), disk, a.disk.clone()))
                     .collect();
-                let array = Array::open(assemble(spec::open_all(&sims, false)?)?, "sweep", false)?;
+                let array = Arc::new(Array::open(
+                    assemble(spec::open_all(&sims, false)?)?,
+                    "sweep",
+                    false,
+                )?);
+                let ahead = if a.read_ahead && array.waits_on_devices() {
+                    Some(crate::serve::read_ahead(&array)?)
+                } else {
+                    None
+                };
+                // Writes go through it too, as a served client's do (it
+                // drops what it read ahead).
+                let dev: &dyn Member = match &ahead {
+                    Some(r) => r,
+                    None => array.as_ref(),
+                };
                 let data = if level.is_parity() {
                     array.geometry().data_members() as u64
                 } else {
@@ -183,10 +198,11 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
                 let mut r = Vec::new();
                 for _ in 0..a.runs {
                     interrupted()?;
-                    w.push(measure(&array, true, block, a.qd.into(), a.seconds)?);
+                    w.push(measure(dev, true, block, a.qd.into(), a.seconds)?);
                     interrupted()?;
-                    r.push(measure(&array, false, block, a.qd.into(), a.seconds)?);
+                    r.push(measure(dev, false, block, a.qd.into(), a.seconds)?);
                 }
+                drop(ahead);
                 array.close()?;
                 Ok(Point {
                     level,
