@@ -1044,6 +1044,20 @@ fn control_handler(array: Arc<Array>, stats: Arc<Stats>, served: Served) -> Arc<
 fn status_fields(array: &Array, stats: &Stats, served: &Served) -> Map<String, Value> {
     let sb = array.superblock();
     let c = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+    // The recovery is read before the state it makes: one that ends in
+    // between then shows as still running (a client waiting for its end
+    // asks again), never as ended with the array still called rebuilding.
+    let recovery = array.recovery_status();
+    let scrub = recovery.as_ref().filter(|r| r.kind == "scrub").map(|r| {
+        json!({
+            "progress": r.progress,
+            "bytes_done": r.bytes_done,
+            "bytes_total": r.bytes_total,
+            "rate": r.rate,
+        })
+    });
+    let pending = array.needs_recovery();
+    let last = array.last_recovery();
     let v = json!({
         "state": array.state_name(),
         "array": {
@@ -1058,7 +1072,7 @@ fn status_fields(array: &Array, stats: &Stats, served: &Served) -> Map<String, V
             "metadata": crate::commands::metadata_name(&sb),
         },
         "members": array.members_status(),
-        "recovery": array.recovery_status(),
+        "recovery": recovery,
         "reshape": array.reshape_target().map(|to| json!({
             "size": array.capacity(),
             "new_size": to,
@@ -1066,16 +1080,11 @@ fn status_fields(array: &Array, stats: &Stats, served: &Served) -> Map<String, V
             "old_chunk": array.reshape_chunks().map(|c| c.0),
             "chunk": array.reshape_chunks().map(|c| c.1),
         })),
-        "scrub": array.recovery_status().filter(|r| r.kind == "scrub").map(|r| json!({
-            "progress": r.progress,
-            "bytes_done": r.bytes_done,
-            "bytes_total": r.bytes_total,
-            "rate": r.rate,
-        })),
+        "scrub": scrub,
         "last_scrub": array.last_scrub(),
         "checksums": sb.checksums.enabled(),
-        "recovery_pending": array.needs_recovery(),
-        "last_recovery": array.last_recovery(),
+        "recovery_pending": pending,
+        "last_recovery": last,
         "rebuild_speed": {"min": array.rebuild_speed().0, "max": array.rebuild_speed().1},
         "corrected_read_errors": array.corrected_read_errors(),
         "bitmap": array.bitmap_status().map(|(region, dirty)| json!({"region": region, "dirty_regions": dirty})),
