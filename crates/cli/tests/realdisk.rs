@@ -651,17 +651,7 @@ fn kill9_torture_on_loop_devices_loses_nothing_flushed() {
             "--devices",
             &devs,
         ]);
-        assert_eq!(code, Some(0), "RAID-{level}:\n{out}");
-        let (cycles, acked, losses) = summary(&out).unwrap_or_else(|| panic!("{out}"));
-        assert_eq!((cycles, losses), (6, 0), "{out}");
-        let per = acked_per_cycle(&out);
-        assert_eq!(per.len(), 6, "{out}");
-        assert!(per.iter().all(|&n| n >= 20), "a cycle did little:\n{out}");
-        assert!(acked >= 500, "only {acked} blocks acknowledged:\n{out}");
-        assert!(
-            out.contains("left out"),
-            "no cycle ran without a member:\n{out}"
-        );
+        assert_torture_clean(code, &out, &format!("RAID-{level}"), 6, 500);
     }
     // The same check sees a loss on devices: blocks scribbled over through
     // the device after the first kill (an array without checksums, which

@@ -484,3 +484,32 @@ pub fn acked_per_cycle(out: &str) -> Vec<u64> {
         })
         .collect()
 }
+
+/// A torture run that passed: exit 0, `cycles` cycles and no loss, work
+/// done in every cycle (a server that refused or dropped writes would have
+/// none acknowledged: the script fails on any NBD error but the kill), at
+/// least `min_acked` blocks acknowledged and flushed in all, and some cycle
+/// run without a member.
+pub fn assert_torture_clean(
+    code: Option<i32>,
+    out: &str,
+    label: &str,
+    cycles: u64,
+    min_acked: u64,
+) {
+    assert_eq!(code, Some(0), "{label}:\n{out}");
+    let (ran, acked, losses) = summary(out).unwrap_or_else(|| panic!("{out}"));
+    assert_eq!((ran, losses), (cycles, 0), "{out}");
+    let per = acked_per_cycle(out);
+    assert_eq!(per.len() as u64, cycles, "{out}");
+    assert!(per.iter().all(|&n| n >= 20), "a cycle did little:\n{out}");
+    assert_eq!(per.iter().sum::<u64>(), acked, "{out}");
+    assert!(
+        acked >= min_acked,
+        "only {acked} blocks acknowledged:\n{out}"
+    );
+    assert!(
+        out.contains("left out"),
+        "no cycle ran without a member:\n{out}"
+    );
+}
