@@ -94,6 +94,21 @@ impl Stream {
             Stream::Unix(s) => s.shutdown(how),
         };
     }
+    /// Read what has arrived, without waiting: `Ok(None)` when nothing has.
+    pub(crate) fn read_now(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        use nix::sys::socket::{recv, MsgFlags};
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        };
+        match recv(fd, buf, MsgFlags::MSG_DONTWAIT) {
+            Ok(n) => Ok(Some(n)),
+            Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Whether at least `n` bytes have arrived and can be read without waiting.
     pub(crate) fn has_bytes(&self, n: usize) -> bool {
         use nix::sys::socket::{recv, MsgFlags};
