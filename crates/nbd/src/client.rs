@@ -1129,46 +1129,12 @@ mod tests {
         server.shutdown();
     }
 
-    /// A memory member whose reads of one range fail.
-    #[derive(Debug)]
-    struct Holed {
-        mem: raidkit_member::MemMember,
-        bad: std::ops::Range<u64>,
-    }
-
-    impl Member for Holed {
-        fn name(&self) -> &str {
-            "holed"
-        }
-        fn len(&self) -> u64 {
-            self.mem.len()
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), MemberError> {
-            if self.bad.contains(&offset) {
-                let e = io::Error::from_raw_os_error(libc::EIO);
-                return Err(MemberError::new(
-                    "holed",
-                    Op::Read,
-                    offset,
-                    buf.len() as u64,
-                    e,
-                ));
-            }
-            self.mem.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), MemberError> {
-            self.mem.write_at(buf, offset)
-        }
-        fn flush(&self) -> Result<(), MemberError> {
-            self.mem.flush()
-        }
-    }
-
     #[test]
     fn queued_replies_are_taken_apart_whole_across_batches_and_errors() {
         const LEN: u64 = 160 << 10;
-        let dev = Arc::new(Holed {
+        let dev = Arc::new(Recording {
             mem: raidkit_member::MemMember::new("mem", 8 << 20),
+            writes: Default::default(),
             bad: (4 << 20)..(5 << 20),
         });
         let pattern: Vec<u8> = (0..8u64 << 20).map(|i| (i % 251) as u8).collect();
@@ -1223,11 +1189,13 @@ mod tests {
         server.shutdown();
     }
 
-    /// A memory member that records the writes it is given.
+    /// A memory member that records the writes it is given, and fails
+    /// reads that start in `bad`.
     #[derive(Debug)]
     struct Recording {
         mem: raidkit_member::MemMember,
         writes: std::sync::Mutex<Vec<(u64, usize)>>,
+        bad: std::ops::Range<u64>,
     }
 
     impl Member for Recording {
@@ -1238,6 +1206,16 @@ mod tests {
             self.mem.len()
         }
         fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), MemberError> {
+            if self.bad.contains(&offset) {
+                let e = io::Error::from_raw_os_error(libc::EIO);
+                return Err(MemberError::new(
+                    "recording",
+                    Op::Read,
+                    offset,
+                    buf.len() as u64,
+                    e,
+                ));
+            }
             self.mem.read_at(buf, offset)
         }
         fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), MemberError> {
@@ -1256,6 +1234,7 @@ mod tests {
         let dev = Arc::new(Recording {
             mem: raidkit_member::MemMember::new("mem", 8 << 20),
             writes: Default::default(),
+            bad: 0..0,
         });
         let server = crate::Server::new(
             crate::Export {
