@@ -658,7 +658,7 @@ impl NbdClient {
             // fio against nbdkit's memory plugin at 4 KiB and QD32.
             let mut out: Vec<u8> = Vec::with_capacity(BATCH_BYTES + REQUEST_LEN + payload);
             let reply_len = REPLY_LEN + if cmd == CMD_READ { len as usize } else { 0 };
-            let mut inbuf = vec![0u8; (BATCH_BYTES).max(2 * reply_len)];
+            let mut inbuf = vec![0u8; BATCH_BYTES.max(2 * reply_len)];
             let (mut have, mut at) = (0usize, 0usize);
             let mut failed: Option<io::Error> = None;
             // Queue the next request in `out` (sent once the batch is
@@ -978,21 +978,32 @@ mod tests {
         assert!(Address::parse("nbd:///x").is_err());
     }
 
-    fn serve(read_only: bool) -> (Arc<crate::Server>, Arc<raidkit_member::MemMember>, String) {
-        let mem = Arc::new(raidkit_member::MemMember::new("mem", 8 << 20));
+    /// `device` served as export "t" on a free loopback port: the server
+    /// and its URI.
+    fn serve_device(
+        device: Arc<dyn Member>,
+        read_only: bool,
+        config: crate::Config,
+    ) -> (Arc<crate::Server>, String) {
         let server = crate::Server::new(
             crate::Export {
                 preferred_block: crate::server::PREFERRED_BLOCK,
                 name: "t".into(),
                 description: String::new(),
-                device: mem.clone(),
+                device,
                 read_only,
             },
-            crate::Config::default(),
+            config,
         );
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let uri = format!("nbd://{}/t", l.local_addr().unwrap());
         server.serve_tcp(l).unwrap();
+        (server, uri)
+    }
+
+    fn serve(read_only: bool) -> (Arc<crate::Server>, Arc<raidkit_member::MemMember>, String) {
+        let mem = Arc::new(raidkit_member::MemMember::new("mem", 8 << 20));
+        let (server, uri) = serve_device(mem.clone(), read_only, crate::Config::default());
         (server, mem, uri)
     }
 
@@ -1139,19 +1150,7 @@ mod tests {
         });
         let pattern: Vec<u8> = (0..8u64 << 20).map(|i| (i % 251) as u8).collect();
         dev.mem.write_at(&pattern, 0).unwrap();
-        let server = crate::Server::new(
-            crate::Export {
-                preferred_block: crate::server::PREFERRED_BLOCK,
-                name: "t".into(),
-                description: String::new(),
-                device: dev.clone(),
-                read_only: false,
-            },
-            crate::Config::default(),
-        );
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let uri = format!("nbd://{}/t", l.local_addr().unwrap());
-        server.serve_tcp(l).unwrap();
+        let (server, uri) = serve_device(dev.clone(), false, crate::Config::default());
         let c = NbdClient::connect(&uri).unwrap();
         let before = polled();
         // Reads of 160 KiB, more than half a receive batch: replies
@@ -1236,23 +1235,12 @@ mod tests {
             writes: Default::default(),
             bad: 0..0,
         });
-        let server = crate::Server::new(
-            crate::Export {
-                preferred_block: crate::server::PREFERRED_BLOCK,
-                name: "t".into(),
-                description: String::new(),
-                device: dev.clone(),
-                read_only: false,
-            },
-            crate::Config {
-                merge_writes: true,
-                merge_align: STRIPE,
-                ..Default::default()
-            },
-        );
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let uri = format!("nbd://{}/t", l.local_addr().unwrap());
-        server.serve_tcp(l).unwrap();
+        let config = crate::Config {
+            merge_writes: true,
+            merge_align: STRIPE,
+            ..Default::default()
+        };
+        let (server, uri) = serve_device(dev.clone(), false, config);
         let c = NbdClient::connect(&uri).unwrap();
         // A sequential stream that starts off the stripe grid: 127 pieces
         // from the second one on, each piece a different pattern.
