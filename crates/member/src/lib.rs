@@ -218,6 +218,7 @@ pub trait Member: Send + Sync + fmt::Debug {
             mapper: self.as_mapper(),
             offset,
             len,
+            landed: None,
         }]))
     }
     /// Writes placed straight into plain files: when writing
@@ -273,6 +274,22 @@ pub struct FileExtent<'a> {
     pub mapper: Option<&'a Mapper>,
     pub offset: u64,
     pub len: u64,
+    /// For a write placed straight into the extent's mapping: what to tell
+    /// as each part of it lands (a checked member under the file, which
+    /// takes the blocks' checksums there, while the bytes are still in the
+    /// CPU's cache, instead of reading them back from memory when the
+    /// write ends). None: nothing to tell.
+    pub landed: Option<&'a dyn Landed>,
+}
+
+/// Told, by a write that places data straight into a file's mapping (see
+/// [`Member::with_write_extents`]), what it has placed so far.
+pub trait Landed: Sync + std::fmt::Debug {
+    /// `range`, the mapping of the file at `offset`, holds what the write
+    /// placed there, which stays as it is until the write ends. Whole
+    /// blocks of it count; parts of blocks are left to the end of the
+    /// write. Called only for extents the write was given.
+    fn landed(&self, offset: u64, range: &MappedRange);
 }
 
 /// Write `len` zero bytes at `offset`, a MiB at a time.

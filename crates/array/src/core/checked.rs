@@ -114,6 +114,10 @@ struct Page {
     /// Checksums of writes in flight (entry index, new sum): a read that
     /// races a write of its block may see either content.
     pending: Vec<(u16, u32)>,
+    /// Checksums of blocks of writes in place (`InPlace`) taken as their
+    /// data landed (`Landed`), for the write's end to record (entry
+    /// index, sum).
+    landed: Vec<(u16, u32)>,
 }
 
 /// What verifying a range found.
@@ -604,6 +608,10 @@ impl Checked {
         let (first, n) = ((at - self.data_offset) / BLOCK, (len / BLOCK) as usize);
         let marked = self.page_runs(first, n, |p, e, _, m| {
             p.pending.extend((0..m).map(|j| ((e + j) as u16, ANY)));
+            if !p.landed.is_empty() {
+                p.landed
+                    .retain(|&(i, _)| !(e..e + m).contains(&(i as usize)));
+            }
         });
         let mut g = InPlace {
             c: self,
@@ -778,15 +786,52 @@ impl InPlace<'_> {
     }
 }
 
+impl InPlace<'_> {
+    /// The checksums of what the blocks hold now: those taken as the data
+    /// landed, the others read back (0 where that fails: none yet). Takes
+    /// the landed ones from the pages either way.
+    fn sums_now(&self, first: u64, n: usize) -> Option<Vec<u32>> {
+        let c = self.c;
+        let mut sums = vec![0u32; n];
+        let _ = c.page_runs(first, n, |p, e, k, m| {
+            if !p.landed.is_empty() {
+                p.landed.retain(|&(i, s)| {
+                    let i = i as usize;
+                    let ours = (e..e + m).contains(&i);
+                    if ours {
+                        sums[k + i - e] = s;
+                    }
+                    !ours
+                });
+            }
+        });
+        if !self.wrote {
+            return None;
+        }
+        // The blocks without one, a run at a time.
+        let mut k = 0;
+        while k < n {
+            if sums[k] != 0 {
+                k += 1;
+                continue;
+            }
+            let end = (k..n).find(|&j| sums[j] != 0).unwrap_or(n);
+            let at = self.lo + k as u64 * BLOCK;
+            if let Ok(s) = c.sums_held(at, at + (end - k) as u64 * BLOCK) {
+                sums[k..end].copy_from_slice(&s);
+            }
+            k = end;
+        }
+        Some(sums)
+    }
+}
+
 impl Drop for InPlace<'_> {
     fn drop(&mut self) {
         let c = self.c;
-        let sums = self
-            .wrote
-            .then(|| c.sums_held(self.lo, self.hi).ok())
-            .map(|s| s.unwrap_or_else(|| vec![0; ((self.hi - self.lo) / BLOCK) as usize]));
         let first = (self.lo - c.data_offset) / BLOCK;
         let n = ((self.hi - self.lo) / BLOCK) as usize;
+        let sums = self.sums_now(first, n);
         // The pages hold pending marks, so they stay loaded (`drop_clean`)
         // and this does no I/O; a page whose loading failed in `in_place`
         // has no mark to take back.
@@ -806,6 +851,47 @@ impl Drop for InPlace<'_> {
                 .locked()
                 .retain(|&o| o < self.lo || o >= self.hi);
         }
+    }
+}
+
+impl raidkit_member::Landed for Checked {
+    /// Take the checksums of the whole blocks of `range` now, while a
+    /// write that just placed them has them in the CPU's cache, for the
+    /// write's `InPlace` to record when it ends: read back then, they come
+    /// from memory, at half the speed.
+    fn landed(&self, offset: u64, range: &raidkit_member::MappedRange) {
+        let Some((lo, hi)) = self.data_part(offset, range.len as u64) else {
+            return;
+        };
+        let d = self.data_offset;
+        let (a, b) = (
+            d + (lo - d).next_multiple_of(BLOCK),
+            d + (hi - d) / BLOCK * BLOCK,
+        );
+        if a >= b {
+            return;
+        }
+        let n = ((b - a) / BLOCK) as usize;
+        let mut sums = Vec::with_capacity(n);
+        // SAFETY: [a, b) lies within `range`, which keeps its mapping
+        // alive, and is only read, inside `guarded`; `sums` has room for
+        // every entry, so extending it allocates nothing.
+        let r = unsafe {
+            raidkit_member::guarded(&mut || {
+                let data = std::slice::from_raw_parts(
+                    range.ptr.add((a - offset) as usize),
+                    (b - a) as usize,
+                );
+                sums.extend(data.chunks(BLOCK as usize).map(checksums::sum));
+            })
+        };
+        if r.is_err() || sums.len() != n {
+            return;
+        }
+        let _ = self.page_runs((a - d) / BLOCK, n, |p, e, k, m| {
+            p.landed
+                .extend((0..m).map(|j| ((e + j) as u16, sums[k + j])));
+        });
     }
 }
 
@@ -1035,5 +1121,73 @@ mod tests {
         raw[0] ^= 2;
         mem.write_at(&raw, at(2)).unwrap();
         assert!(read(2).is_err_and(|e| is_mismatch(&e)));
+    }
+
+    #[test]
+    fn checksums_taken_as_a_write_lands_are_the_ones_recorded_and_the_rest_are_read_back() {
+        use raidkit_member::{FileMember, Landed};
+        let dir = tempfile::tempdir().unwrap();
+        let data_offset = 2 << 20;
+        let path = dir.path().join("m");
+        let file = Arc::new(FileMember::create(&path, data_offset + (8 << 20)).unwrap());
+        let area = ChecksumArea {
+            offset: 1 << 20,
+            size: (8 << 20) / BLOCK * checksums::ENTRY,
+        };
+        let c = Checked::new(file.clone(), data_offset, area, true);
+        let at = |b: u64| data_offset + b * BLOCK;
+        let read = |b: u64| {
+            let mut got = vec![0u8; BLOCK as usize];
+            c.read_at(&mut got, at(b)).map(|()| got)
+        };
+        let mapper = file.as_mapper().expect("a plain file maps");
+        let landed_at = |b: u64, skip: usize, len: usize| {
+            let mut ranges = Vec::new();
+            let off = at(b) + skip as u64;
+            assert!(
+                mapper.cached(off, len as u64, &mut ranges).unwrap(),
+                "{off}"
+            );
+            c.landed(off, &ranges[0]);
+        };
+        // Blocks 0-3 held in place and written behind the checks; the
+        // write tells what landed, from a part of block 0 (not counted) to
+        // the end of block 2, then changes blocks 1 and 3 afterwards, which
+        // a write in place never does: the sums taken as 1 landed are
+        // recorded (1 now disagrees), 3 had none taken and is read back
+        // (agrees), 0 and 2 agree either way.
+        let g = c.in_place(at(0), 4 * BLOCK).unwrap().unwrap();
+        for b in 0..4 {
+            file.write_at(&block(b), at(b)).unwrap();
+        }
+        landed_at(0, 100, 3 * BLOCK as usize - 100);
+        file.write_at(&block(21), at(1)).unwrap();
+        file.write_at(&block(23), at(3)).unwrap();
+        drop(g);
+        assert_eq!(read(0).unwrap(), block(0));
+        assert!(read(1).is_err_and(|e| is_mismatch(&e)));
+        assert_eq!(read(2).unwrap(), block(2));
+        assert_eq!(read(3).unwrap(), block(23));
+        // Sums told of blocks no write holds are not kept for a later
+        // write of them: that one's own data is read back.
+        landed_at(0, 0, 4 * BLOCK as usize);
+        let g = c.in_place(at(0), 4 * BLOCK).unwrap().unwrap();
+        file.write_at(&block(30), at(0)).unwrap();
+        drop(g);
+        assert_eq!(read(0).unwrap(), block(30));
+        // Nothing written: the landed sums are dropped with the rest.
+        let mut g = c.in_place(at(2), BLOCK).unwrap().unwrap();
+        file.write_at(&block(40), at(2)).unwrap();
+        landed_at(2, 0, BLOCK as usize);
+        g.nothing_written();
+        drop(g);
+        assert!(read(2).is_err_and(|e| is_mismatch(&e)));
+        assert_eq!(
+            c.pages
+                .iter()
+                .map(|p| p.locked().landed.len())
+                .sum::<usize>(),
+            0
+        );
     }
 }

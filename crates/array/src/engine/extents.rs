@@ -75,7 +75,7 @@ impl Array {
                     (file, Some(mapper))
                 }
             };
-            push_extent(&mut ext, file, mapper, at, p.len);
+            push_extent(&mut ext, file, mapper, None, at, p.len);
             if !disks.iter().any(|x| std::ptr::eq(*x, &**d)) {
                 disks.push(d);
             }
@@ -217,19 +217,19 @@ fn write_target<'a>(
     sums: &mut Vec<(&'a Checked, u64, u64)>,
 ) -> Option<()> {
     let at = d.data_offset + dev;
-    let member = match &d.checked {
-        None => &d.member,
+    let (member, landed) = match &d.checked {
+        None => (&d.member, None),
         Some(c) => {
             if !(dev.is_multiple_of(BLOCK) && len.is_multiple_of(BLOCK)) {
                 return None;
             }
             sums.push((&**c, at, len));
-            c.inner()
+            (c.inner(), Some(&**c as &dyn raidkit_member::Landed))
         }
     };
     let file = member.as_file()?;
     let mapper = member.as_mapper().filter(|m| m.writable())?;
-    push_extent(ext, file, Some(mapper), at, len);
+    push_extent(ext, file, Some(mapper), landed, at, len);
     Some(())
 }
 
@@ -264,6 +264,7 @@ pub(crate) fn push_extent<'a>(
     ext: &mut Vec<FileExtent<'a>>,
     file: &'a std::fs::File,
     mapper: Option<&'a raidkit_member::Mapper>,
+    landed: Option<&'a dyn raidkit_member::Landed>,
     at: u64,
     len: u64,
 ) {
@@ -274,6 +275,7 @@ pub(crate) fn push_extent<'a>(
             mapper,
             offset: at,
             len,
+            landed,
         }),
     }
 }

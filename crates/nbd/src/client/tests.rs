@@ -433,6 +433,7 @@ impl Member for Striped {
                 mapper: self.mappers.get(i).or(self.mappers.first()),
                 offset,
                 len,
+                landed: None,
             })
             .collect();
         Some(f(&ext))

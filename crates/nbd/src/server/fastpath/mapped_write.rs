@@ -222,26 +222,60 @@ fn place(
     got.placed = head;
     let fd = r.get_ref().as_fd();
     let mut skip = head;
+    // Each range lies in one extent (they were found extent by extent):
+    // where it lies in its file, and whom to tell as it lands.
+    let (mut e, mut into) = (0, 0);
     for m in ranges {
-        if skip >= m.len {
-            skip -= m.len;
-            continue;
+        let ex = &ext[e];
+        let offset = ex.offset + into;
+        into += m.len as u64;
+        if into >= ex.len {
+            (e, into) = (e + 1, 0);
         }
-        // SAFETY: the range lies in a writable shared mapping that `m`
-        // keeps mapped; only the kernel writes through it.
-        let ptr = unsafe { m.ptr.cast_mut().add(skip) };
-        let want = m.len - skip;
-        skip = 0;
-        let n = recv_all(fd, ptr, want)?;
-        got.placed += n;
-        got.have = got.placed;
-        if n < want {
-            // A fault: the bytes it stopped at are still in the socket.
-            return Ok(false);
+        // Received a piece at a time where someone is told (see
+        // `LANDING_PIECE`), else at once.
+        let piece = if ex.landed.is_some() {
+            LANDING_PIECE
+        } else {
+            m.len
+        };
+        let (mut at, mut told) = (skip.min(m.len), 0);
+        skip -= at;
+        loop {
+            if let Some(l) = ex
+                .landed
+                .filter(|_| at > told && (at == m.len || at % piece == 0))
+            {
+                l.landed(offset + told as u64, &m.sub(told, at - told));
+                told = at;
+            }
+            if at == m.len {
+                break;
+            }
+            let end = (at / piece + 1) * piece;
+            let want = end.min(m.len) - at;
+            // SAFETY: the range lies in a writable shared mapping that `m`
+            // keeps mapped; only the kernel writes through it.
+            let ptr = unsafe { m.ptr.cast_mut().add(at) };
+            let n = recv_all(fd, ptr, want)?;
+            got.placed += n;
+            got.have = got.placed;
+            if n < want {
+                // A fault: the bytes it stopped at are still in the socket.
+                return Ok(false);
+            }
+            at += n;
         }
     }
     Ok(true)
 }
+
+/// How much of a write is received before the member under it is told
+/// that it landed (`FileExtent::landed`): small enough that the bytes are
+/// still in the CPU's cache when it reads them (a checked member takes
+/// their checksums), large enough that the extra system calls cost
+/// little. A range of a striped array is one chunk, usually less.
+const LANDING_PIECE: usize = 256 << 10;
 
 /// Receive `len` bytes from `sock` into `ptr`. Fewer: receiving into the
 /// memory there faulted (`EFAULT`), and the bytes from there on are still

@@ -200,6 +200,7 @@ fn a_fault_part_way_leaves_the_rest_in_the_socket() {
         mapper: Some(&mapper),
         offset: 0,
         len,
+        landed: None,
     }];
     let mut buf = vec![0u8; len as usize];
     let mut got = Received::default();
@@ -237,6 +238,7 @@ fn a_head_that_cannot_be_written_is_kept_for_the_ordinary_path() {
         mapper: Some(&mapper),
         offset: 0,
         len: 1 << 20,
+        landed: None,
     }];
     let mut buf = vec![0u8; 1 << 20];
     let mut got = Received::default();
