@@ -1,0 +1,309 @@
+//! The control socket of a served array: the commands `raidkit` sends
+//! it (status, fail, add, scrub, stop...) and the fields of its status.
+
+use super::*;
+
+/// What the control socket reports about the server itself, and the flag
+/// that stops it.
+#[derive(Clone)]
+pub(super) struct Served {
+    pub(super) endpoints: Vec<String>,
+    pub(super) control: String,
+    pub(super) started: Instant,
+    pub(super) stop: Arc<AtomicBool>,
+    /// The counters of every array of this process: `stop` stops them all
+    /// and refuses while any has clients.
+    pub(super) all: Vec<Arc<Stats>>,
+}
+
+pub(super) fn control_handler(
+    array: Arc<Array>,
+    stats: Arc<Stats>,
+    served: Served,
+) -> Arc<Handler> {
+    Arc::new(move |cmd: &str, args: &Map<String, Value>| {
+        let text = |k: &str| -> Result<String, String> {
+            args.get(k)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| format!("'{cmd}' needs a \"{k}\" string"))
+        };
+        let flag = |k: &str| args.get(k).and_then(Value::as_bool).unwrap_or(false);
+        let one = |k: &str, v: Value| -> Map<String, Value> {
+            let mut m = Map::new();
+            m.insert(k.to_string(), v);
+            m
+        };
+        match cmd {
+            "status" => Ok(status_fields(&array, &stats, &served)),
+            // The events after `after` (all kept ones if absent), waiting
+            // up to `wait_ms` (at most 30 s) for one: a follower's long poll.
+            "events" => {
+                let after = args.get("after").and_then(Value::as_u64);
+                let wait = args.get("wait_ms").and_then(Value::as_u64).unwrap_or(0);
+                let (list, last) = array.events().after(
+                    after.unwrap_or(0),
+                    Duration::from_millis(wait.min(30_000)),
+                );
+                let mut m = one("events", json!(list));
+                m.insert("last".into(), json!(last));
+                Ok(m)
+            }
+            "test-event" => {
+                array.emit(raidkit_array::NewEvent::new(
+                    "TestMessage",
+                    raidkit_array::Severity::Info,
+                    "a test event, sent by raidkit monitor --test",
+                ));
+                Ok(one("sent", json!(true)))
+            }
+            "stop" => {
+                let peers: Vec<String> = served
+                    .all
+                    .iter()
+                    .flat_map(|s| s.peers.locked().clone())
+                    .collect();
+                if !peers.is_empty() && !flag("force") {
+                    return Err(format!(
+                        "{} client(s) connected ({}): disconnect them first, or stop with --force to disconnect them",
+                        peers.len(),
+                        peers.join(", ")
+                    ));
+                }
+                served.stop.store(true, Ordering::Release);
+                let mut m = one("stopping", json!(true));
+                m.insert("pid".into(), json!(std::process::id()));
+                m.insert("disconnected".into(), json!(peers));
+                Ok(m)
+            }
+            "fail" => array
+                .fail_member(&text("member")?, flag("force"))
+                .map(|m| one("member", json!(m)))
+                .map_err(|e| e.to_string()),
+            "remove" => array
+                .remove_member(&text("member")?)
+                .map(|m| one("member", json!(m)))
+                .map_err(|e| e.to_string()),
+            "add" => raidkit_open::add_member(&array, &text("member")?, flag("force"))
+                .map(|added| match added {
+                    raidkit_array::Added::Role { role, resync } => {
+                        let mut m = one("role", json!(role));
+                        m.insert("as".into(), json!(if resync { "resync" } else { "rebuild" }));
+                        m
+                    }
+                    raidkit_array::Added::Spare => one("as", json!("spare")),
+                })
+                .map_err(|e| crate::admin::in_use_message(&e).unwrap_or(e.to_string())),
+            "replace" => {
+                raidkit_open::replace_member(&array, &text("member")?, &text("with")?, flag("force"))
+            }
+                .map(|r| one("role", json!(r)))
+                .map_err(|e| crate::admin::in_use_message(&e).unwrap_or(e.to_string())),
+            "grow" => {
+                let members: Vec<String> = match args.get("add") {
+                    Some(Value::Array(xs)) => xs
+                        .iter()
+                        .map(|x| x.as_str().map(str::to_string))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or("\"add\" must be a list of member specs")?,
+                    None | Some(Value::Null) => Vec::new(),
+                    _ => return Err("\"add\" must be a list of member specs".into()),
+                };
+                let level = match args.get("level") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(l)) => Some(
+                        l.parse::<raidkit_layout::Level>()
+                            .map_err(|e| format!("\"level\": {e}"))?,
+                    ),
+                    Some(_) => return Err("\"level\" must be a level (\"5\")".into()),
+                };
+                let grow_size = match args.get("size") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::String(s)) if s == "max" => true,
+                    Some(_) => return Err("\"size\" must be \"max\"".into()),
+                };
+                let chunk = match args.get("chunk") {
+                    None | Some(Value::Null) => None,
+                    Some(c) => Some(c.as_u64().ok_or("\"chunk\" must be bytes")?),
+                };
+                if let Some(c) = chunk {
+                    if !members.is_empty() || level.is_some() || grow_size {
+                        return Err("changing the chunk is a change of its own: change the chunk, then add members, change the level or the size".into());
+                    }
+                    let old = array.geometry();
+                    let g = array.change_chunk(c).map_err(|e| e.to_string())?;
+                    let mut m = one("members", json!(g.members()));
+                    m.insert("size".into(), json!(old.capacity()));
+                    m.insert("new_size".into(), json!(g.capacity()));
+                    m.insert("level".into(), json!(g.level.to_string()));
+                    m.insert("layout".into(), json!(g.layout.to_string()));
+                    m.insert("chunk".into(), json!(g.chunk));
+                    m.insert("old_chunk".into(), json!(old.chunk));
+                    return Ok(m);
+                }
+                if grow_size {
+                    if !members.is_empty() || level.is_some() {
+                        return Err("growing the size is a change of its own: grow the size, then add members or change the level".into());
+                    }
+                    let (before, after) = array.grow_size().map_err(|e| e.to_string())?;
+                    let g = array.geometry();
+                    let mut m = one("members", json!(g.members()));
+                    m.insert("size".into(), json!(before));
+                    m.insert("new_size".into(), json!(after));
+                    m.insert("level".into(), json!(g.level.to_string()));
+                    m.insert("layout".into(), json!(g.layout.to_string()));
+                    return Ok(m);
+                }
+                if members.is_empty() && level.is_none() {
+                    return Err("grow: nothing to do (\"add\", \"level\" or \"size\")".into());
+                }
+                let size = array.capacity();
+                // The level first (no data moves), then the members.
+                let mut g = (*array.geometry()).clone();
+                let mut members = members.as_slice();
+                match level {
+                    // RAID-5 to RAID-6 takes one new member, for Q.
+                    Some(l @ raidkit_layout::Level::Raid6)
+                        if g.level == raidkit_layout::Level::Raid5 =>
+                    {
+                        let [first, rest @ ..] = members else {
+                            return Err("a RAID-5 becomes a RAID-6 with one new member for Q: give it (--add MEMBER)".into());
+                        };
+                        if !rest.is_empty() {
+                            return Err("RAID-5 to RAID-6 takes exactly one new member (for Q); add more with another grow once it is built".into());
+                        }
+                        g = raidkit_open::take_over_adding(&array, l, first, flag("force"))
+                            .map_err(|e| {
+                                crate::admin::in_use_message(&e).unwrap_or(e.to_string())
+                            })?;
+                        members = &[];
+                    }
+                    Some(l) => g = array.take_over(l).map_err(|e| e.to_string())?,
+                    None => {}
+                }
+                if !members.is_empty() {
+                    g = raidkit_open::grow(&array, members, flag("force")).map_err(|e| {
+                        crate::admin::in_use_message(&e).unwrap_or(e.to_string())
+                    })?;
+                }
+                let mut m = one("members", json!(g.members()));
+                m.insert("size".into(), json!(size));
+                m.insert("new_size".into(), json!(g.capacity()));
+                m.insert("level".into(), json!(g.level.to_string()));
+                m.insert("layout".into(), json!(g.layout.to_string()));
+                Ok(m)
+            }
+            "speed" => {
+                let rate = |k: &str| -> Result<Option<u64>, String> {
+                    match args.get(k) {
+                        None | Some(Value::Null) => Ok(None),
+                        Some(v) => v
+                            .as_u64()
+                            .map(Some)
+                            .ok_or_else(|| format!("\"{k}\" must be bytes per second")),
+                    }
+                };
+                array.set_rebuild_speed(rate("rebuild_min")?, rate("rebuild_max")?);
+                let (min, max) = array.rebuild_speed();
+                let mut m = one("rebuild_min", json!(min));
+                m.insert("rebuild_max".into(), json!(max));
+                Ok(m)
+            }
+            "scrub" => {
+                if flag("stop") {
+                    return array
+                        .stop_scrub()
+                        .map(|s| one("stopped", json!(s)))
+                        .map_err(|e| e.to_string());
+                }
+                array
+                    .start_scrub(flag("check_only"))
+                    .map(|()| one("started", json!(true)))
+                    .map_err(|e| e.to_string())
+            }
+            other => Err(format!(
+                "unknown command '{other}' (this server knows: status, stop, fail, remove, add, replace, grow, speed, scrub)"
+            )),
+        }
+    })
+}
+
+pub(super) fn status_fields(array: &Array, stats: &Stats, served: &Served) -> Map<String, Value> {
+    let sb = array.superblock();
+    let c = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+    // The recovery is read before the state it makes: one that ends in
+    // between then shows as still running (a client waiting for its end
+    // asks again), never as ended with the array still called rebuilding.
+    let recovery = array.recovery_status();
+    let scrub = recovery.as_ref().filter(|r| r.kind == "scrub").map(|r| {
+        json!({
+            "progress": r.progress,
+            "bytes_done": r.bytes_done,
+            "bytes_total": r.bytes_total,
+            "rate": r.rate,
+        })
+    });
+    let pending = array.needs_recovery();
+    let last = array.last_recovery();
+    let v = json!({
+        "state": array.state_name(),
+        "array": {
+            "uuid": sb.array_uuid.to_string(),
+            "name": sb.name,
+            "level": sb.level.to_string(),
+            "layout": layout_json(sb.layout),
+            "chunk": sb.chunk,
+            "size": array.capacity(),
+            "events": sb.events,
+            "consistency_policy": raidkit_array::create::Policy::of(&sb).name(),
+            "metadata": crate::commands::metadata_name(&sb),
+        },
+        "members": array.members_status(),
+        "recovery": recovery,
+        "reshape": array.reshape_target().map(|to| json!({
+            "size": array.capacity(),
+            "new_size": to,
+            "members": array.geometry().members(),
+            "old_chunk": array.reshape_chunks().map(|c| c.0),
+            "chunk": array.reshape_chunks().map(|c| c.1),
+        })),
+        "scrub": scrub,
+        "last_scrub": array.last_scrub(),
+        "checksums": sb.checksums.enabled(),
+        "recovery_pending": pending,
+        "last_recovery": last,
+        "rebuild_speed": {"min": array.rebuild_speed().0, "max": array.rebuild_speed().1},
+        "corrected_read_errors": array.corrected_read_errors(),
+        "bitmap": array.bitmap_status().map(|(region, dirty)| json!({"region": region, "dirty_regions": dirty})),
+        "io": {
+            "reads": c(&stats.reads),
+            "writes": c(&stats.writes),
+            "bytes_read": c(&stats.bytes_read),
+            "bytes_written": c(&stats.bytes_written),
+            "flushes": c(&stats.flushes),
+            "trims": c(&stats.trims),
+            "write_zeroes": c(&stats.zeroes),
+            "merged_writes": c(&stats.merged_writes),
+            "zero_copy_reads": c(&stats.zero_copy_reads),
+            "mapped_reads": c(&stats.mapped_reads),
+            "mapped_writes": c(&stats.mapped_writes),
+            "run_waits": c(&stats.run_waits),
+            "held_replies": c(&stats.held_replies),
+            "errors": c(&stats.errors),
+        },
+        "connections": {
+            "active": c(&stats.connections_active),
+            "total": c(&stats.connections_total),
+            "refused": c(&stats.connections_refused),
+            "peers": stats.peers.locked().clone(),
+        },
+        "endpoints": served.endpoints,
+        "control": served.control,
+        "pid": std::process::id(),
+        "uptime_seconds": served.started.elapsed().as_secs_f64(),
+    });
+    match v {
+        Value::Object(m) => m,
+        _ => unreachable!(),
+    }
+}
