@@ -67,8 +67,17 @@ fn cache_pages() -> usize {
 /// number at most the queue depth.)
 #[derive(Debug, Default)]
 struct InFlight {
-    ranges: Mutex<Vec<(u64, u64)>>,
+    ranges: Mutex<Ranges>,
     done: std::sync::Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Ranges {
+    held: Vec<(u64, u64)>,
+    /// Writes waiting in `enter`: a write that ends wakes them only if
+    /// there are any (a condition variable's wake is a system call even
+    /// when nobody waits, once per write otherwise).
+    waiting: usize,
 }
 
 struct Writing<'a> {
@@ -79,10 +88,12 @@ struct Writing<'a> {
 impl InFlight {
     fn enter(&self, lo: u64, hi: u64) -> Writing<'_> {
         let mut r = self.ranges.locked();
-        while r.iter().any(|&(a, b)| a < hi && lo < b) {
+        while r.held.iter().any(|&(a, b)| a < hi && lo < b) {
+            r.waiting += 1;
             r = self.done.wait(r).unwrap_or_else(|e| e.into_inner());
+            r.waiting -= 1;
         }
-        r.push((lo, hi));
+        r.held.push((lo, hi));
         Writing {
             set: self,
             range: (lo, hi),
@@ -93,11 +104,16 @@ impl InFlight {
 impl Drop for Writing<'_> {
     fn drop(&mut self) {
         let mut r = self.set.ranges.locked();
-        if let Some(i) = r.iter().position(|&x| x == self.range) {
-            r.swap_remove(i);
+        if let Some(i) = r.held.iter().position(|&x| x == self.range) {
+            r.held.swap_remove(i);
         }
+        // Read under the lock: a write that waits from now on finds this
+        // range gone, so none is missed.
+        let waiting = r.waiting > 0;
         drop(r);
-        self.set.done.notify_all();
+        if waiting {
+            self.set.done.notify_all();
+        }
     }
 }
 

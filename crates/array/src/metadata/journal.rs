@@ -246,6 +246,10 @@ struct LogState {
     applied: u64,
     /// A checkpoint is being made (by a writer, outside the lock).
     checkpointing: bool,
+    /// Threads waiting on `Journal::idle`: a record that ends wakes them
+    /// only if there are any (a condition variable's wake is a system call
+    /// even when nobody waits, once per record otherwise).
+    waiting: usize,
     /// The quarter the last record went into.
     segment: usize,
     /// Per quarter, the highest sequence number of a record in it.
@@ -336,7 +340,9 @@ impl Drop for Slot<'_> {
     fn drop(&mut self) {
         let mut st = self.journal.state.locked();
         st.inflight.remove(&self.seq);
-        self.journal.idle.notify_all();
+        if st.waiting > 0 {
+            self.journal.idle.notify_all();
+        }
     }
 }
 
@@ -527,10 +533,12 @@ impl Journal {
             if !wait {
                 return Ok(st);
             }
+            st.waiting += 1;
             st = self
                 .idle
                 .wait(st)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            st.waiting -= 1;
             if st.applied >= need {
                 return Ok(st);
             }
@@ -558,10 +566,12 @@ impl Journal {
     pub fn quiesce(&self) -> u64 {
         let mut st = self.state.locked();
         while !st.inflight.is_empty() || st.checkpointing {
+            st.waiting += 1;
             st = self
                 .idle
                 .wait(st)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            st.waiting -= 1;
         }
         st.seq
     }
@@ -653,6 +663,33 @@ mod tests {
             .unwrap();
         assert_eq!(cp, Some(12));
         assert_eq!((c.seq, c.at), (13, 0));
+    }
+
+    #[test]
+    fn a_writer_waiting_for_a_record_in_flight_is_woken_when_it_ends() {
+        // The log is full and its first record is still in flight: the
+        // next writer's checkpoint must wait for it, and its end must
+        // wake that writer (records end without a wake-up when nobody
+        // waits).
+        let j = std::sync::Arc::new(Journal::new(0, 64 << 10, 4, 10));
+        let a = j.reserve(32 << 10, |_| Ok::<(), ()>(())).unwrap();
+        drop(j.reserve(32 << 10, |_| Ok::<(), ()>(())).unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let j2 = j.clone();
+        std::thread::spawn(move || {
+            let s = j2.reserve(8 << 10, |_| Ok::<(), ()>(())).unwrap();
+            let _ = tx.send((s.seq, s.at));
+        });
+        let wait = std::time::Duration::from_millis(300);
+        assert!(
+            rx.recv_timeout(wait).is_err(),
+            "did not wait for the record"
+        );
+        drop(a);
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the waiting writer was never woken");
+        assert_eq!(got, (13, 0));
     }
 
     #[test]

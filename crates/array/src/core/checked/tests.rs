@@ -190,3 +190,29 @@ fn checksums_taken_as_a_write_lands_are_the_ones_recorded_and_the_rest_are_read_
         0
     );
 }
+
+#[test]
+fn writes_of_one_block_at_once_wait_for_each_other_and_all_finish() {
+    // Each write of the block waits for the one in flight; a write that
+    // ends must wake those waiting (it wakes only when some are), or they
+    // wait for ever.
+    let (_, c) = checked(4);
+    let c = Arc::new(c);
+    let (tx, rx) = std::sync::mpsc::channel();
+    for t in 0..4u64 {
+        let (c, tx) = (c.clone(), tx.clone());
+        std::thread::spawn(move || {
+            for i in 0..2000 {
+                c.write_at(&block(t * 10_000 + i), c.data_offset).unwrap();
+            }
+            tx.send(t).unwrap();
+        });
+    }
+    for _ in 0..4 {
+        rx.recv_timeout(std::time::Duration::from_secs(60))
+            .expect("a write of the block waited for ever");
+    }
+    let mut got = vec![0u8; BLOCK as usize];
+    c.read_at(&mut got, c.data_offset).unwrap();
+    assert!((0..4).any(|t| got == block(t * 10_000 + 1999)));
+}
