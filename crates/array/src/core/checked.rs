@@ -870,18 +870,6 @@ impl Drop for InPlace<'_> {
     }
 }
 
-impl Checked {
-    /// Keep `sums`, the checksums of the blocks from member offset `at`
-    /// (block aligned, in the data area) as a write in place of them has
-    /// placed them, for the write's `InPlace` to record when it ends.
-    pub(crate) fn note_landed(&self, at: u64, sums: &[u32]) {
-        let _ = self.page_runs((at - self.data_offset) / BLOCK, sums.len(), |p, e, k, m| {
-            p.landed
-                .extend((0..m).map(|j| ((e + j) as u16, sums[k + j])));
-        });
-    }
-}
-
 impl raidkit_member::Landed for Checked {
     /// Take the checksums of the whole blocks of `range` now, while a
     /// write that just placed them has them in the CPU's cache, for the
@@ -913,9 +901,13 @@ impl raidkit_member::Landed for Checked {
                 sums.extend(data.chunks(BLOCK as usize).map(checksums::sum));
             })
         };
-        if r.is_ok() && sums.len() == n {
-            self.note_landed(a, &sums);
+        if r.is_err() || sums.len() != n {
+            return;
         }
+        let _ = self.page_runs((a - d) / BLOCK, n, |p, e, k, m| {
+            p.landed
+                .extend((0..m).map(|j| ((e + j) as u16, sums[k + j])));
+        });
     }
 }
 

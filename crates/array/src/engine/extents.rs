@@ -4,7 +4,7 @@
 //! logged and parity computed after).
 
 use super::*;
-use crate::core::checked::{Checked, InPlace};
+use crate::core::checked::Checked;
 use crate::core::Disk;
 
 impl Array {
@@ -126,7 +126,7 @@ impl Array {
                 return None;
             };
             let d = v.roles[role].disk.as_ref()?;
-            write_target(d, dev, p.len, true, &mut ext, &mut sums)?;
+            write_target(d, dev, p.len, &mut ext, &mut sums)?;
         }
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
         write_in_place(&sums, || f(&ext))
@@ -176,23 +176,16 @@ impl Array {
         for p in &pieces {
             let (role, dev) = p.copies[0];
             let d = v.roles[role].disk.as_ref()?;
-            // Not told as the data lands: the data's checksums are taken
-            // with its parity (`parity_in_place`), which reads it anyway,
-            // after the connection's socket is let go.
-            write_target(d, dev, p.len, false, &mut ext, &mut sums)?;
+            write_target(d, dev, p.len, &mut ext, &mut sums)?;
         }
         let Ok(slots) = self.journal_intents(s0, s1, chunk) else {
             return None;
         };
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
-        // The data stays held as written in place until its parity is
-        // made: its checksums are recorded after that, those the parity
-        // pass took and the rest read back. Reads meanwhile (the parity's
-        // own, if it cannot be made in place) take what the data holds.
-        let mut held = hold_in_place(&sums)?;
-        let r = f(&ext);
+        // The data's checksums are recorded before the parity is computed
+        // from it (which reads it back checked).
+        let r = write_in_place(&sums, || f(&ext))?;
         if matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
-            held.iter_mut().for_each(|g| g.nothing_written());
             return Some(r);
         }
         let parity = (s0..s1).try_for_each(|s| {
@@ -202,7 +195,6 @@ impl Array {
                 self.recompute_parity(&v, s, 0, chunk, DataFrom::Members)
             }
         });
-        drop(held);
         drop(slots);
         Some(match parity {
             Ok(()) => r,
@@ -214,15 +206,13 @@ impl Array {
 /// Add the piece at `dev` (`len` bytes) of member `d` to the extents a
 /// write goes straight into: the member's own file, or for a checked
 /// member the file under the checks, whole blocks only, with the range
-/// added to `sums` (see `write_in_place`) and, with `tell`, the checked
-/// member to be told as the data lands (`FileExtent::landed`). None: the
-/// piece cannot be written in place (not a plain file open for writing,
-/// or part of a checked block).
+/// added to `sums` (see `write_in_place`). None: the piece cannot be
+/// written in place (not a plain file open for writing, or part of a
+/// checked block).
 fn write_target<'a>(
     d: &'a Disk,
     dev: u64,
     len: u64,
-    tell: bool,
     ext: &mut Vec<FileExtent<'a>>,
     sums: &mut Vec<(&'a Checked, u64, u64)>,
 ) -> Option<()> {
@@ -234,10 +224,7 @@ fn write_target<'a>(
                 return None;
             }
             sums.push((&**c, at, len));
-            (
-                c.inner(),
-                tell.then_some(&**c as &dyn raidkit_member::Landed),
-            )
+            (c.inner(), Some(&**c as &dyn raidkit_member::Landed))
         }
     };
     let file = member.as_file()?;
@@ -259,24 +246,16 @@ fn write_in_place(
     sums: &[(&Checked, u64, u64)],
     write: impl FnOnce() -> std::io::Result<()>,
 ) -> Option<std::io::Result<()>> {
-    let mut held = hold_in_place(sums)?;
+    let mut held = Vec::with_capacity(sums.len());
+    for &(c, at, len) in sums {
+        held.push(c.in_place(at, len).ok().flatten()?);
+    }
     let r = write();
     if matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
         held.iter_mut().for_each(|g| g.nothing_written());
     }
     drop(held);
     Some(r)
-}
-
-/// Hold the checked ranges of `sums` as written in place, in the order
-/// given (see `write_in_place`). None: a checksum page could not be
-/// loaded.
-fn hold_in_place<'a>(sums: &[(&'a Checked, u64, u64)]) -> Option<Vec<InPlace<'a>>> {
-    let mut held = Vec::with_capacity(sums.len());
-    for &(c, at, len) in sums {
-        held.push(c.in_place(at, len).ok().flatten()?);
-    }
-    Some(held)
 }
 
 /// Append `len` bytes at `at` of `file` to `ext`, as part of the last

@@ -433,17 +433,12 @@ impl Array {
         let outs: Small<usize> = std::iter::once(sm.p).chain(sm.q).collect();
         let mut ranges = Vec::with_capacity(k + outs.len());
         // Checked parity members, held once every chunk is known mapped.
-        // (The member, its offset, and 0 for P or 1 for Q.)
-        let mut to_hold: Small<(&crate::core::checked::Checked, u64, usize)> = Small::new();
-        // Checked data members (by data index), whose blocks' checksums
-        // are taken here, each just before the parity reads the block.
-        let mut to_sum: Small<(usize, &crate::core::checked::Checked, u64)> = Small::new();
-        for (i, (role, write)) in sm
+        let mut to_hold: Small<(&crate::core::checked::Checked, u64)> = Small::new();
+        for (role, write) in sm
             .data
             .iter()
             .map(|&r| (r, false))
             .chain(outs.iter().map(|&r| (r, true)))
-            .enumerate()
         {
             let Some(d) = &v.roles[role].disk else {
                 return false;
@@ -453,9 +448,7 @@ impl Array {
                 None => d.member.as_mapper(),
                 Some(c) => {
                     if write {
-                        to_hold.push((c.as_ref(), at, i - k));
-                    } else {
-                        to_sum.push((i, c.as_ref(), at));
+                        to_hold.push((c.as_ref(), at));
                     }
                     c.inner().as_mapper()
                 }
@@ -477,7 +470,7 @@ impl Array {
         // from what lands) only now, so that a stripe that cannot go in
         // place costs no read-back of its parity.
         let mut held: Small<_> = Small::new();
-        for &(c, at, _) in &to_hold {
+        for &(c, at) in &to_hold {
             match c.in_place(at, chunk) {
                 Ok(Some(g)) => held.push(g),
                 _ => {
@@ -502,67 +495,15 @@ impl Array {
                 ranges.get(k + 1).map(|r| r.bytes_mut()),
             )
         };
-        // With checked members, a block column at a time: each data
-        // block's checksum is taken just before the parity reads it, and
-        // P's and Q's just after they are made, from the CPU's cache,
-        // instead of from memory once more when the write ends (the data
-        // came from a client's socket in the meantime).
-        let col = crate::checksums::BLOCK as usize;
-        let n = chunk as usize / col;
-        let by_column =
-            !(to_sum.is_empty() && to_hold.is_empty()) && (chunk as usize).is_multiple_of(col);
-        let room = |len: usize| -> Vec<Vec<u32>> {
-            (0..len)
-                .filter(|_| by_column)
-                .map(|_| Vec::with_capacity(n))
-                .collect()
-        };
-        let (mut sums, mut out_sums) = (room(to_sum.len()), room(to_hold.len()));
-        let mut cols: Small<&[u8]> = smallvec![&[][..]; k];
-        // SAFETY: the closure only runs the parity kernels and the CRC
-        // over slices set up beforehand, into vectors with room for every
-        // entry: it allocates nothing and holds no guards.
+        // SAFETY: the closure only runs the parity kernels over slices set
+        // up beforehand, which allocate nothing and hold no guards.
         let done = unsafe {
-            raidkit_member::guarded(&mut || {
-                if !by_column {
-                    match q.as_deref_mut() {
-                        Some(q) => parity::gen_pq_with(isa, &refs, p, q),
-                        None => parity::gen_p_with(isa, &refs, p),
-                    }
-                    return;
-                }
-                for o in (0..n).map(|c| c * col) {
-                    for (x, r) in cols.iter_mut().zip(refs.iter()) {
-                        *x = &r[o..o + col];
-                    }
-                    for (s, &(dd, _, _)) in sums.iter_mut().zip(to_sum.iter()) {
-                        s.push(crate::checksums::sum(cols[sm.syndrome[dd]]));
-                    }
-                    let pc = &mut p[o..o + col];
-                    match q.as_deref_mut() {
-                        Some(q) => parity::gen_pq_with(isa, &cols, pc, &mut q[o..o + col]),
-                        None => parity::gen_p_with(isa, &cols, pc),
-                    }
-                    for (s, &(_, _, j)) in out_sums.iter_mut().zip(to_hold.iter()) {
-                        let made = if j == 0 {
-                            &*p
-                        } else {
-                            q.as_deref().unwrap_or(&[])
-                        };
-                        s.push(crate::checksums::sum(&made[o..o + col]));
-                    }
-                }
+            raidkit_member::guarded(&mut || match q.as_deref_mut() {
+                Some(q) => parity::gen_pq_with(isa, &refs, p, q),
+                None => parity::gen_p_with(isa, &refs, p),
             })
         };
         seams::parity_in_place(done.is_ok());
-        if done.is_ok() {
-            for (s, &(_, c, at)) in sums.iter().zip(to_sum.iter()) {
-                c.note_landed(at, s);
-            }
-            for (s, &(c, at, _)) in out_sums.iter().zip(to_hold.iter()) {
-                c.note_landed(at, s);
-            }
-        }
         drop(held);
         done.is_ok()
     }
