@@ -28,6 +28,9 @@ use crate::superblock::ChecksumArea;
 use raidkit_member::{Locked, Member, MemberError, Op};
 use std::collections::HashSet;
 use std::io;
+
+mod in_flight;
+use in_flight::{InFlight, Writing};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -55,66 +58,6 @@ fn cache_pages() -> usize {
             .filter(|&n: &usize| n > 0)
             .unwrap_or(CACHE_PAGES)
     })
-}
-
-/// The block ranges being written: a write waits for those in flight
-/// that overlap it. Two writes of one block at once (NBD clients may send
-/// them; levels without a stripe lock pass them on) could land in one
-/// order and have their checksums recorded in the other, leaving a block
-/// that disagrees with its checksum; a write of part of a block reads,
-/// merges and writes it whole, which must not interleave either. Disjoint
-/// writes go on in parallel. (A short list: writes in flight on one member
-/// number at most the queue depth.)
-#[derive(Debug, Default)]
-struct InFlight {
-    ranges: Mutex<Ranges>,
-    done: std::sync::Condvar,
-}
-
-#[derive(Debug, Default)]
-struct Ranges {
-    held: Vec<(u64, u64)>,
-    /// Writes waiting in `enter`: a write that ends wakes them only if
-    /// there are any (a condition variable's wake is a system call even
-    /// when nobody waits, once per write otherwise).
-    waiting: usize,
-}
-
-struct Writing<'a> {
-    set: &'a InFlight,
-    range: (u64, u64),
-}
-
-impl InFlight {
-    fn enter(&self, lo: u64, hi: u64) -> Writing<'_> {
-        let mut r = self.ranges.locked();
-        while r.held.iter().any(|&(a, b)| a < hi && lo < b) {
-            r.waiting += 1;
-            r = self.done.wait(r).unwrap_or_else(|e| e.into_inner());
-            r.waiting -= 1;
-        }
-        r.held.push((lo, hi));
-        Writing {
-            set: self,
-            range: (lo, hi),
-        }
-    }
-}
-
-impl Drop for Writing<'_> {
-    fn drop(&mut self) {
-        let mut r = self.set.ranges.locked();
-        if let Some(i) = r.held.iter().position(|&x| x == self.range) {
-            r.held.swap_remove(i);
-        }
-        // Read under the lock: a write that waits from now on finds this
-        // range gone, so none is missed.
-        let waiting = r.waiting > 0;
-        drop(r);
-        if waiting {
-            self.set.done.notify_all();
-        }
-    }
 }
 
 /// In `Page::pending`: a write whose content is not known in advance is
