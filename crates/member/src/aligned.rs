@@ -84,6 +84,57 @@ impl std::fmt::Debug for AlignedBuf {
     }
 }
 
+/// A growable byte buffer whose start stays aligned to [`ALIGN`], for a
+/// server's per-request buffers: a read into one, or a write from one,
+/// goes to a direct-I/O member without a bounce copy. Used as `Vec<u8>`
+/// is by those buffers: `resize` zero-fills only what it adds and keeps
+/// the allocation for the next request.
+#[derive(Debug, Default)]
+pub struct AlignedVec {
+    buf: Option<AlignedBuf>,
+    len: usize,
+}
+
+impl AlignedVec {
+    pub fn new() -> AlignedVec {
+        AlignedVec::default()
+    }
+
+    /// Make it `len` bytes long: bytes added are zero, bytes kept keep
+    /// their values (as `Vec::resize(len, 0)`).
+    pub fn resize(&mut self, len: usize) {
+        let cap = self.buf.as_ref().map_or(0, |b| b.len());
+        if len > cap {
+            // Grown by at least half, so a rising size allocates rarely.
+            let mut bigger = AlignedBuf::zeroed(len.max(cap + cap / 2));
+            bigger[..self.len].copy_from_slice(&self[..]);
+            self.buf = Some(bigger);
+        } else if len > self.len {
+            let old = self.len;
+            self.buf.as_mut().expect("capacity")[old..len].fill(0);
+        }
+        self.len = len;
+    }
+
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+impl Deref for AlignedVec {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.buf.as_ref().map_or(&[], |b| &b[..self.len])
+    }
+}
+
+impl DerefMut for AlignedVec {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        self.buf.as_mut().map_or(&mut [], |b| &mut b[..len])
+    }
+}
+
 /// A few aligned buffers of one size, reused: taking one allocates only
 /// when every kept buffer is in use (more requests at once than ever
 /// before), and at most `keep` are kept.
@@ -175,5 +226,22 @@ mod tests {
         assert!(a.len() == 8192 && b.len() == 8192 && c.len() == 8192);
         drop((a, b, c));
         assert_eq!(pool.free.locked().len(), 2, "at most `keep` are kept");
+        let mut v = AlignedVec::new();
+        assert!(v.is_empty());
+        v.resize(10);
+        v[..3].copy_from_slice(b"abc");
+        v.resize(3);
+        v.resize(9000);
+        assert_eq!(v.as_ptr() as usize % ALIGN, 0);
+        assert_eq!(&v[..3], b"abc", "kept bytes keep their values");
+        assert!(v[3..].iter().all(|&x| x == 0), "added bytes are zero");
+        v[8999] = 7;
+        let at = v.as_ptr();
+        v.resize(100);
+        v.resize(9000);
+        assert_eq!(v.as_ptr(), at, "the allocation is kept");
+        assert_eq!(v[8999], 0, "bytes added again are zero");
+        v.clear();
+        assert!(v.is_empty());
     }
 }

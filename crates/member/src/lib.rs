@@ -35,7 +35,7 @@ mod sys;
 pub mod units;
 mod watch;
 
-pub use aligned::AlignedBuf;
+pub use aligned::{AlignedBuf, AlignedVec};
 pub use direct::DirectMember;
 pub use fault::{FaultConfig, FaultMember};
 pub use file::FileMember;

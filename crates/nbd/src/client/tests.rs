@@ -206,11 +206,7 @@ fn a_queue_of_pipelined_requests_runs_from_one_thread() {
 #[test]
 fn queued_replies_are_taken_apart_whole_across_batches_and_errors() {
     const LEN: u64 = 160 << 10;
-    let dev = Arc::new(Recording {
-        mem: raidkit_member::MemMember::new("mem", 8 << 20),
-        writes: Default::default(),
-        bad: (4 << 20)..(5 << 20),
-    });
+    let dev = Arc::new(Recording::new((4 << 20)..(5 << 20)));
     let pattern: Vec<u8> = (0..8u64 << 20).map(|i| (i % 251) as u8).collect();
     dev.mem.write_at(&pattern, 0).unwrap();
     let (server, uri) = serve_device(dev.clone(), false, crate::Config::default());
@@ -252,12 +248,32 @@ fn queued_replies_are_taken_apart_whole_across_batches_and_errors() {
 }
 
 /// A memory member that records the writes it is given, and fails
-/// reads that start in `bad`.
+/// reads that start in `bad`. It counts the calls whose buffer does not
+/// start on a 4 KiB boundary: a direct-I/O member would bounce those.
 #[derive(Debug)]
 struct Recording {
     mem: raidkit_member::MemMember,
     writes: std::sync::Mutex<Vec<(u64, usize)>>,
     bad: std::ops::Range<u64>,
+    misaligned: std::sync::atomic::AtomicUsize,
+}
+
+impl Recording {
+    fn new(bad: std::ops::Range<u64>) -> Recording {
+        Recording {
+            mem: raidkit_member::MemMember::new("mem", 8 << 20),
+            writes: Default::default(),
+            bad,
+            misaligned: Default::default(),
+        }
+    }
+
+    fn check_aligned(&self, buf: &[u8]) {
+        if !(buf.as_ptr() as usize).is_multiple_of(raidkit_member::aligned::ALIGN) {
+            self.misaligned
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 impl Member for Recording {
@@ -278,9 +294,11 @@ impl Member for Recording {
                 e,
             ));
         }
+        self.check_aligned(buf);
         self.mem.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), MemberError> {
+        self.check_aligned(buf);
         self.writes.lock().unwrap().push((offset, buf.len()));
         self.mem.write_at(buf, offset)
     }
@@ -290,14 +308,41 @@ impl Member for Recording {
 }
 
 #[test]
+fn the_device_reads_into_and_writes_from_buffers_aligned_for_direct_io() {
+    // A direct-I/O member takes a buffer that starts on a block boundary
+    // as it is; any other it copies through a bounce buffer of its own.
+    // The server's buffers for read data and write payloads are aligned,
+    // whatever the sizes that came before on the connection.
+    let dev = Arc::new(Recording::new(0..0));
+    let (server, uri) = serve_device(dev.clone(), false, crate::Config::default());
+    let c = NbdClient::connect(&uri).unwrap();
+    let mut at = 0u64;
+    for (i, len) in [4096usize, 512, 65536, 12288, 1 << 20, 4096, 3 << 20, 8192]
+        .into_iter()
+        .enumerate()
+    {
+        let data: Vec<u8> = (0..len).map(|j| (j * 13 + i) as u8).collect();
+        c.write_at(&data, at).unwrap();
+        let mut back = vec![0u8; len];
+        c.read_at(&mut back, at).unwrap();
+        assert_eq!(back, data, "{len} bytes at {at}");
+        at += len.next_multiple_of(4096) as u64;
+    }
+    drop(c);
+    server.shutdown();
+    assert!(!dev.writes.lock().unwrap().is_empty());
+    assert_eq!(
+        dev.misaligned.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "device calls with a buffer off a 4 KiB boundary"
+    );
+}
+
+#[test]
 fn merged_write_runs_end_on_stripe_boundaries() {
     const PIECE: u64 = 64 << 10;
     const STRIPE: u64 = 3 * PIECE;
-    let dev = Arc::new(Recording {
-        mem: raidkit_member::MemMember::new("mem", 8 << 20),
-        writes: Default::default(),
-        bad: 0..0,
-    });
+    let dev = Arc::new(Recording::new(0..0));
     let config = crate::Config {
         merge_writes: true,
         merge_align: STRIPE,

@@ -12,7 +12,7 @@ use super::reply::Replies;
 use super::request::Intake;
 use super::{Server, Target, ZeroCopy};
 use crate::stream::Stream;
-use raidkit_member::Locked;
+use raidkit_member::{AlignedVec, Locked};
 use std::io;
 use std::net::Shutdown;
 use std::sync::atomic::Ordering;
@@ -104,9 +104,11 @@ fn transmission(server: &Arc<Target>, s: Stream, neg: Negotiated) -> io::Result<
 /// One worker: take a request, serve it, reply, until the connection ends.
 fn worker(server: &Target, c: &Conn, neg: Negotiated, zero_copy: bool) {
     let mut fast = FastPaths::new(&server.config, zero_copy, server.stats.clone());
-    // Reused from one request to the next: a write's payload, a read's data.
-    let mut payload = Vec::new();
-    let mut buf = Vec::new();
+    // Reused from one request to the next: a write's payload, a read's
+    // data. Aligned, so that direct-I/O members read and write them without
+    // a bounce copy.
+    let mut payload = AlignedVec::new();
+    let mut buf = AlignedVec::new();
     // The requests taken together (more than one: a run of writes).
     let mut taken = Vec::new();
     loop {

@@ -7,6 +7,7 @@ use super::handshake::Negotiated;
 use super::request::Taken;
 use super::{inc, Target, MAX_PAYLOAD};
 use crate::proto::*;
+use raidkit_member::AlignedVec;
 
 /// Serve what a worker took. Every request of a run of writes fails if the
 /// device failed the payloads placed on arrival.
@@ -16,7 +17,7 @@ pub(super) fn serve(
     taken: &[Request],
     payload: &[u8],
     neg: Negotiated,
-    buf: &mut Vec<u8>,
+    buf: &mut AlignedVec,
     fast: &mut FastPaths,
 ) -> Result<(), (u32, String)> {
     let st = &server.stats;
@@ -55,7 +56,7 @@ fn execute(
     r: &Request,
     (payload, placed): (&[u8], usize),
     neg: Negotiated,
-    buf: &mut Vec<u8>,
+    buf: &mut AlignedVec,
     fast: &mut FastPaths,
 ) -> Result<(), (u32, String)> {
     let dev = &server.export.device;
@@ -94,7 +95,7 @@ fn execute(
                         if fast.read(dev.as_ref(), r.offset, r.len as usize) == Outcome::Served {
                             buf.clear();
                         } else {
-                            buf.resize(r.len as usize, 0);
+                            buf.resize(r.len as usize);
                             dev.read_at(buf, r.offset).map_err(io_err)?;
                         }
                         inc(&st.reads, 1);

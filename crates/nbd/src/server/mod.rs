@@ -352,8 +352,8 @@ fn read_payload(r: &mut BufReader<Stream>, dst: &mut [u8]) -> io::Result<()> {
 
 /// Grow a reused buffer to at least `n` bytes. Its length never shrinks,
 /// so steady traffic zero-fills nothing.
-fn ensure_len(buf: &mut Vec<u8>, n: usize) {
+fn ensure_len(buf: &mut raidkit_member::AlignedVec, n: usize) {
     if buf.len() < n {
-        buf.resize(n, 0);
+        buf.resize(n);
     }
 }

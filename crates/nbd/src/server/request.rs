@@ -10,6 +10,7 @@ use super::fastpath::{Backlog, FastPaths, Outcome, Serving};
 use super::{ensure_len, read_payload, Target, MAX_PAYLOAD, MERGE_MAX_ALIGNED};
 use crate::proto::*;
 use crate::stream::Stream;
+use raidkit_member::AlignedVec;
 use raidkit_member::Locked;
 use std::io::{self, BufRead, BufReader, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -74,7 +75,7 @@ impl Intake {
         &self,
         server: &Target,
         fast: &mut FastPaths,
-        payload: &mut Vec<u8>,
+        payload: &mut AlignedVec,
         taken: &mut Vec<Request>,
     ) -> Option<Taken> {
         taken.clear();
@@ -106,7 +107,7 @@ impl Intake {
         server: &Target,
         fast: &mut FastPaths,
         reader: &mut Option<MutexGuard<'_, BufReader<Stream>>>,
-        payload: &mut Vec<u8>,
+        payload: &mut AlignedVec,
         taken: &mut Vec<Request>,
     ) -> io::Result<Option<Taken>> {
         let r = reader.as_mut().expect("reader held");
@@ -183,7 +184,7 @@ impl Intake {
 /// reply.
 fn merge_writes(
     r: &mut BufReader<Stream>,
-    payload: &mut Vec<u8>,
+    payload: &mut AlignedVec,
     len: &mut usize,
     merged: &mut Vec<Request>,
     size: u64,

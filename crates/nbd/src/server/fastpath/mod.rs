@@ -37,6 +37,7 @@ use crate::proto::Request;
 use crate::stream::Stream;
 use mapped_read::MappedReads;
 use mapped_write::{MappedWrites, Received};
+use raidkit_member::AlignedVec;
 use raidkit_member::Member;
 use run::{Run, Runs};
 use splice::Splicer;
@@ -184,7 +185,7 @@ impl FastPaths {
         serving: &Serving,
         reader: &mut Option<MutexGuard<'_, BufReader<Stream>>>,
         first: Request,
-        payload: &mut Vec<u8>,
+        payload: &mut AlignedVec,
         taken: &mut Vec<Request>,
     ) -> io::Result<(Outcome, Received)> {
         let len = first.len as usize;
