@@ -6,7 +6,7 @@
 //! worker's buffer, with the contiguous writes behind it that have already
 //! arrived merged in (`Config::merge_writes`).
 
-use super::fastpath::{Backlog, FastPaths, Outcome, Serving};
+use super::fastpath::{Backlog, FastPaths, Outcome, Serving, RUN_WAIT, RUN_WAIT_STEP};
 use super::{ensure_len, read_payload, Target, MAX_PAYLOAD, MERGE_MAX_ALIGNED};
 use crate::proto::*;
 use crate::stream::Stream;
@@ -15,6 +15,7 @@ use raidkit_member::Locked;
 use std::io::{self, BufRead, BufReader, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// Socket read buffer per connection. Payloads at least this big bypass it
 /// (no extra copy) when it is empty.
@@ -139,11 +140,15 @@ impl Intake {
             if taken.len() == 1 && got.placed == 0 && server.config.merge_writes {
                 merge_writes(
                     r,
+                    &self.serving,
                     payload,
                     &mut used,
                     taken,
-                    server.export.device.len(),
-                    server.config.merge_align,
+                    Limits {
+                        size: server.export.device.len(),
+                        align: server.config.merge_align,
+                        wait: RUN_WAIT,
+                    },
                 )?;
             }
         }
@@ -174,21 +179,37 @@ impl Intake {
     }
 }
 
+/// What bounds a run of merged writes: the device's size, the boundary it
+/// ends on (0: none), and how long it waits for a missing header.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    size: u64,
+    align: u64,
+    wait: Duration,
+}
+
 /// Like the kernel's block layer, take the writes that follow `merged[0]`
 /// and continue it (same flags, next offset), as long as their headers have
-/// already arrived (never waiting for one): one larger array write turns
-/// sequential partial-stripe writes into full-stripe writes, which need no
-/// reads. With `align`, the run stops as soon as it ends on a multiple of
-/// `align` (md's stripe cache gets the same effect by holding partial
-/// stripes back until the rest arrives). Each request still gets its own
+/// arrived: one larger array write turns sequential partial-stripe writes
+/// into full-stripe writes, which need no reads. With `align`, the run
+/// stops as soon as it ends on a multiple of `align` (md's stripe cache
+/// gets the same effect by holding partial stripes back until the rest
+/// arrives); a run that would end inside a stripe waits a little for the
+/// next header while other large requests of the connection are being
+/// served (the client most likely sends it as soon as one of their replies
+/// leaves), as a run of mapped writes does. Without that wait, two
+/// sequential writers on two connections broke their runs mid-stripe three
+/// times as often as one (0.3 member reads per 1 MiB write instead of 0.1):
+/// each break is two partial-stripe updates, read-modify-written and, with
+/// the journal, logged with their data. Each request still gets its own
 /// reply.
 fn merge_writes(
     r: &mut BufReader<Stream>,
+    serving: &Serving,
     payload: &mut AlignedVec,
     len: &mut usize,
     merged: &mut Vec<Request>,
-    size: u64,
-    align: u64,
+    Limits { size, align, wait }: Limits,
 ) -> io::Result<()> {
     let first = merged[0];
     let max = if align > 0 {
@@ -196,6 +217,7 @@ fn merge_writes(
     } else {
         MERGE_MAX
     };
+    let since = Instant::now();
     loop {
         // Only a run inside the device is continued (the request is not
         // validated yet: its end may even wrap around).
@@ -207,8 +229,13 @@ fn merge_writes(
             return Ok(());
         }
         if r.buffer().len() < REQUEST_LEN {
-            if !r.get_ref().has_bytes(REQUEST_LEN - r.buffer().len()) {
-                return Ok(());
+            let missing = REQUEST_LEN - r.buffer().len();
+            if !r.get_ref().has_bytes(missing) {
+                if align == 0 || !serving.others() || since.elapsed() >= wait {
+                    return Ok(());
+                }
+                r.get_ref().wait_for_bytes(missing, RUN_WAIT_STEP);
+                continue;
             }
             // Data is waiting, so this does not block.
             r.fill_buf()?;
@@ -262,4 +289,81 @@ fn read_header(r: &mut BufReader<Stream>) -> io::Result<Option<Request>> {
         ));
     }
     Ok(Some(req))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+
+    fn write_request(offset: u64, len: u32, cookie: u64) -> Request {
+        Request {
+            flags: 0,
+            kind: CMD_WRITE,
+            cookie,
+            offset,
+            len,
+        }
+    }
+
+    #[test]
+    fn a_run_ending_inside_a_stripe_waits_for_the_next_header_only_while_others_are_served() {
+        const PIECE: u32 = 64 << 10;
+        const STRIPE: u64 = 3 * PIECE as u64;
+        for others in [true, false] {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let mut r = BufReader::new(Stream::Tcp(l.accept().unwrap().0));
+            let serving = Serving::default();
+            let first = write_request(0, PIECE, 1);
+            assert!(serving.begin(&first));
+            if others {
+                assert!(serving.begin(&write_request(10 * STRIPE, PIECE, 9)));
+            }
+            let mut payload = AlignedVec::new();
+            payload.resize(PIECE as usize);
+            let mut len = PIECE as usize;
+            let mut merged = vec![first];
+            // The next write, which completes the stripe, arrives only
+            // after the run has looked for it.
+            let sender = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                let next = write_request(PIECE as u64, 2 * PIECE, 2);
+                // The server side may be gone (nothing waited): ignored.
+                let _ = client.write_all(&encode_request(&next));
+                let _ = client.write_all(&vec![7u8; 2 * PIECE as usize]);
+            });
+            // A long limit, so that a slow machine cannot make the header
+            // late; the server's is RUN_WAIT.
+            let limits = Limits {
+                size: 1 << 30,
+                align: STRIPE,
+                wait: Duration::from_secs(10),
+            };
+            merge_writes(
+                &mut r,
+                &serving,
+                &mut payload,
+                &mut len,
+                &mut merged,
+                limits,
+            )
+            .unwrap();
+            drop(r);
+            sender.join().unwrap();
+            if others {
+                assert_eq!(merged.len(), 2, "the run did not wait for its next write");
+                assert_eq!(len as u64, STRIPE);
+                assert!(payload[PIECE as usize..len].iter().all(|&b| b == 7));
+            } else {
+                assert_eq!(
+                    merged.len(),
+                    1,
+                    "nothing else in flight, yet the run waited"
+                );
+                assert_eq!(len, PIECE as usize);
+            }
+        }
+    }
 }

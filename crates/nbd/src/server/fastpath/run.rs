@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 /// How long a run waits at most for a missing header while other requests
 /// of the connection are being served, and how long each wait for it lasts
 /// before looking again.
-const RUN_WAIT: Duration = Duration::from_millis(2);
-const RUN_WAIT_STEP: Duration = Duration::from_micros(200);
+pub(crate) const RUN_WAIT: Duration = Duration::from_millis(2);
+pub(crate) const RUN_WAIT_STEP: Duration = Duration::from_micros(200);
 
 /// The writes whose payloads to try receiving straight into the device.
 #[derive(Debug)]
@@ -52,6 +52,13 @@ impl Serving {
 
     pub(crate) fn end(&self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether other large requests are being served besides the one of
+    /// the worker that asks: then the client most likely sends its next
+    /// request once their replies leave.
+    pub(crate) fn others(&self) -> bool {
+        self.0.load(Ordering::Acquire) > 1
     }
 }
 
@@ -159,8 +166,7 @@ impl Runs {
         loop {
             // This worker serves `first` (large, so counted): others are
             // more than one.
-            if need > room || serving.0.load(Ordering::Acquire) <= 1 || since.elapsed() >= RUN_WAIT
-            {
+            if need > room || !serving.others() || since.elapsed() >= RUN_WAIT {
                 return Run::Missing { need };
             }
             r.get_ref().wait_for_bytes(need, RUN_WAIT_STEP);
