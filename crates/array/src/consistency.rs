@@ -14,6 +14,12 @@ use raidkit_member::Locked;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// How far ahead of a stream of whole-stripe writes their intents are
+/// logged: about this much data, at most `AHEAD_STRIPES` stripes. After a
+/// crash, replay recomputes parity over as much (per stream followed).
+const AHEAD_BYTES: u64 = 32 << 20;
+const AHEAD_STRIPES: u64 = 256;
+
 impl Array {
     /// Before the in-place writes of a stripe update: put the update in the
     /// journal (on `redundancy + 1` members) and make it durable there. The
@@ -47,30 +53,37 @@ impl Array {
         let Some(j) = &self.journal else {
             return Ok(None);
         };
+        j.spoil(stripe);
         let mut parts: Vec<(usize, u64, &[u8])> = pieces
             .iter()
             .map(|(pc, d)| (pc.copies[0].0, pc.copies[0].1, *d))
             .collect();
         parts.extend(parity.iter().map(|&(r, b)| (r, dev, b)));
         let size = journal::record_size(parts.iter().map(|x| x.2.len()));
-        self.journal_put(j, stripe, dev, size, |uuid, seq| {
+        let slot = self.journal_put(j, stripe, dev, size, |uuid, seq| {
             journal::encode(uuid, seq, stripe, &parts)
-        })
-        .map(Some)
+        })?;
+        j.logged_data(stripe, slot.seq);
+        Ok(Some(slot))
     }
 
     /// Before the in-place writes of a full-stripe update of the window
-    /// `[dev, dev + len)`: log the intent only (see `journal.rs`). For an
-    /// array with every member in service only.
+    /// `[dev, dev + len)`, chunks of `chunk` bytes: log the intent only
+    /// (see `journal.rs`), unless one logged ahead of a stream covers the
+    /// stripe. For an array with every member in service only.
     pub(crate) fn journal_intent(
         &self,
         stripe: u64,
         dev: u64,
         len: u64,
+        chunk: u64,
     ) -> Result<Option<Slot<'_>>> {
         let Some(j) = &self.journal else {
             return Ok(None);
         };
+        if let Some((slot, _)) = self.reuse_intents(j, stripe, stripe + 1, chunk) {
+            return Ok(Some(slot));
+        }
         self.journal_put(j, stripe, dev, journal::HEADER as u64, |uuid, seq| {
             journal::encode_intent(uuid, seq, stripe, dev, len)
         })
@@ -102,14 +115,34 @@ impl Array {
         s1: u64,
         chunk: u64,
     ) -> Result<Option<Vec<Slot<'_>>>> {
+        let stripes: Vec<u64> = (s0..s1).collect();
+        self.journal_intents_of(&stripes, chunk, true)
+    }
+
+    /// As `journal_intents`, for the whole stripes listed: their slots in
+    /// the same order, with consecutive sequence numbers. Without `wait`
+    /// (for a caller holding a slot already), None where the log would
+    /// have to wait for a checkpoint first; nothing is written then.
+    fn journal_intents_of(
+        &self,
+        stripes: &[u64],
+        chunk: u64,
+        wait: bool,
+    ) -> Result<Option<Vec<Slot<'_>>>> {
         let Some(j) = &self.journal else {
             return Ok(None);
         };
+        if stripes.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
         let len = chunk;
-        let Some(slots) = j.reserve_many((s1 - s0) as usize, journal::HEADER as u64, |seq| {
-            self.journal_checkpoint(seq)
-        })?
-        else {
+        let checkpoint = |seq| self.journal_checkpoint(seq);
+        let header = journal::HEADER as u64;
+        let reserved = j.reserve_many(stripes.len(), header, wait, checkpoint)?;
+        let Some(slots) = reserved else {
+            if !wait {
+                return Ok(None);
+            }
             return Err(Error::Invalid(
                 "too many intent records for the journal".into(),
             ));
@@ -119,12 +152,164 @@ impl Array {
         // disk each durable write is a cache flush or a FUA).
         let uuid = self.core.meta.locked().sb.array_uuid;
         let mut recs = Vec::with_capacity(slots.len() * journal::HEADER);
-        for (s, slot) in (s0..s1).zip(&slots) {
+        for (&s, slot) in stripes.iter().zip(&slots) {
             recs.extend_from_slice(&journal::encode_intent(uuid, slot.seq, s, s * chunk, len));
         }
         let at = slots.first().map_or(0, |x| x.at);
-        self.journal_store(s0, s0 * chunk, at, recs)?;
+        self.journal_store(stripes[0], stripes[0] * chunk, at, recs)?;
         Ok(Some(slots))
+    }
+
+    /// One intent record for each range of whole stripes, its window the
+    /// range's chunks on every member (replay takes it stripe by stripe):
+    /// one 4 KiB header per run rather than per stripe, so that the log
+    /// fills, and is checkpointed (every member flushed), that much less
+    /// often. Slots in the order of `ranges`; `wait` as for
+    /// `journal_intents_of`.
+    fn journal_spans(
+        &self,
+        ranges: &[(u64, u64)],
+        chunk: u64,
+        wait: bool,
+    ) -> Result<Option<Vec<Slot<'_>>>> {
+        let Some(j) = &self.journal else {
+            return Ok(None);
+        };
+        if ranges
+            .iter()
+            .any(|&(a, b)| (b - a) * chunk > u64::from(u32::MAX))
+        {
+            // Wider than a record's window field: a record per stripe.
+            let stripes: Vec<u64> = ranges.iter().flat_map(|&(a, b)| a..b).collect();
+            return self.journal_intents_of(&stripes, chunk, wait);
+        }
+        let checkpoint = |seq| self.journal_checkpoint(seq);
+        let header = journal::HEADER as u64;
+        let Some(slots) = j.reserve_many(ranges.len(), header, wait, checkpoint)? else {
+            return Ok(None);
+        };
+        if slots.is_empty() {
+            return Ok(Some(slots));
+        }
+        let uuid = self.core.meta.locked().sb.array_uuid;
+        let mut recs = Vec::with_capacity(slots.len() * journal::HEADER);
+        for (&(a, b), slot) in ranges.iter().zip(&slots) {
+            recs.extend_from_slice(&journal::encode_intent(
+                uuid,
+                slot.seq,
+                a,
+                a * chunk,
+                (b - a) * chunk,
+            ));
+        }
+        self.journal_store(ranges[0].0, ranges[0].0 * chunk, slots[0].at, recs)?;
+        Ok(Some(slots))
+    }
+
+    /// Intents for the whole stripes `s0..s1` (chunks of `chunk` bytes, the
+    /// geometry's) before a caller that holds their locks writes them: those
+    /// logged ahead of the stream if they cover them; else their own and,
+    /// when the run continues a stream, those of the stripes after it, up
+    /// to `AHEAD_BYTES` of data, in the same durable write. A sequential
+    /// writer then waits for a flush once every few dozen MiB instead of
+    /// once per run (on a disk each is a cache flush). The stripes ahead
+    /// are locked while their intents are written, so that no update of
+    /// theirs is in flight then, or only those whose locks are free.
+    ///
+    /// The cost: at replay, parity of those stripes is recomputed from
+    /// their data, as for any intent, and with checksums their blocks'
+    /// checksums are taken from the data in place, written or not.
+    pub(crate) fn journal_stream(
+        &self,
+        v: &View,
+        s0: u64,
+        s1: u64,
+    ) -> Result<Option<Vec<Slot<'_>>>> {
+        let chunk = v.geom.chunk;
+        let Some(j) = &self.journal else {
+            return Ok(None);
+        };
+        // Stripes covered by a range logged ahead, then the rest.
+        let mut held = Vec::new();
+        let first = s0;
+        let mut s0 = s0;
+        if let Some((slot, upto)) = self.reuse_intents(j, s0, s1, chunk) {
+            held.push(slot);
+            s0 = upto;
+            if s0 == s1 {
+                return Ok(Some(held));
+            }
+        }
+        let stripe_bytes = chunk * v.geom.data_members() as u64;
+        let want = (AHEAD_BYTES / stripe_bytes.max(1))
+            .clamp(2, AHEAD_STRIPES)
+            .min(j.size / journal::HEADER as u64 / 8)
+            .min((j.size / journal::HEADER as u64).saturating_sub(s1 - s0) / 2);
+        let reshaping = self.reshape.try_read().map_or(true, |r| r.is_some());
+        // The stripes right after the run are often held by the stream's
+        // next runs, written at the same time: the range starts after them,
+        // and takes as many free stripes as follow. (A stripe's lock can
+        // be taken at most once here: the span stays below the lock table.)
+        let end = (s1 + 2 * want).min(v.geom.stripes());
+        let mut locks = Vec::new();
+        let mut lo = s1;
+        if !reshaping && j.streaming(s0, s1, 2 * want) {
+            for s in s1..end {
+                match self.core.try_lock_range(s, s + 1).filter(|_| j.settled(s)) {
+                    Some(mut g) => {
+                        if locks.is_empty() {
+                            lo = s;
+                        }
+                        locks.append(&mut g);
+                        if locks.len() as u64 == want {
+                            break;
+                        }
+                    }
+                    None if locks.is_empty() => {}
+                    None => break,
+                }
+            }
+        }
+        let hi = lo + locks.len() as u64;
+        let ranges: Vec<(u64, u64)> = [(s0, s1), (lo, hi)]
+            .into_iter()
+            .filter(|r| r.1 > r.0)
+            .collect();
+        let mut slots = match self.journal_spans(&ranges, chunk, held.is_empty())? {
+            Some(slots) => slots,
+            // Holding records of the range logged ahead, this write cannot
+            // wait for a checkpoint (it would wait for them): it logs all
+            // its stripes itself, after letting them go.
+            None => {
+                drop(held);
+                drop(locks);
+                return self.journal_intents(first, s1, chunk);
+            }
+        };
+        if hi > lo {
+            let ahead = slots.pop().expect("the range's record");
+            j.logged_ahead(lo, hi, ahead.seq, chunk);
+            drop(ahead);
+        }
+        drop(locks);
+        held.append(&mut slots);
+        Ok(Some(held))
+    }
+
+    /// The slot of intents logged ahead of a stream that cover `s0..s1`.
+    fn reuse_intents<'a>(
+        &self,
+        j: &'a journal::Journal,
+        s0: u64,
+        s1: u64,
+        chunk: u64,
+    ) -> Option<(Slot<'a>, u64)> {
+        // During a reshape a stripe number means a row of one geometry or
+        // the other; the ranges are not kept across one.
+        if self.reshape.try_read().map_or(true, |r| r.is_some()) {
+            return None;
+        }
+        j.reuse(s0, s1, chunk)
     }
 
     /// Write a record into its reserved slot on `redundancy + 1` members
@@ -560,9 +745,12 @@ impl Array {
             .collect();
         for (&seq, r) in &records {
             let _g = self.core.lock(r.stripe);
+            // By member offsets: a window may span several stripes (a run
+            // of whole stripes, or a range logged ahead of a stream), and a
+            // stripe's blocks lie at the same offsets on every member.
             let later: Vec<(u64, u64)> = intents
                 .iter()
-                .filter(|i| i.0 > seq && i.1 == r.stripe)
+                .filter(|i| i.0 > seq)
                 .map(|i| (i.2, i.2 + i.3))
                 .collect();
             for part in &r.parts {
@@ -583,7 +771,18 @@ impl Array {
         // member one way and leave Q saying another). Where the data cannot
         // be had (too many absent, or a stripe never synced), the window,
         // all of it written since the last flush, keeps what it has.
-        for &(_, _, dev, len) in &intents {
+        let windows = intents.iter().flat_map(|&(_, _, dev, len)| {
+            // A window spanning stripes, stripe by stripe (its geometry's:
+            // only a run of whole stripes outside a reshape spans several).
+            let chunk = self.view_for_dev(dev).map_or(len.max(1), |v| v.geom.chunk);
+            let end = dev + len;
+            std::iter::successors(Some(dev), move |&at| {
+                let next = (at / chunk + 1) * chunk;
+                (next < end).then_some(next)
+            })
+            .map(move |at| (at, ((at / chunk + 1) * chunk).min(end) - at))
+        });
+        for (dev, len) in windows {
             // During a reshape, by the geometry of the stripe's row (that
             // in which it was written: before a reshape moves a row,
             // every record is known applied).

@@ -159,6 +159,75 @@ fn workload_ops(
     rebuild: bool,
     max_ops: u64,
 ) -> (Model, Vec<Vec<u8>>) {
+    workload_pattern(tpl, rng, rebuild, max_ops, Pattern::Random)
+}
+
+/// Where a workload's writes go.
+#[derive(Clone, Copy)]
+enum Pattern {
+    /// Mostly partial-stripe writes, sector aligned, some across chunks;
+    /// one in four rewrites one or two whole stripes (logged as intent
+    /// only when every member is in service).
+    Random,
+    /// A sequential stream of whole-stripe writes (one or two stripes at a
+    /// time, wrapping at the end), whose intents are logged ahead of it,
+    /// with partial-stripe writes just ahead of the stream and rewrites of
+    /// stripes it just passed: a later whole-stripe write must never be
+    /// undone at replay by the record of an earlier partial one.
+    Stream,
+}
+
+/// One operation: a flush (None) or a write of `len` bytes at `off`.
+fn next_op(
+    pattern: Pattern,
+    rng: &mut CutRng,
+    cap: usize,
+    stripe: usize,
+    pos: &mut usize,
+) -> Option<(usize, usize)> {
+    let partial = |rng: &mut CutRng, lo: usize, hi: usize| {
+        let len = SECTOR * (1 + rng.below(3 * CHUNK / SECTOR as u64) as usize);
+        let hi = hi.min(cap - len).max(lo);
+        (
+            lo + SECTOR * rng.below(((hi - lo) / SECTOR + 1) as u64) as usize,
+            len,
+        )
+    };
+    let stripes = cap / stripe;
+    match pattern {
+        _ if rng.below(5) == 0 => None,
+        Pattern::Random if rng.below(4) == 0 => {
+            let n = 1 + rng.below(2) as usize;
+            Some((
+                stripe * rng.below((stripes - n + 1) as u64) as usize,
+                n * stripe,
+            ))
+        }
+        Pattern::Random => Some(partial(rng, 0, cap)),
+        Pattern::Stream => match rng.below(8) {
+            0 | 1 => Some(partial(rng, *pos * stripe, (*pos + 8) * stripe)),
+            2 => {
+                let back = (*pos).min(1 + rng.below(4) as usize);
+                Some(((*pos - back) * stripe, stripe))
+            }
+            _ => {
+                let n = (1 + rng.below(2) as usize).min(stripes - *pos);
+                let at = *pos * stripe;
+                *pos = if *pos + n >= stripes { 0 } else { *pos + n };
+                Some((at, n * stripe))
+            }
+        },
+    }
+}
+
+/// As `workload_ops`, writing by `pattern`.
+fn workload_pattern(
+    tpl: &[Vec<u8>],
+    rng: &mut CutRng,
+    rebuild: bool,
+    max_ops: u64,
+    pattern: Pattern,
+) -> (Model, Vec<Vec<u8>>) {
     let imgs: Vec<Option<Vec<u8>>> = tpl.iter().cloned().map(Some).collect();
     let (a, pcs) = open(&imgs, false).unwrap();
     let a = Arc::new(a);
@@ -180,29 +249,14 @@ fn workload_ops(
     };
     m.current = m.durable.clone();
     let ops = 1 + rng.below(max_ops);
+    let stripe = CHUNK as usize * a.geometry().data_members();
+    let mut pos = 0;
     for _ in 0..ops {
-        if rng.below(5) == 0 {
+        let Some((off, len)) = next_op(pattern, rng, cap, stripe, &mut pos) else {
             a.flush().unwrap();
             m.durable.clone_from(&m.current);
             m.dirty.iter_mut().for_each(|d| *d = false);
             continue;
-        }
-        // Mostly partial-stripe writes, sector aligned, some across chunks;
-        // one in four rewrites one or two whole stripes (logged as intent
-        // only when every member is in service).
-        let stripe = CHUNK as usize * a.geometry().data_members();
-        let (off, len) = if rng.below(4) == 0 {
-            let n = 1 + rng.below(2) as usize;
-            (
-                stripe * rng.below((cap / stripe - n + 1) as u64) as usize,
-                n * stripe,
-            )
-        } else {
-            let len = SECTOR * (1 + rng.below(3 * CHUNK / SECTOR as u64) as usize);
-            (
-                SECTOR * rng.below(((cap - len) / SECTOR + 1) as u64) as usize,
-                len,
-            )
         };
         let byte = (rng.next_u64() & 0xff) as u8;
         let data: Vec<u8> = (0..len).map(|i| byte ^ (i / SECTOR) as u8).collect();
@@ -252,12 +306,23 @@ fn without(imgs: &[Vec<u8>], gone: &[usize]) -> Vec<Option<Vec<u8>>> {
 }
 
 fn journal_survives_cuts(level: Level, n: usize, cuts: u64, seed: u64) {
+    journal_survives_cuts_in(level, n, cuts, seed, Pattern::Random, 24);
+}
+
+fn journal_survives_cuts_in(
+    level: Level,
+    n: usize,
+    cuts: u64,
+    seed: u64,
+    pattern: Pattern,
+    max_ops: u64,
+) {
     let tpl = template(level, n, Policy::Journal);
     let lose = level.parity_count();
     let gone_sets = subsets(n, lose);
     for c in 0..scaled(cuts) {
         let mut rng = CutRng::new(seed * 1_000_003 + c);
-        let (m, imgs) = workload(&tpl, &mut rng);
+        let (m, imgs) = workload_pattern(&tpl, &mut rng, false, max_ops, pattern);
 
         // Restart with every member: recovery replays the journal.
         let all: Vec<Option<Vec<u8>>> = imgs.iter().cloned().map(Some).collect();
@@ -315,6 +380,16 @@ fn raid5_journal_with_checksums_survives_power_cuts() {
 #[test]
 fn raid6_journal_with_checksums_survives_power_cuts() {
     with_checksums(|| journal_survives_cuts(Level::Raid6, 5, 300, 4));
+}
+
+#[test]
+fn raid5_journal_survives_power_cuts_in_sequential_streams() {
+    journal_survives_cuts_in(Level::Raid5, 4, 400, 5, Pattern::Stream, 60);
+}
+
+#[test]
+fn raid6_journal_with_checksums_survives_power_cuts_in_sequential_streams() {
+    with_checksums(|| journal_survives_cuts_in(Level::Raid6, 5, 200, 6, Pattern::Stream, 60));
 }
 
 /// The journal's `applied_seq` in a member image's superblock: above 0

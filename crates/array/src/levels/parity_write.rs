@@ -86,7 +86,7 @@ impl Array {
                 .iter()
                 .try_for_each(|&(a, b)| self.write_group(&v, &pieces[a..b], src));
         }
-        let slots = self.journal_intents(s0, s1, chunk)?;
+        let slots = self.journal_stream(&v, s0, s1)?;
         if !Self::page_cache_only(&v) {
             let done = self.write_stripes_merged(&v, pieces, run, src);
             drop(slots);
@@ -289,7 +289,7 @@ impl Array {
         // intent (journal.rs); otherwise the journal takes the blocks.
         let intent = rcw_reads == 0 && self.journal.is_some() && Core::whole(v);
         if rcw_reads == 0 && len >= 2 * COLUMN && (self.journal.is_none() || intent) {
-            let _slot = self.journal_intent(stripe, dev, len as u64)?;
+            let _slot = self.journal_intent(stripe, dev, len as u64, chunk)?;
             return self.write_full_stripe(v, pieces, &sm, dev, len);
         }
 
@@ -328,7 +328,7 @@ impl Array {
         }
         drop(refs);
         let slot = if intent {
-            self.journal_intent(stripe, dev, len as u64)
+            self.journal_intent(stripe, dev, len as u64, chunk)
         } else {
             self.journal_update(stripe, &sm, pieces, dev, &pbuf, qbuf.as_deref())
         };
