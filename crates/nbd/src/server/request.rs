@@ -6,7 +6,7 @@
 //! worker's buffer, with the contiguous writes behind it that have already
 //! arrived merged in (`Config::merge_writes`).
 
-use super::fastpath::{Backlog, FastPaths, Outcome, Serving, RUN_WAIT, RUN_WAIT_STEP};
+use super::fastpath::{Backlog, FastPaths, Outcome, Serving, RUN_WAIT_STEP, STRIPE_WAIT};
 use super::{ensure_len, read_payload, Target, MAX_PAYLOAD, MERGE_MAX_ALIGNED};
 use crate::proto::*;
 use crate::stream::Stream;
@@ -147,7 +147,7 @@ impl Intake {
                     Limits {
                         size: server.export.device.len(),
                         align: server.config.merge_align,
-                        wait: RUN_WAIT,
+                        wait: STRIPE_WAIT,
                     },
                 )?;
             }
@@ -335,7 +335,7 @@ mod tests {
                 let _ = client.write_all(&vec![7u8; 2 * PIECE as usize]);
             });
             // A long limit, so that a slow machine cannot make the header
-            // late; the server's is RUN_WAIT.
+            // late; the server's is STRIPE_WAIT.
             let limits = Limits {
                 size: 1 << 30,
                 align: STRIPE,

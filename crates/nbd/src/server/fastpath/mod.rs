@@ -30,7 +30,7 @@ mod run;
 mod splice;
 
 pub(super) use hold::Backlog;
-pub(super) use run::{Serving, RUN_WAIT, RUN_WAIT_STEP};
+pub(super) use run::{Serving, RUN_WAIT_STEP, STRIPE_WAIT};
 
 use super::{ensure_len, inc, read_payload, Config, Export, Stats, LARGE_REPLY};
 use crate::proto::Request;

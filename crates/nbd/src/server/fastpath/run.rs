@@ -19,6 +19,13 @@ use std::time::{Duration, Instant};
 /// of the connection are being served, and how long each wait for it lasts
 /// before looking again.
 pub(crate) const RUN_WAIT: Duration = Duration::from_millis(2);
+/// As `RUN_WAIT`, for a run of writes that would end inside a stripe of a
+/// parity array. Longer: at 32 requests of 1 MiB in flight the next header
+/// comes once an earlier run is written and its replies are out, several
+/// milliseconds later; a run that gives up first ends in a partial-stripe
+/// update (read, and with the journal logged with its data and flushed),
+/// and so does the next run, from the other side of the stripe.
+pub(crate) const STRIPE_WAIT: Duration = Duration::from_millis(10);
 pub(crate) const RUN_WAIT_STEP: Duration = Duration::from_micros(200);
 
 /// The writes whose payloads to try receiving straight into the device.
