@@ -53,17 +53,17 @@ impl Array {
         let Some(j) = &self.journal else {
             return Ok(None);
         };
-        j.spoil(stripe);
         let mut parts: Vec<(usize, u64, &[u8])> = pieces
             .iter()
             .map(|(pc, d)| (pc.copies[0].0, pc.copies[0].1, *d))
             .collect();
         parts.extend(parity.iter().map(|&(r, b)| (r, dev, b)));
         let size = journal::record_size(parts.iter().map(|x| x.2.len()));
-        let slot = self.journal_put(j, stripe, dev, size, |uuid, seq| {
+        let slot = j.reserve(size, |seq| self.journal_checkpoint(seq))?;
+        j.logging_data(stripe, slot.seq);
+        let slot = self.journal_write(slot, stripe, dev, |uuid, seq| {
             journal::encode(uuid, seq, stripe, &parts)
         })?;
-        j.logged_data(stripe, slot.seq);
         Ok(Some(slot))
     }
 
@@ -81,7 +81,10 @@ impl Array {
         let Some(j) = &self.journal else {
             return Ok(None);
         };
-        if let Some((slot, _)) = self.reuse_intents(j, stripe, stripe + 1, chunk) {
+        if let Some((slot, _)) = j
+            .reuse(stripe, stripe + 1, chunk)
+            .filter(|_| !self.maybe_reshaping())
+        {
             return Ok(Some(slot));
         }
         self.journal_put(j, stripe, dev, journal::HEADER as u64, |uuid, seq| {
@@ -105,67 +108,37 @@ impl Array {
     }
 
     /// Intent records for the whole stripes `s0..s1` of a geometry with
-    /// `chunk`-byte chunks (each window the stripe's whole chunks: during
-    /// a change of chunk, the old geometry's above the reshape's
-    /// checkpoint), written together for a caller that holds them all
-    /// until the stripes are written. None: no journal.
+    /// `chunk`-byte chunks (during a change of chunk, the old geometry's
+    /// above the reshape's checkpoint), written together for a caller that
+    /// holds them all until the stripes are written. None: no journal.
     pub(crate) fn journal_intents(
         &self,
         s0: u64,
         s1: u64,
         chunk: u64,
     ) -> Result<Option<Vec<Slot<'_>>>> {
-        let stripes: Vec<u64> = (s0..s1).collect();
-        self.journal_intents_of(&stripes, chunk, true)
-    }
-
-    /// As `journal_intents`, for the whole stripes listed: their slots in
-    /// the same order, with consecutive sequence numbers. Without `wait`
-    /// (for a caller holding a slot already), None where the log would
-    /// have to wait for a checkpoint first; nothing is written then.
-    fn journal_intents_of(
-        &self,
-        stripes: &[u64],
-        chunk: u64,
-        wait: bool,
-    ) -> Result<Option<Vec<Slot<'_>>>> {
-        let Some(j) = &self.journal else {
+        if self.journal.is_none() {
             return Ok(None);
-        };
-        if stripes.is_empty() {
-            return Ok(Some(Vec::new()));
         }
-        let len = chunk;
-        let checkpoint = |seq| self.journal_checkpoint(seq);
-        let header = journal::HEADER as u64;
-        let reserved = j.reserve_many(stripes.len(), header, wait, checkpoint)?;
-        let Some(slots) = reserved else {
-            if !wait {
-                return Ok(None);
-            }
-            return Err(Error::Invalid(
+        match self.journal_spans(&[(s0, s1)], chunk, true)? {
+            Some(slots) => Ok(Some(slots)),
+            None => Err(Error::Invalid(
                 "too many intent records for the journal".into(),
-            ));
-        };
-        // The records lie one after the other in the log: one durable
-        // write for all of them on each member, not one per stripe (on a
-        // disk each durable write is a cache flush or a FUA).
-        let uuid = self.core.meta.locked().sb.array_uuid;
-        let mut recs = Vec::with_capacity(slots.len() * journal::HEADER);
-        for (&s, slot) in stripes.iter().zip(&slots) {
-            recs.extend_from_slice(&journal::encode_intent(uuid, slot.seq, s, s * chunk, len));
+            )),
         }
-        let at = slots.first().map_or(0, |x| x.at);
-        self.journal_store(stripes[0], stripes[0] * chunk, at, recs)?;
-        Ok(Some(slots))
     }
 
     /// One intent record for each range of whole stripes, its window the
     /// range's chunks on every member (replay takes it stripe by stripe):
     /// one 4 KiB header per run rather than per stripe, so that the log
     /// fills, and is checkpointed (every member flushed), that much less
-    /// often. Slots in the order of `ranges`; `wait` as for
-    /// `journal_intents_of`.
+    /// often. A range wider than a record's window field takes a record
+    /// per part. All are written in one durable write on each member (on a
+    /// disk each durable write is a cache flush or a FUA). Slots in the
+    /// order of `ranges`, the records' sequence numbers rising with them.
+    /// Without `wait` (for a caller holding a slot already), None where
+    /// the log would have to wait for a checkpoint first; nothing is
+    /// written then. None also where the records would not fit in the log.
     fn journal_spans(
         &self,
         ranges: &[(u64, u64)],
@@ -175,25 +148,26 @@ impl Array {
         let Some(j) = &self.journal else {
             return Ok(None);
         };
-        if ranges
+        let widest = (u64::from(u32::MAX) / chunk.max(1)).max(1);
+        let parts: Vec<(u64, u64)> = ranges
             .iter()
-            .any(|&(a, b)| (b - a) * chunk > u64::from(u32::MAX))
-        {
-            // Wider than a record's window field: a record per stripe.
-            let stripes: Vec<u64> = ranges.iter().flat_map(|&(a, b)| a..b).collect();
-            return self.journal_intents_of(&stripes, chunk, wait);
-        }
+            .flat_map(|&(a, b)| {
+                (a..b)
+                    .step_by(widest as usize)
+                    .map(move |x| (x, b.min(x + widest)))
+            })
+            .collect();
+        let Some(&(first, _)) = parts.first() else {
+            return Ok(Some(Vec::new()));
+        };
         let checkpoint = |seq| self.journal_checkpoint(seq);
         let header = journal::HEADER as u64;
-        let Some(slots) = j.reserve_many(ranges.len(), header, wait, checkpoint)? else {
+        let Some(slots) = j.reserve_many(parts.len(), header, wait, checkpoint)? else {
             return Ok(None);
         };
-        if slots.is_empty() {
-            return Ok(Some(slots));
-        }
         let uuid = self.core.meta.locked().sb.array_uuid;
         let mut recs = Vec::with_capacity(slots.len() * journal::HEADER);
-        for (&(a, b), slot) in ranges.iter().zip(&slots) {
+        for (&(a, b), slot) in parts.iter().zip(&slots) {
             recs.extend_from_slice(&journal::encode_intent(
                 uuid,
                 slot.seq,
@@ -202,7 +176,7 @@ impl Array {
                 (b - a) * chunk,
             ));
         }
-        self.journal_store(ranges[0].0, ranges[0].0 * chunk, slots[0].at, recs)?;
+        self.journal_store(first, first * chunk, slots[0].at, recs)?;
         Ok(Some(slots))
     }
 
@@ -233,7 +207,8 @@ impl Array {
         let mut held = Vec::new();
         let first = s0;
         let mut s0 = s0;
-        if let Some((slot, upto)) = self.reuse_intents(j, s0, s1, chunk) {
+        let reshaping = self.maybe_reshaping();
+        if let Some((slot, upto)) = j.reuse(s0, s1, chunk).filter(|_| !reshaping) {
             held.push(slot);
             s0 = upto;
             if s0 == s1 {
@@ -244,8 +219,10 @@ impl Array {
         let want = (AHEAD_BYTES / stripe_bytes.max(1))
             .clamp(2, AHEAD_STRIPES)
             .min(j.size / journal::HEADER as u64 / 8)
-            .min((j.size / journal::HEADER as u64).saturating_sub(s1 - s0) / 2);
-        let reshaping = self.reshape.try_read().map_or(true, |r| r.is_some());
+            .min((j.size / journal::HEADER as u64).saturating_sub(s1 - s0) / 2)
+            // One record: a range relied on is kept from a checkpoint by
+            // holding its record, which would not keep an earlier one.
+            .min(u64::from(u32::MAX) / chunk.max(1));
         // The stripes right after the run are often held by the stream's
         // next runs, written at the same time: the range starts after them,
         // and takes as many free stripes as follow. (A stripe's lock can
@@ -253,7 +230,7 @@ impl Array {
         let end = (s1 + 2 * want).min(v.geom.stripes());
         let mut locks = Vec::new();
         let mut lo = s1;
-        if !reshaping && j.streaming(s0, s1, 2 * want) {
+        if !reshaping && want > 0 && j.streaming(s0, s1, 2 * want) {
             for s in s1..end {
                 match self.core.try_lock_range(s, s + 1).filter(|_| j.settled(s)) {
                     Some(mut g) => {
@@ -296,20 +273,11 @@ impl Array {
         Ok(Some(held))
     }
 
-    /// The slot of intents logged ahead of a stream that cover `s0..s1`.
-    fn reuse_intents<'a>(
-        &self,
-        j: &'a journal::Journal,
-        s0: u64,
-        s1: u64,
-        chunk: u64,
-    ) -> Option<(Slot<'a>, u64)> {
-        // During a reshape a stripe number means a row of one geometry or
-        // the other; the ranges are not kept across one.
-        if self.reshape.try_read().map_or(true, |r| r.is_some()) {
-            return None;
-        }
-        j.reuse(s0, s1, chunk)
+    /// Whether a reshape may be under way: a stripe number then means a
+    /// row of one geometry or the other, and intents logged ahead of a
+    /// stream are neither written nor relied on.
+    fn maybe_reshaping(&self) -> bool {
+        self.reshape.try_read().map_or(true, |r| r.is_some())
     }
 
     /// Write a record into its reserved slot on `redundancy + 1` members
