@@ -15,7 +15,7 @@ pub enum Error {
     NoSuperblock { member: String },
     #[error("{member}: corrupt superblock: {detail}")]
     CorruptSuperblock { member: String, detail: String },
-    #[error("{member}: superblock format version {version} is not supported (this raidkit reads version {supported})")]
+    #[error("{member}: superblock format version {version} is not supported (this raidkit reads versions up to {supported})")]
     UnsupportedVersion {
         member: String,
         version: u32,

@@ -53,7 +53,8 @@
 //!     at 352 (stripes of the new geometry written and durable), backup
 //!     u64 at 360 (bytes of array data from 0 kept in the backup area
 //!     while their old place is overwritten; 0: none), backup crc32c u32
-//!     at 368 (see `crate::reshape`)
+//!     at 368 (see `crate::reshape`); version 4 while an array with a
+//!     journal is open (state dirty), whatever else it has
 //! 376 converted from (flag 16): level i32, layout u32 at 380, chunk u64 at
 //!     384: the shape before the last level takeover (`grow --level`, which
 //!     moves no data), so that a member one update behind with that shape
@@ -76,6 +77,20 @@ pub const VERSION: u32 = 2;
 const VERSION_NO_CHECKSUMS: u32 = 1;
 /// The version written while a reshape is in progress.
 const VERSION_RESHAPE: u32 = 3;
+/// The version written while an array with a journal is open (dirty): its
+/// records may then span stripes (a run of whole stripes, or the stripes
+/// logged ahead of a sequential writer), which raidkit before such records
+/// would replay as one stripe each after a crash, leaving the others'
+/// parity stale. It refuses these members instead. A clean stop (every
+/// record applied) writes the version of the other features again.
+const VERSION_OPEN_JOURNAL: u32 = 4;
+/// The versions this build reads.
+const VERSIONS: [u32; 4] = [
+    VERSION_NO_CHECKSUMS,
+    VERSION,
+    VERSION_RESHAPE,
+    VERSION_OPEN_JOURNAL,
+];
 pub const SB_SIZE: usize = 8192;
 /// Where the two superblock copies live.
 pub const SB_OFFSETS: [u64; 2] = [0, SB_SIZE as u64];
@@ -345,7 +360,9 @@ impl Superblock {
         put_u32(
             &mut b,
             8,
-            if self.reshape.is_some() {
+            if self.state == ArrayState::Dirty && self.journal.size > 0 {
+                VERSION_OPEN_JOURNAL
+            } else if self.reshape.is_some() {
                 VERSION_RESHAPE
             } else if self.checksums.enabled() {
                 VERSION
@@ -448,11 +465,11 @@ impl Superblock {
         if get_u32(b, 16) != block_crc(&b[..SB_SIZE]) {
             return Err(corrupt("checksum mismatch".into()));
         }
-        if version != VERSION && version != VERSION_NO_CHECKSUMS && version != VERSION_RESHAPE {
+        if !VERSIONS.contains(&version) {
             return Err(Error::UnsupportedVersion {
                 member: member.to_string(),
                 version,
-                supported: VERSION,
+                supported: VERSION_OPEN_JOURNAL,
             });
         }
         let level_n = get_u32(b, 128) as i32;
@@ -733,6 +750,42 @@ mod tests {
         let sb = sample();
         let b = sb.encode();
         assert_eq!(Superblock::decode(&b, "m").unwrap().unwrap(), sb);
+    }
+
+    #[test]
+    fn an_open_array_with_a_journal_is_written_as_version_4() {
+        let version = |sb: &Superblock| get_u32(&sb.encode(), 8);
+        let mut sb = sample();
+        assert_eq!(version(&sb), VERSION_RESHAPE);
+        sb.journal = JournalArea {
+            offset: 64 << 10,
+            size: 1 << 20,
+            applied_seq: 5,
+        };
+        // Open: whatever else the array has, readers from before spanning
+        // intent records refuse it.
+        for reshape in [sb.reshape, None] {
+            sb.reshape = reshape;
+            assert_eq!(version(&sb), VERSION_OPEN_JOURNAL);
+            assert_eq!(Superblock::decode(&sb.encode(), "m").unwrap().unwrap(), sb);
+        }
+        // Stopped cleanly: the version of the other features again.
+        sb.state = ArrayState::Clean;
+        assert_eq!(version(&sb), VERSION);
+        sb.checksums = ChecksumArea::default();
+        assert_eq!(version(&sb), VERSION_NO_CHECKSUMS);
+        sb.state = ArrayState::Dirty;
+        sb.journal = JournalArea::default();
+        assert_eq!(version(&sb), VERSION_NO_CHECKSUMS);
+        // A version past this build's is refused, not guessed at.
+        let mut b = sample().encode();
+        put_u32(&mut b, 8, VERSION_OPEN_JOURNAL + 1);
+        let crc = block_crc(&b);
+        put_u32(&mut b, 16, crc);
+        assert!(matches!(
+            Superblock::decode(&b, "m"),
+            Err(Error::UnsupportedVersion { version: 5, .. })
+        ));
     }
 
     #[test]
