@@ -3,6 +3,7 @@
 //! marks (the whole array without one). See `journal.rs` for the log.
 
 use crate::background::{windows, ParityResync, Plan, Process};
+use crate::checksums::BLOCK;
 use crate::core::{Core, Disk, View};
 use crate::engine::Array;
 use crate::engine::{in_parallel_on, journal_pool, Small};
@@ -13,6 +14,8 @@ use raidkit_layout::{Piece, StripeMap};
 use raidkit_member::Locked;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+mod heal;
 
 /// How far ahead of a stream of whole-stripe writes their intents are
 /// logged: about this much data, at most `AHEAD_STRIPES` stripes. After a
@@ -750,6 +753,11 @@ impl Array {
             })
             .map(move |at| (at, ((at / chunk + 1) * chunk).min(end) - at))
         });
+        // Before a window's parity is recomputed from its data, blocks
+        // there that rotted while nothing wrote them are put back from
+        // redundancy (`heal.rs`); the recompute would take them as they are.
+        let checksums = self.checksums();
+        let mut healed = 0;
         for (dev, len) in windows {
             // During a reshape, by the geometry of the stripe's row (that
             // in which it was written: before a reshape moves a row,
@@ -771,6 +779,19 @@ impl Array {
                 continue;
             }
             let _g = self.core.lock(stripe);
+            if checksums && absent == 0 && !self.unsynced_stripe(&v, stripe) {
+                // Whole blocks, inside the stripe's chunks.
+                let row = stripe * chunk..(stripe + 1) * chunk;
+                let lo = (dev / BLOCK * BLOCK).max(row.start);
+                let hi = (dev + len).next_multiple_of(BLOCK).min(row.end);
+                if lo < hi {
+                    match self.heal_rotten(&v, stripe, lo, hi) {
+                        Ok(n) => healed += n,
+                        Err(Error::Unavailable { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
             match self.recompute_parity(
                 &v,
                 stripe,
@@ -791,6 +812,11 @@ impl Array {
         if count > 0 {
             self.recovery.note(vec![format!(
                 "not shut down cleanly: replayed {count} journal record(s)"
+            )]);
+        }
+        if healed > 0 {
+            self.recovery.note(vec![format!(
+                "replay put back {healed} block(s) from redundancy that disagreed with their checksums (rotten, or torn by a write in flight at the crash)"
             )]);
         }
         Ok(())
