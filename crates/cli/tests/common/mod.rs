@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod nbd;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_raidkit");
 
 /// How long one run of an external tool, or of a raidkit command that is
