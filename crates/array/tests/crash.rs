@@ -9,9 +9,10 @@
 //!   (d) with any one member (any two on RAID-6) then removed, (a) and (b)
 //!       still hold, and also when that member is missing at the restart
 //!       itself (crash and member loss together: the write hole),
-//!   (e) with the journal and every member back, every sector written since
-//!       the last flush holds its old contents or what one of those writes
-//!       put there, never a mix put together at recovery.
+//!   (e) with every member back, every sector written since the last flush
+//!       holds its old contents or what one of those writes put there,
+//!       never a mix put together at recovery (journal replay, a bitmap
+//!       resync, a rebuild or initial sync resumed).
 //! With the bitmap policy and a member missing at restart, the same checks
 //! must find the write hole: that is what the journal is for.
 //! Each runs without checksums and with them (the default for new arrays):
@@ -160,6 +161,15 @@ impl Model {
             .map(|(&i, _)| i)
             .collect()
     }
+}
+
+/// Check (e): nothing written since the last flush reads back garbled.
+fn assert_not_garbled(m: &Model, got: &[u8], what: &str) {
+    let g = m.garbled(got);
+    assert!(
+        g.is_empty(),
+        "{what}: sectors {g:?} hold neither their old contents nor a write's"
+    );
 }
 
 fn read_all(a: &Array) -> Vec<u8> {
@@ -369,11 +379,7 @@ fn journal_survives_cuts_in(
             0,
             "{level} cut {c}: (a)/(b) after restart"
         );
-        let garbled = m.garbled(&got);
-        assert!(
-            garbled.is_empty(),
-            "{level} cut {c}: sectors {garbled:?} hold neither their old contents nor a write's"
-        );
+        assert_not_garbled(&m, &got, &format!("{level} cut {c}"));
         assert_eq!(checksum_errors(&a), 0, "{level} cut {c}: torn, not rotten");
         assert_eq!(
             a.count_mismatches().unwrap(),
@@ -544,7 +550,9 @@ fn full_journal_cuts() {
         }
         let all: Vec<Option<Vec<u8>>> = imgs.iter().cloned().map(Some).collect();
         let (a, _) = open(&all, false).unwrap();
-        assert_eq!(m.violations(&read_all(&a)), 0, "cut {c}: after restart");
+        let got = read_all(&a);
+        assert_eq!(m.violations(&got), 0, "cut {c}: after restart");
+        assert_not_garbled(&m, &got, &format!("cut {c}: after restart"));
         assert_eq!(checksum_errors(&a), 0, "cut {c}: torn, not rotten");
         assert_eq!(a.count_mismatches().unwrap(), 0, "cut {c}: parity");
         drop(a);
@@ -604,6 +612,7 @@ fn cuts_during_a_rebuild(cuts: u64) {
         a.recover_all().unwrap();
         let got = read_all(&a);
         assert_eq!(m.violations(&got), 0, "cut {c}: after the rebuild");
+        assert_not_garbled(&m, &got, &format!("cut {c}: after the rebuild"));
         assert_eq!(a.count_mismatches().unwrap(), 0, "cut {c}: parity");
         a.close().unwrap();
         let recovered: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();
@@ -641,13 +650,17 @@ fn bitmap_cuts(cuts: u64) {
         // regions are resynced (as the server does in the background).
         let all: Vec<Option<Vec<u8>>> = imgs.iter().cloned().map(Some).collect();
         let (a, _) = open(&all, false).unwrap();
-        assert_eq!(m.violations(&read_all(&a)), 0, "cut {c}");
+        let got = read_all(&a);
+        assert_eq!(m.violations(&got), 0, "cut {c}");
+        assert_not_garbled(&m, &got, &format!("cut {c}"));
         assert_eq!(checksum_errors(&a), 0, "cut {c}: torn, not rotten");
         a.recover_all().unwrap();
         if m.wrote {
             assert_eq!(a.last_recovery().unwrap().kind, "parity-resync");
         }
-        assert_eq!(m.violations(&read_all(&a)), 0, "cut {c}");
+        let got = read_all(&a);
+        assert_eq!(m.violations(&got), 0, "cut {c}");
+        assert_not_garbled(&m, &got, &format!("cut {c}: after the resync"));
         assert_eq!(a.count_mismatches().unwrap(), 0, "cut {c}");
         drop(a);
         // A member missing at restart: refused without --force...
@@ -808,6 +821,7 @@ fn cuts_during_the_initial_sync(divide: u64) {
             a.recover_all().unwrap();
             let got = read_all(&a);
             assert_eq!(m.violations(&got), 0, "{level} cut {c}: after the sync");
+            assert_not_garbled(&m, &got, &format!("{level} cut {c}: after the sync"));
             assert_eq!(a.count_mismatches().unwrap(), 0, "{level} cut {c}: parity");
             a.close().unwrap();
             let synced: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();
