@@ -4,7 +4,7 @@
 //! records its checksum from it).
 
 use crate::checksums::BLOCK;
-use crate::core::View;
+use crate::core::{Core, View};
 use crate::engine::Array;
 use crate::error::Result;
 use crate::levels::parity::solve;
@@ -13,7 +13,8 @@ impl Array {
     /// Heal the blocks of member range `[lo, hi)` of `stripe` (whole
     /// blocks, inside one chunk) that rotted, column by column (a block at
     /// the same offset on every member), with every member of the stripe
-    /// present; the caller holds the stripe's lock. Returns how many
+    /// present and in sync there; the caller holds the stripe's lock, and
+    /// every writer of a data record holds it too (see `logging_data`). Returns how many
     /// blocks were rewritten.
     ///
     /// A column is healed only when the blocks that disagree with their
@@ -36,7 +37,9 @@ impl Array {
         let mut disks = Vec::with_capacity(roles.len());
         let mut raw = Vec::with_capacity(roles.len());
         for &r in &roles {
-            let Some(d) = v.roles[r].disk.as_ref() else {
+            // Every role in service over the range: a member being rebuilt
+            // may hold stale parity that agrees with a stale checksum.
+            let Some(d) = Core::readable(v, r, lo, hi - lo) else {
                 return Ok(0);
             };
             let Some(c) = d.checked.as_ref() else {
