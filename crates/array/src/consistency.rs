@@ -440,7 +440,7 @@ impl Array {
             // Records replayed and windows resynced may hold blocks torn
             // from their checksums: taken as they are while replaying.
             if checksums {
-                self.core.window.open(None);
+                self.core.window.open(None, false);
             }
             let replayed = self.replay_journal();
             self.core.window.close();
@@ -465,7 +465,7 @@ impl Array {
                         // crash keep being taken as they are while it runs.
                         self.core
                             .window
-                            .open(self.core.bitmap.as_ref().map(|b| b.snapshot()));
+                            .open(self.core.bitmap.as_ref().map(|b| b.snapshot()), false);
                     }
                     return Ok(());
                 }
@@ -514,11 +514,17 @@ impl Array {
         }
         if checksums && (plan.from.is_some() || plan.marked.is_some()) {
             // Until the resync has passed, blocks there that disagree with
-            // their checksums are taken as they are (see `CrashWindow`).
-            self.core.window.open(match plan.from {
-                Some(_) => None,
-                None => plan.marked.clone(),
-            });
+            // their checksums are put back from redundancy where the
+            // rebuild agrees with their checksums, taken as they are
+            // otherwise (see `CrashWindow`); the resync writes back what
+            // reads put back.
+            self.core.window.open(
+                match plan.from {
+                    Some(_) => None,
+                    None => plan.marked.clone(),
+                },
+                true,
+            );
         }
         if plan.from.is_some() || plan.marked.is_some() {
             *self.recovery.pending_parity.locked() = Some(plan);
@@ -561,6 +567,30 @@ impl Array {
     pub(crate) fn unsynced_stripe(&self, v: &View, stripe: u64) -> bool {
         let last = ((stripe + 1) * v.geom.chunk).div_ceil(self.core.geom().chunk) - 1;
         self.unsynced(last)
+    }
+
+    /// After a resync recomputed unit `s`'s redundancy, in a crash window:
+    /// its reads put rotten blocks back from redundancy in memory
+    /// (`Core::window_heal`), so the parity now agrees with what they
+    /// should hold; the blocks themselves are written back here, under the
+    /// unit's lock (`heal.rs`). Only when some read healed a block since
+    /// `before` (a count of every member's): a stripe whose blocks all
+    /// agreed is not read again.
+    fn write_back_healed(&self, v: &View, s: u64, before: u64) -> Result<u64> {
+        let chunk = v.geom.chunk;
+        if !self.checksums()
+            || !v.geom.level.is_parity()
+            || self.core.window_healed() == before
+            || !self.core.window.covers(s * chunk, chunk)
+        {
+            return Ok(0);
+        }
+        match self.heal_rotten(v, s, s * chunk, (s + 1) * chunk) {
+            Ok(n) => Ok(n),
+            // The next read of the block heals it again, as a bad block.
+            Err(Error::Unavailable { .. }) => Ok(0),
+            Err(e) => Err(e),
+        }
     }
 
     /// Record how far a resync from a position got.
@@ -615,6 +645,7 @@ impl Array {
             },
         );
         let mut done = 0;
+        let mut healed = 0;
         let result = (|| -> Result<String> {
             self.core.begin_write()?;
             for (a, b) in windows(0, n_units, u64::MAX, wanted) {
@@ -633,7 +664,9 @@ impl Array {
                     {
                         let _g = self.core.lock(u);
                         for x in units {
+                            let before = self.core.window_healed();
                             self.level().resync_unit(self, &v, x)?;
+                            healed += self.write_back_healed(&v, x, before)?;
                         }
                         if u >= from {
                             // Under the unit's lock: a write that takes it
@@ -662,6 +695,11 @@ impl Array {
             // Every block the crash could have torn has been read (and its
             // checksum recorded) and is written back by the flush above.
             self.core.window.close();
+            if healed > 0 {
+                self.recovery.note(vec![format!(
+                    "the resync put back {healed} block(s) from redundancy that disagreed with their checksums (rotten, or torn by a write in flight at the crash)"
+                )]);
+            }
             Ok("done".into())
         })();
         if plan.from.is_some() && !matches!(result.as_deref(), Ok("done")) {

@@ -439,8 +439,6 @@ fn raid6_journal_with_checksums_survives_power_cuts_in_sequential_streams() {
     with_checksums(|| journal_survives_cuts_in(Level::Raid6, 5, 200, 6, Pattern::Stream, 60));
 }
 
-/// The journal's `applied_seq` in a member image's superblock: above 0
-/// once the log has been full and checkpointed.
 /// Blocks that rot while nothing writes them, in stripes whose intents
 /// were logged ahead of a sequential writer (records not yet
 /// checkpointed): after a power cut, replay recomputes those stripes'
@@ -458,19 +456,48 @@ fn raid6_two_blocks_rotten_in_stripes_logged_ahead_are_healed_at_replay() {
     with_checksums(|| rot_in_stripes_logged_ahead(Level::Raid6, 5, 2));
 }
 
-fn rot_in_stripes_logged_ahead(level: Level, n: usize, per_stripe: usize) {
-    let tpl = template(level, n, Policy::Journal);
+/// A new array of `level` with every block written once (a block never
+/// written since create has no checksum yet: it is sealed as first read)
+/// and made durable: the array, its members, the bytes of a stripe, the
+/// stripes and what was written.
+#[allow(clippy::type_complexity)]
+fn written_once(
+    level: Level,
+    n: usize,
+    policy: Policy,
+) -> (Array, Vec<Arc<PowerCutMember>>, usize, usize, Vec<u8>) {
+    let tpl = template(level, n, policy);
     let imgs: Vec<Option<Vec<u8>>> = tpl.iter().cloned().map(Some).collect();
     let (a, pcs) = open(&imgs, false).unwrap();
-    let g = a.geometry();
-    let stripe = CHUNK as usize * g.data_members();
+    let stripe = CHUNK as usize * a.geometry().data_members();
     let stripes = a.capacity() as usize / stripe;
-    // Every block written once (a block never written since create has no
-    // checksum yet: it is sealed as first read), and made durable.
     let cap = a.capacity() as usize;
     let first: Vec<u8> = (0..cap).map(|i| (i / SECTOR) as u8 ^ 0x33).collect();
     a.write(&first, 0).unwrap();
     a.flush().unwrap();
+    (a, pcs, stripe, stripes, first)
+}
+
+/// Cut the power to every member of `a`: the images that survived, and
+/// where the members' data starts.
+fn power_cut(a: Array, pcs: &[Arc<PowerCutMember>], seed: u64) -> (Vec<Vec<u8>>, usize) {
+    PowerCutMember::cut_all(
+        &pcs.iter().map(|p| &**p).collect::<Vec<_>>(),
+        &mut CutRng::new(seed),
+    );
+    let imgs: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();
+    drop(a);
+    let m = PowerCutMember::new("m0", imgs[0].clone());
+    let data_offset = raidkit_array::superblock::read_superblock(&m)
+        .unwrap()
+        .sb
+        .data_offset as usize;
+    (imgs, data_offset)
+}
+
+fn rot_in_stripes_logged_ahead(level: Level, n: usize, per_stripe: usize) {
+    let (a, pcs, stripe, stripes, _) = written_once(level, n, Policy::Journal);
+    let g = a.geometry();
     // Then a sequential writer of whole stripes, two at a time: from its
     // second run on, intents are logged ahead of it.
     let written = 8;
@@ -480,19 +507,7 @@ fn rot_in_stripes_logged_ahead(level: Level, n: usize, per_stripe: usize) {
     }
     a.flush().unwrap();
     let want = read_all(&a);
-    PowerCutMember::cut_all(
-        &pcs.iter().map(|p| &**p).collect::<Vec<_>>(),
-        &mut CutRng::new(7),
-    );
-    let mut imgs: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();
-    drop(a);
-    let data_offset = {
-        let m = PowerCutMember::new("m0", imgs[0].clone());
-        raidkit_array::superblock::read_superblock(&m)
-            .unwrap()
-            .sb
-            .data_offset as usize
-    };
+    let (mut imgs, data_offset) = power_cut(a, &pcs, 7);
     // In every stripe after the stream, data blocks of one column rot.
     let blocks = CHUNK as usize / 4096;
     for s in written..stripes {
@@ -515,6 +530,82 @@ fn rot_in_stripes_logged_ahead(level: Level, n: usize, per_stripe: usize) {
     assert_eq!(a.count_mismatches().unwrap(), 0, "{level}: parity");
 }
 
+/// With the bitmap policy a crash leaves the regions being written open:
+/// until the resync has passed them, a block there that disagrees with its
+/// checksum may be torn by a write in flight, or may have rotted. A read
+/// there, and the resync, must put rot back from redundancy (a rebuild
+/// that agrees with the block's own checksum), and take as it is only
+/// what cannot be rebuilt so.
+#[test]
+fn raid5_rot_in_a_bitmap_crash_window_is_healed_by_reads_and_the_resync() {
+    with_checksums(|| rot_in_bitmap_window(Level::Raid5, 4, 1));
+}
+
+/// As above, two rotten data blocks in one column of each stripe on RAID-6.
+#[test]
+fn raid6_two_blocks_rotten_in_a_bitmap_crash_window_are_healed() {
+    with_checksums(|| rot_in_bitmap_window(Level::Raid6, 5, 2));
+}
+
+fn rot_in_bitmap_window(level: Level, n: usize, per_stripe: usize) {
+    let (a, pcs, stripe, stripes, first) = written_once(level, n, Policy::Bitmap);
+    let g = a.geometry();
+    // The first block of every stripe rewritten, not flushed: every
+    // region of the bitmap is marked when the power goes.
+    const NEW: u8 = 0xee;
+    for s in 0..stripes {
+        a.write(&[NEW; 4096], (s * stripe) as u64).unwrap();
+    }
+    let (mut imgs, data_offset) = power_cut(a, &pcs, 11);
+    // In every stripe, data blocks of a column those writes did not touch
+    // rot.
+    let blocks = CHUNK as usize / 4096;
+    for s in 0..stripes {
+        let sm = g.stripe_map(s as u64);
+        let col = 1 + s % (blocks - 1);
+        let at = data_offset + s * CHUNK as usize + col * 4096 + 100;
+        for k in 0..per_stripe {
+            imgs[sm.data[(s + k) % sm.data.len()]][at] ^= 0x5a;
+        }
+    }
+    let check = |got: &[u8], what: &str| {
+        let mut bad = Vec::new();
+        for s in 0..stripes {
+            let base = s * stripe;
+            // The block being written at the cut: each sector old or new.
+            let torn = (base..base + 4096).step_by(SECTOR).any(|x| {
+                let sec = &got[x..x + SECTOR];
+                sec != &first[x..x + SECTOR] && sec.iter().any(|&b| b != NEW)
+            });
+            if torn || got[base + 4096..base + stripe] != first[base + 4096..base + stripe] {
+                bad.push(s);
+            }
+        }
+        assert!(
+            bad.is_empty(),
+            "{level}, {what}: rotten data served from stripes {bad:?}"
+        );
+    };
+    let all: Vec<Option<Vec<u8>>> = imgs.into_iter().map(Some).collect();
+    // Read before the resync has run...
+    let (a, _) = open(&all, false).unwrap();
+    check(&read_all(&a), "read in the crash window");
+    assert_eq!(checksum_errors(&a), 0, "{level}: the window counts nothing");
+    a.recover_all().unwrap();
+    check(&read_all(&a), "after the resync");
+    drop(a);
+    // ...and the resync alone: it must write every rotten block back (a
+    // read after it, outside the window, would count the rot it finds).
+    let (a, _) = open(&all, false).unwrap();
+    a.recover_all().unwrap();
+    assert_eq!(a.last_recovery().unwrap().kind, "parity-resync");
+    check(&read_all(&a), "after the resync alone");
+    assert_eq!(checksum_errors(&a), 0, "{level}: rot left after the resync");
+    assert_eq!(a.count_mismatches().unwrap(), 0, "{level}: parity");
+}
+
+/// The journal's `applied_seq` in a member image's superblock: above 0
+/// once the log has been full and checkpointed.
 fn applied_seq(img: &[u8]) -> u64 {
     let m = PowerCutMember::new("sb", img.to_vec());
     raidkit_array::superblock::read_superblock(&m)

@@ -1,13 +1,18 @@
-//! Replay's rot check: blocks of an intent window that rotted while
-//! nothing wrote them, put back from redundancy before the window's parity
-//! is recomputed from its data (which takes every block as it is and
-//! records its checksum from it).
+//! Rot in a crash window: blocks that rotted while nothing wrote them,
+//! put back from redundancy rather than taken as they are. Replay runs it
+//! on each intent window before the window's parity is recomputed from
+//! its data (which takes every block as it is and records its checksum
+//! from it). A read in a crash window (`core::CrashWindow`) heals a block
+//! that disagrees with its checksum in memory ([`Core::window_heal`]); the
+//! resync, whose reads do the same, writes such blocks back.
 
 use crate::checksums::BLOCK;
-use crate::core::{Core, View};
+use crate::core::checked::Checked;
+use crate::core::{Core, Disk, View};
 use crate::engine::Array;
 use crate::error::Result;
 use crate::levels::parity::solve;
+use raidkit_layout::StripeMap;
 
 impl Array {
     /// Heal the blocks of member range `[lo, hi)` of `stripe` (whole
@@ -32,56 +37,143 @@ impl Array {
     /// land everywhere (either may be read after a crash).
     pub(super) fn heal_rotten(&self, v: &View, stripe: u64, lo: u64, hi: u64) -> Result<u64> {
         let sm = v.geom.stripe_map(stripe);
-        let k = sm.data.len();
-        let roles: Vec<usize> = sm.data.iter().copied().chain([sm.p]).chain(sm.q).collect();
-        let mut disks = Vec::with_capacity(roles.len());
-        let mut raw = Vec::with_capacity(roles.len());
-        for &r in &roles {
-            // Every role in service over the range: a member being rebuilt
-            // may hold stale parity that agrees with a stale checksum.
-            let Some(d) = Core::readable(v, r, lo, hi - lo) else {
-                return Ok(0);
-            };
-            let Some(c) = d.checked.as_ref() else {
-                return Ok(0);
-            };
-            let mut b = vec![0u8; (hi - lo) as usize];
-            if c.read_raw(&mut b, d.data_offset + lo).is_err() {
-                // The recompute meets the error and deals with it.
-                return Ok(0);
-            }
-            disks.push((c, d.data_offset));
-            raw.push(b);
-        }
+        // Unreadable: the recompute meets the error and deals with it.
+        let Some((disks, raw)) = read_stripe_raw(v, &sm, lo, hi - lo) else {
+            return Ok(0);
+        };
         let mut healed = 0;
         for off in (lo..hi).step_by(BLOCK as usize) {
             let at = (off - lo) as usize..(off - lo + BLOCK) as usize;
+            let column: Vec<&[u8]> = raw.iter().map(|b| &b[at.clone()]).collect();
             // Unreadable checksums count as disagreeing: nothing is healed.
             let agrees = |x: usize, bytes: &[u8]| {
                 let (c, base) = disks[x];
                 c.agrees(bytes, base + off).unwrap_or(false)
             };
-            let bad: Vec<usize> = (0..roles.len())
-                .filter(|&x| !agrees(x, &raw[x][at.clone()]))
-                .collect();
-            if bad.is_empty() || bad.len() > roles.len() - k || bad.iter().any(|&x| x >= k) {
-                continue;
-            }
-            let data: Vec<Option<Vec<u8>>> = (0..k)
-                .map(|dd| (!bad.contains(&dd)).then(|| raw[dd][at.clone()].to_vec()))
-                .collect();
-            let q = sm.q.map(|_| &raw[k + 1][at.clone()]);
-            let Ok(rows) = solve(&sm, data, Some(&raw[k][at.clone()]), q, BLOCK as usize) else {
-                continue;
-            };
-            if !bad.iter().all(|&dd| agrees(dd, &rows[dd])) {
-                continue;
-            }
-            for &dd in &bad {
-                self.core.member_write(v, sm.data[dd], &rows[dd], off)?;
+            for (dd, block) in heal_column(&sm, &column, &agrees) {
+                self.core.member_write(v, sm.data[dd], &block, off)?;
                 healed += 1;
             }
         }
         Ok(healed)
+    }
+}
+
+/// Each role's checksums and data offset.
+type Columns<'v> = Vec<(&'v Checked, u64)>;
+
+/// Every role of `sm`'s stripe, in its order (data, P, Q), over member
+/// range `[lo, lo + len)`: its checksums, data offset and the bytes it
+/// holds there. None unless every role is in service and in sync over the
+/// range (a member being rebuilt may hold stale parity that agrees with a
+/// stale checksum), keeps checksums and reads.
+fn read_stripe_raw<'v>(
+    v: &'v View,
+    sm: &StripeMap,
+    lo: u64,
+    len: u64,
+) -> Option<(Columns<'v>, Vec<Vec<u8>>)> {
+    let roles = sm.data.iter().copied().chain([sm.p]).chain(sm.q);
+    let mut disks = Vec::new();
+    let mut raw = Vec::new();
+    for r in roles {
+        let d = Core::readable(v, r, lo, len)?;
+        let c = d.checked.as_deref()?;
+        let mut b = vec![0u8; len as usize];
+        c.read_raw(&mut b, d.data_offset + lo).ok()?;
+        disks.push((c, d.data_offset));
+        raw.push(b);
+    }
+    Some((disks, raw))
+}
+
+/// The column's verdict, as `heal_rotten` describes: the data blocks
+/// (position in the stripe's data, rebuilt content) to put back, none
+/// where the column agrees or cannot be healed. `column`: each role's
+/// block in `sm`'s order (data, P, Q); `agrees(x, bytes)`: whether
+/// `bytes` agrees with the checksum of `column[x]`'s block.
+fn heal_column(
+    sm: &StripeMap,
+    column: &[&[u8]],
+    agrees: &dyn Fn(usize, &[u8]) -> bool,
+) -> Vec<(usize, Vec<u8>)> {
+    let k = sm.data.len();
+    let bad: Vec<usize> = (0..column.len())
+        .filter(|&x| !agrees(x, column[x]))
+        .collect();
+    if bad.is_empty() || bad.len() > column.len() - k || bad.iter().any(|&x| x >= k) {
+        return Vec::new();
+    }
+    let data: Vec<Option<Vec<u8>>> = (0..k)
+        .map(|dd| (!bad.contains(&dd)).then(|| column[dd].to_vec()))
+        .collect();
+    let q = sm.q.map(|_| column[k + 1]);
+    let Ok(mut rows) = solve(sm, data, Some(column[k]), q, BLOCK as usize) else {
+        return Vec::new();
+    };
+    if !bad.iter().all(|&dd| agrees(dd, &rows[dd])) {
+        return Vec::new();
+    }
+    bad.into_iter()
+        .map(|dd| (dd, std::mem::take(&mut rows[dd])))
+        .collect()
+}
+
+impl Core {
+    /// Blocks reads in a crash window have put back so far, on every
+    /// member (see `Checked::read_healing`).
+    pub(crate) fn window_healed(&self) -> u64 {
+        let v = self.view.load();
+        v.roles
+            .iter()
+            .filter_map(|r| r.disk.as_ref()?.checked.as_ref())
+            .map(|c| c.healed.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    }
+
+    /// A read in a crash window found the block at member offset `at` of
+    /// `d` (`blk`) disagreeing with its checksum: put it back in `blk` if
+    /// its column heals as `heal_rotten` would heal it (every role of the
+    /// stripe in service, parity that agrees with its checksums, a rebuild
+    /// that agrees with the block's). Reads take no stripe lock, so nothing
+    /// is written: the resync, which passes every unit of the window under
+    /// its lock, writes it back. A write racing the read can only make the
+    /// rebuild disagree (the block is then taken as it is, as before), not
+    /// put back anything but content the block's checksum was taken from.
+    pub(crate) fn window_heal(&self, d: &Disk, at: u64, blk: &mut [u8]) -> bool {
+        let v = self.view.load_full();
+        if self.is_reshaping() || !v.geom.level.is_parity() || blk.len() != BLOCK as usize {
+            return false;
+        }
+        let Some(role) = v
+            .roles
+            .iter()
+            .position(|r| r.disk.as_ref().is_some_and(|x| std::ptr::eq(x.as_ref(), d)))
+        else {
+            return false;
+        };
+        let dev = at - d.data_offset;
+        let sm = v.geom.stripe_map(dev / v.geom.chunk);
+        let Some(me) = sm.data.iter().position(|&r| r == role) else {
+            return false;
+        };
+        let Some((disks, raw)) = read_stripe_raw(&v, &sm, dev, BLOCK) else {
+            return false;
+        };
+        let column: Vec<&[u8]> = raw.iter().map(|b| b.as_slice()).collect();
+        let agrees = |x: usize, bytes: &[u8]| {
+            let (c, base) = disks[x];
+            c.agrees(bytes, base + dev).unwrap_or(false)
+        };
+        match heal_column(&sm, &column, &agrees)
+            .into_iter()
+            .find(|(dd, _)| *dd == me)
+        {
+            Some((_, block)) => {
+                blk.copy_from_slice(&block);
+                true
+            }
+            None => false,
+        }
     }
 }

@@ -112,6 +112,9 @@ pub(crate) struct Checked {
     pub mismatches: AtomicU64,
     /// Blocks whose checksum was recomputed from their data in a crash window.
     pub adopted: AtomicU64,
+    /// Blocks a read in a crash window found disagreeing and put back
+    /// from redundancy (`read_healing`).
+    pub healed: AtomicU64,
     /// When recent mismatches were found (for the failure threshold).
     recent: Mutex<std::collections::VecDeque<Instant>>,
     /// Whether a block read that has no checksum yet gets one (its
@@ -136,6 +139,19 @@ fn invalid(name: &str, op: Op, offset: u64, len: u64, what: String) -> MemberErr
 }
 
 /// Whether a member error is a checksum mismatch (not an I/O error).
+/// Puts back the block at a member offset in a crash window (see
+/// `Checked::read_healing`): true if it did.
+pub(crate) type Heal<'a> = &'a mut dyn FnMut(u64, &mut [u8]) -> bool;
+
+/// What a checked read does with blocks that disagree with their checksum.
+enum Adopt<'a> {
+    /// Fail the read (counted: a bad block, rebuilt by the caller).
+    No,
+    /// A crash window: put back by the heal where it can, else taken as
+    /// they are and their checksum recorded from them.
+    Yes(Option<Heal<'a>>),
+}
+
 pub(crate) fn is_mismatch(e: &MemberError) -> bool {
     e.source.kind() == io::ErrorKind::InvalidData
 }
@@ -162,6 +178,7 @@ impl Checked {
             known_bad: Mutex::new(HashSet::new()),
             mismatches: AtomicU64::new(0),
             adopted: AtomicU64::new(0),
+            healed: AtomicU64::new(0),
             recent: Mutex::new(Default::default()),
             seal,
         }
@@ -404,7 +421,7 @@ impl Checked {
     /// Read `buf` at `off`, the data part checked block by block: `adopt`
     /// takes blocks that disagree as they are and records their checksum
     /// instead of failing.
-    fn read_checked(&self, buf: &mut [u8], off: u64, adopt: bool) -> Result<(), MemberError> {
+    fn read_checked(&self, buf: &mut [u8], off: u64, adopt: Adopt) -> Result<(), MemberError> {
         let Some((lo, hi)) = self.data_part(off, buf.len() as u64) else {
             return self.inner.read_at(buf, off);
         };
@@ -436,7 +453,7 @@ impl Checked {
 
     /// Verify blocks just read at `a`; on a mismatch read them once more
     /// (a write may have raced the read) before it counts.
-    fn check_read(&self, data: &mut [u8], a: u64, adopt: bool) -> Result<(), MemberError> {
+    fn check_read(&self, data: &mut [u8], a: u64, adopt: Adopt) -> Result<(), MemberError> {
         let first = self.verify(data, a)?;
         if first.bad.is_empty() {
             return Ok(());
@@ -453,10 +470,15 @@ impl Checked {
         if bad.is_empty() {
             return Ok(());
         }
-        if adopt {
+        if let Adopt::Yes(mut heal) = adopt {
             for &off in &bad {
                 let at = (off - a) as usize;
-                let s = checksums::sum(&data[at..at + BLOCK as usize]);
+                let blk = &mut data[at..at + BLOCK as usize];
+                if heal.as_mut().is_some_and(|h| h(off, blk)) {
+                    self.healed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                let s = checksums::sum(blk);
                 self.record((off - self.data_offset) / BLOCK, s)?;
                 self.adopted.fetch_add(1, Ordering::Relaxed);
             }
@@ -501,7 +523,22 @@ impl Checked {
     /// Read, taking blocks that disagree with their checksum as they are
     /// (a crash window: see the module).
     pub fn read_adopting(&self, buf: &mut [u8], off: u64) -> Result<(), MemberError> {
-        self.read_checked(buf, off, true)
+        self.read_checked(buf, off, Adopt::Yes(None))
+    }
+
+    /// Read in a crash window: a block that disagrees with its checksum is
+    /// replaced by what `heal(member offset, block)` puts in it where it
+    /// returns true (a rebuild from redundancy that agrees with the
+    /// block's checksum: rot, put back), and taken as it is otherwise (a
+    /// write torn by the crash). Neither counts as a checksum error: in
+    /// the window the two cannot always be told apart.
+    pub fn read_healing(
+        &self,
+        buf: &mut [u8],
+        off: u64,
+        heal: Heal<'_>,
+    ) -> Result<(), MemberError> {
+        self.read_checked(buf, off, Adopt::Yes(Some(heal)))
     }
 
     /// Take the blocks of `[off, off + len)` as the member holds them and
@@ -868,7 +905,7 @@ impl Member for Checked {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), MemberError> {
-        self.read_checked(buf, offset, false)
+        self.read_checked(buf, offset, Adopt::No)
     }
 
     fn write_at(&self, buf: &[u8], off: u64) -> Result<(), MemberError> {
@@ -893,7 +930,7 @@ impl Member for Checked {
         // the blocks at a write's edges before writing; what fails here
         // is rot that came in between, and fails the write.
         let mut whole = scratch::take((b - a) as usize);
-        let r = self.read_checked(&mut whole, a, false).and_then(|()| {
+        let r = self.read_checked(&mut whole, a, Adopt::No).and_then(|()| {
             whole[(lo - a) as usize..(hi - a) as usize].copy_from_slice(part);
             self.write_blocks(&whole, a)
         });

@@ -313,12 +313,17 @@ pub(crate) struct Core {
 /// Where data and checksums may disagree because writes were in flight at
 /// an unclean shutdown: until the recovery that follows it (journal
 /// replay, resync of the marked regions or of everything) has passed,
-/// blocks read there that disagree with their checksum are taken as they
-/// are and their checksum recomputed (see `checked`), never rebuilt from
-/// redundancy that may be torn as well.
+/// a block read there that disagrees with its checksum is put back from
+/// redundancy only if the rebuild agrees with that checksum (rot:
+/// `Core::window_heal`), and otherwise taken as it is, its checksum
+/// recomputed (torn: see `checked`).
 #[derive(Debug, Default)]
 pub(crate) struct CrashWindow {
     open: AtomicBool,
+    /// Reads heal: only where the recovery that closes the window writes
+    /// back what they heal in memory (the resync). Journal replay heals
+    /// its windows itself first, and its reads take the rest as it is.
+    heal: AtomicBool,
     zone: Mutex<Zone>,
 }
 
@@ -329,12 +334,18 @@ struct Zone {
 }
 
 impl CrashWindow {
-    /// Open over everything (`marked` None) or the marked regions.
-    pub fn open(&self, marked: Option<RegionSet>) {
+    /// Open over everything (`marked` None) or the marked regions; `heal`:
+    /// whether reads there heal (see the field).
+    pub fn open(&self, marked: Option<RegionSet>, heal: bool) {
         let mut z = self.zone.locked();
         z.all = marked.is_none();
         z.marked = marked;
+        self.heal.store(heal, Ordering::Release);
         self.open.store(true, Ordering::Release);
+    }
+
+    pub fn heals(&self) -> bool {
+        self.heal.load(Ordering::Acquire)
     }
 
     pub fn close(&self) {
@@ -591,7 +602,13 @@ impl Core {
     ) -> std::result::Result<(), MemberError> {
         let at = d.data_offset + dev;
         let r = self.timed(d, || match &d.checked {
-            Some(c) if self.window.covers(dev, buf.len() as u64) => c.read_adopting(buf, at),
+            Some(c) if self.window.covers(dev, buf.len() as u64) => {
+                if self.window.heals() {
+                    c.read_healing(buf, at, &mut |off, blk| self.window_heal(d, off, blk))
+                } else {
+                    c.read_adopting(buf, at)
+                }
+            }
             _ => d.member.read_at(buf, at),
         });
         d.io.read(buf.len());

@@ -7,6 +7,7 @@
 
 use super::LevelOps;
 use crate::background::Process;
+use crate::checksums::BLOCK;
 use crate::core::{Core, View};
 use crate::engine::{in_parallel, roles_list, Array, Mismatch, Small};
 use crate::error::{Error, Result};
@@ -310,6 +311,19 @@ impl Array {
             Err(why) => {
                 data.into_iter().flatten().for_each(scratch::give);
                 p.into_iter().chain(q).for_each(scratch::give);
+                // Only blocks that disagree with their checksums, over more
+                // than one block: each column may be short of fewer blocks
+                // than the stripe has parity (rot on two members of a
+                // RAID-5 stripe, at different offsets).
+                let block_wise = {
+                    let mm = mismatched.locked();
+                    !mm.is_empty()
+                        && failed.iter().all(|r| mm.contains(r))
+                        && dev / BLOCK != (dev + len - 1) / BLOCK
+                };
+                if block_wise {
+                    return self.read_rows_by_block(v, stripe, col, len, need);
+                }
                 let gone = match why {
                     Unsolved::Lost(gone) => gone,
                     Unsolved::Disagrees(role) => {
@@ -372,6 +386,50 @@ impl Array {
         }
         p.into_iter().chain(q).for_each(scratch::give);
         Ok(rows.rows)
+    }
+
+    /// `read_rows`, one checksum block at a time. Call with the stripe
+    /// locked.
+    fn read_rows_by_block(
+        &self,
+        v: &View,
+        stripe: u64,
+        col: u64,
+        len: u64,
+        need: &[bool],
+    ) -> Result<Vec<Vec<u8>>> {
+        let base = stripe * v.geom.chunk;
+        let mut out: Vec<Vec<u8>> = need
+            .iter()
+            .map(|&n| {
+                if n {
+                    scratch::take(len as usize)
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
+        let mut c = col;
+        while c < col + len {
+            let end = ((base + c) / BLOCK + 1) * BLOCK - base;
+            let end = end.min(col + len);
+            let rows = match self.read_rows(v, stripe, c, end - c, need) {
+                Ok(rows) => rows,
+                Err(e) => {
+                    out.into_iter().for_each(scratch::give);
+                    return Err(e);
+                }
+            };
+            let at = (c - col) as usize..(end - col) as usize;
+            for (o, r) in out.iter_mut().zip(&rows) {
+                if !o.is_empty() {
+                    o[at.clone()].copy_from_slice(r);
+                }
+            }
+            rows.into_iter().for_each(scratch::give);
+            c = end;
+        }
+        Ok(out)
     }
 
     /// `solve`, with every row rebuilt for a member that failed to read

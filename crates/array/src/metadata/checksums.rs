@@ -42,8 +42,9 @@
 //! which is exactly what the consistency policy already tracks (journal
 //! records and intents, bitmap regions, everything for `none`): there a
 //! block that disagrees is taken as it is and its checksum recomputed
-//! ("adopted", never rebuilt from redundancy that may be just as torn),
-//! as dm-integrity's bitmap mode does. See `core::checked`.
+//! ("adopted", as dm-integrity's bitmap mode does), unless redundancy
+//! rebuilds it to content that agrees with that checksum (rot: see
+//! `consistency/heal.rs`). See `core::checked`.
 
 /// Bytes of data one checksum covers.
 pub const BLOCK: u64 = 4096;
