@@ -156,7 +156,7 @@ pub struct CreateArgs {
     /// n2 (default) or n3 for RAID-10.
     #[arg(short = 'p', long)]
     pub layout: Option<String>,
-    /// Chunk size, a power of two of at least 4K.
+    /// Chunk size, a power of two from 4K to 1G.
     /// Sizes: bytes, or with a suffix K, M, G, T (powers of 1024).
     #[arg(value_name = "SIZE", short, long, default_value = "512K", value_parser = size)]
     pub chunk: u64,
@@ -614,7 +614,7 @@ pub struct GrowArgs {
     /// md's placement for the new chunk while the array serves, a batch
     /// at a time, each first set aside in the members' metadata area (no
     /// backup file). A change of its own. Sizes: bytes, or with a suffix
-    /// K, M (powers of 1024); a power of two of at least 4K.
+    /// K, M (powers of 1024); a power of two from 4K to 1G.
     #[arg(long, value_name = "SIZE", value_parser = size)]
     pub chunk: Option<u64>,
     /// `max`: use all the room the members have (devices or files that

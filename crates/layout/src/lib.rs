@@ -27,6 +27,10 @@ use std::str::FromStr;
 pub const MAX_MEMBERS: usize = 128;
 /// The smallest chunk md accepts for striped levels, and raidkit's too.
 pub const MIN_CHUNK: u64 = 4096;
+/// The largest chunk raidkit accepts: a journal record's window is a
+/// 32-bit length (a whole stripe's chunk), and recovery holds a chunk per
+/// member in memory. md's arrays in use stay far below it.
+pub const MAX_CHUNK: u64 = 1 << 30;
 /// md's default chunk.
 pub const DEFAULT_CHUNK: u64 = 512 * 1024;
 
@@ -41,7 +45,7 @@ pub enum LayoutError {
     UnknownLayout(String),
     #[error("layout {layout} does not apply to {level}")]
     LayoutNotForLevel { level: Level, layout: Layout },
-    #[error("chunk size {0} is not a power of two of at least 4 KiB")]
+    #[error("chunk size {0} is not a power of two from 4 KiB to 1 GiB")]
     BadChunk(u64),
     #[error("{level} needs at least {min} members, {got} given")]
     TooFewMembers {
@@ -405,9 +409,9 @@ pub struct Geometry {
     starts: Vec<u64>,
 }
 
-/// Check that `chunk` is a power of two of at least 4 KiB.
+/// Check that `chunk` is a power of two from 4 KiB to 1 GiB.
 pub fn check_chunk(chunk: u64) -> Result<(), LayoutError> {
-    if chunk < MIN_CHUNK || !chunk.is_power_of_two() {
+    if !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk) || !chunk.is_power_of_two() {
         return Err(LayoutError::BadChunk(chunk));
     }
     Ok(())

@@ -300,6 +300,23 @@ fn shape_errors() {
         ),
         Err(LayoutError::BadChunk(2048))
     ));
+    // Above 1 GiB: an intent record's window could not hold a stripe's.
+    assert!(matches!(
+        Geometry::new(
+            Level::Raid5,
+            Level::Raid5.default_layout(),
+            4 << 30,
+            vec![16 << 30; 3]
+        ),
+        Err(LayoutError::BadChunk(c)) if c == 4 << 30
+    ));
+    assert!(Geometry::new(
+        Level::Raid5,
+        Level::Raid5.default_layout(),
+        1 << 30,
+        vec![4 << 30; 3]
+    )
+    .is_ok());
     assert!(matches!(
         Geometry::new(
             Level::Raid6,
