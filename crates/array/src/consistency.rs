@@ -696,9 +696,11 @@ impl Array {
             // checksum recorded) and is written back by the flush above.
             self.core.window.close();
             if healed > 0 {
-                self.recovery.note(vec![format!(
+                let note = format!(
                     "the resync put back {healed} block(s) from redundancy that disagreed with their checksums (rotten, or torn by a write in flight at the crash)"
-                )]);
+                );
+                tracing::warn!(array = self.core.name.as_str(), "{note}");
+                self.recovery.note(vec![note]);
             }
             Ok("done".into())
         })();
