@@ -575,14 +575,18 @@ impl Array {
     /// should hold; the blocks themselves are written back here, under the
     /// unit's lock (`heal.rs`). Only when some read healed a block since
     /// `before` (a count of every member's): a stripe whose blocks all
-    /// agreed is not read again.
+    /// agreed is not read again. Returns how many were put back.
     fn write_back_healed(&self, v: &View, s: u64, before: u64) -> Result<u64> {
         let chunk = v.geom.chunk;
-        if !self.checksums()
-            || !v.geom.level.is_parity()
-            || self.core.window_healed() == before
-            || !self.core.window.covers(s * chunk, chunk)
-        {
+        let now = self.core.window_healed();
+        if !self.checksums() || now == before {
+            return Ok(0);
+        }
+        if !v.geom.level.is_parity() {
+            // A mirror's resync writes every copy of what it read itself.
+            return Ok(now - before);
+        }
+        if !self.core.window.covers(s * chunk, chunk) {
             return Ok(0);
         }
         match self.heal_rotten(v, s, s * chunk, (s + 1) * chunk) {

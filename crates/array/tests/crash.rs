@@ -547,6 +547,16 @@ fn raid6_two_blocks_rotten_in_a_bitmap_crash_window_are_healed() {
     with_checksums(|| rot_in_bitmap_window(Level::Raid6, 5, 2));
 }
 
+/// As above, one copy of a block rotten in every chunk row of a RAID-1 and
+/// of a RAID-10: put back from the other copy.
+#[test]
+fn mirrors_rot_in_a_bitmap_crash_window_is_healed_by_reads_and_the_resync() {
+    with_checksums(|| {
+        rot_in_bitmap_window(Level::Raid1, 2, 1);
+        rot_in_bitmap_window(Level::Raid10, 4, 1);
+    });
+}
+
 fn rot_in_bitmap_window(level: Level, n: usize, per_stripe: usize) {
     let (a, pcs, stripe, stripes, first) = written_once(level, n, Policy::Bitmap);
     let g = a.geometry();
@@ -561,11 +571,16 @@ fn rot_in_bitmap_window(level: Level, n: usize, per_stripe: usize) {
     // rot.
     let blocks = CHUNK as usize / 4096;
     for s in 0..stripes {
-        let sm = g.stripe_map(s as u64);
         let col = 1 + s % (blocks - 1);
         let at = data_offset + s * CHUNK as usize + col * 4096 + 100;
-        for k in 0..per_stripe {
-            imgs[sm.data[(s + k) % sm.data.len()]][at] ^= 0x5a;
+        if level.is_parity() {
+            let sm = g.stripe_map(s as u64);
+            for k in 0..per_stripe {
+                imgs[sm.data[(s + k) % sm.data.len()]][at] ^= 0x5a;
+            }
+        } else {
+            // A mirror: one copy of a chunk of member row `s`.
+            imgs[s % n][at] ^= 0x5a;
         }
     }
     let check = |got: &[u8], what: &str| {

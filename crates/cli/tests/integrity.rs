@@ -139,7 +139,8 @@ fn array_with_data(level: &str, n: usize, seed: u64) -> (tempfile::TempDir, Vec<
 #[test]
 fn rot_in_the_regions_a_crash_left_open_is_healed_not_adopted() {
     const PIECE: usize = 64 << 10;
-    for (level, n) in [("5", 4), ("6", 5)] {
+    // (level, members, data chunks per chunk row)
+    for (level, n, k) in [("5", 4, 3), ("6", 5, 3), ("1", 2, 1), ("10", 4, 2)] {
         let dir = tmp();
         let ms = members(dir.path(), n);
         ok(&args(
@@ -190,9 +191,10 @@ fn rot_in_the_regions_a_crash_left_open_is_healed_not_adopted() {
         s.kill9();
         writer.kill();
         // Rot in blocks the writer never touched: one per chunk row, on
-        // member `row % n` (mostly data blocks), block 1 + row % 15 of it.
+        // member `row % n` (mostly data blocks, one copy of a mirror's),
+        // block 1 + row % 15 of it.
         let off = data_offset(&ms[0]);
-        let rows = DATA / PIECE / (n - if level == "6" { 2 } else { 1 });
+        let rows = DATA / PIECE / k;
         let flips: Vec<(usize, u64)> = (0..rows)
             .map(|row| {
                 let i = row % n;
@@ -210,10 +212,23 @@ fn rot_in_the_regions_a_crash_left_open_is_healed_not_adopted() {
                 .collect()
         };
         let mut s = Served::start(dir.path(), &ms, &[]);
-        let bad = stable(&read_back(dir.path(), &s, DATA));
+        let got = read_back(dir.path(), &s, DATA);
+        let bad = stable(&got);
+        let blocks: Vec<(usize, usize)> = bad
+            .iter()
+            .flat_map(|&k| {
+                let got = &got;
+                let data = &data;
+                (1..PIECE / 4096).filter_map(move |b| {
+                    let r = k * PIECE + b * 4096..k * PIECE + (b + 1) * 4096;
+                    (got[r.clone()] != data[r]).then_some((k, b))
+                })
+            })
+            .collect();
         assert!(
             bad.is_empty(),
-            "RAID-{level}: rot served from 64 KiB pieces {bad:?} (flipped: {flips:?})"
+            "RAID-{level}: rot served from (64 KiB piece, 4 KiB block) {blocks:?} (flipped: {flips:?}); log: {}",
+            s.log()
         );
         // Not counted: in the window torn and rotten cannot be told apart.
         let errs = checksum_errors(&status(&s));

@@ -45,7 +45,7 @@ pub enum LayoutError {
     UnknownLayout(String),
     #[error("layout {layout} does not apply to {level}")]
     LayoutNotForLevel { level: Level, layout: Layout },
-    #[error("chunk size {0} is not a power of two from 4 KiB to 1 GiB")]
+    #[error("chunk size {0} is not a power of two of at least 4 KiB and at most 1 GiB")]
     BadChunk(u64),
     #[error("{level} needs at least {min} members, {got} given")]
     TooFewMembers {

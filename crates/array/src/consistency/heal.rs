@@ -135,14 +135,16 @@ impl Core {
     /// `d` (`blk`) disagreeing with its checksum: put it back in `blk` if
     /// its column heals as `heal_rotten` would heal it (every role of the
     /// stripe in service, parity that agrees with its checksums, a rebuild
-    /// that agrees with the block's). Reads take no stripe lock, so nothing
-    /// is written: the resync, which passes every unit of the window under
-    /// its lock, writes it back. A write racing the read can only make the
-    /// rebuild disagree (the block is then taken as it is, as before), not
-    /// put back anything but content the block's checksum was taken from.
+    /// that agrees with the block's); on a mirror, from another copy in
+    /// service that agrees with its own checksum and with the block's.
+    /// Reads take no stripe lock, so nothing is written: the resync, which
+    /// passes every unit of the window under its lock, writes it back. A
+    /// write racing the read can only make the rebuild disagree (the block
+    /// is then taken as it is, as before), not put back anything but
+    /// content the block's checksum was taken from.
     pub(crate) fn window_heal(&self, d: &Disk, at: u64, blk: &mut [u8]) -> bool {
         let v = self.view.load_full();
-        if self.is_reshaping() || !v.geom.level.is_parity() || blk.len() != BLOCK as usize {
+        if self.is_reshaping() || blk.len() != BLOCK as usize {
             return false;
         }
         let Some(role) = v
@@ -153,27 +155,56 @@ impl Core {
             return false;
         };
         let dev = at - d.data_offset;
-        let sm = v.geom.stripe_map(dev / v.geom.chunk);
-        let Some(me) = sm.data.iter().position(|&r| r == role) else {
-            return false;
+        let healed = if v.geom.level.is_parity() {
+            heal_from_column(&v, role, dev)
+        } else {
+            heal_from_copies(&v, d, role, dev)
         };
-        let Some((disks, raw)) = read_stripe_raw(&v, &sm, dev, BLOCK) else {
-            return false;
-        };
-        let column: Vec<&[u8]> = raw.iter().map(|b| b.as_slice()).collect();
-        let agrees = |x: usize, bytes: &[u8]| {
-            let (c, base) = disks[x];
-            c.agrees(bytes, base + dev).unwrap_or(false)
-        };
-        match heal_column(&sm, &column, &agrees)
-            .into_iter()
-            .find(|(dd, _)| *dd == me)
-        {
-            Some((_, block)) => {
+        match healed {
+            Some(block) => {
                 blk.copy_from_slice(&block);
                 true
             }
             None => false,
         }
     }
+}
+
+/// `window_heal` on a parity level: data block `dev` of `role` rebuilt
+/// from its column.
+fn heal_from_column(v: &View, role: usize, dev: u64) -> Option<Vec<u8>> {
+    let sm = v.geom.stripe_map(dev / v.geom.chunk);
+    let me = sm.data.iter().position(|&r| r == role)?;
+    let (disks, raw) = read_stripe_raw(v, &sm, dev, BLOCK)?;
+    let column: Vec<&[u8]> = raw.iter().map(|b| b.as_slice()).collect();
+    let agrees = |x: usize, bytes: &[u8]| {
+        let (c, base) = disks[x];
+        c.agrees(bytes, base + dev).unwrap_or(false)
+    };
+    heal_column(&sm, &column, &agrees)
+        .into_iter()
+        .find(|(dd, _)| *dd == me)
+        .map(|(_, block)| block)
+}
+
+/// `window_heal` on a mirror: block `dev` of `role` (`d`) from another
+/// copy.
+fn heal_from_copies(v: &View, d: &Disk, role: usize, dev: u64) -> Option<Vec<u8>> {
+    let chunk = v.geom.chunk;
+    let mine = d.checked.as_deref()?;
+    let logical = v.geom.mirror_chunk_at(role, dev / chunk)? * chunk + dev % chunk;
+    let piece = v.geom.pieces(logical, BLOCK).into_iter().next()?;
+    piece
+        .copies
+        .iter()
+        .filter(|&&(r, _)| r != role)
+        .find_map(|&(r, at)| {
+            let x = Core::readable(v, r, at, BLOCK)?;
+            let c = x.checked.as_deref()?;
+            let mut b = vec![0u8; BLOCK as usize];
+            c.read_raw(&mut b, x.data_offset + at).ok()?;
+            let ok = c.agrees(&b, x.data_offset + at).unwrap_or(false)
+                && mine.agrees(&b, d.data_offset + dev).unwrap_or(false);
+            ok.then_some(b)
+        })
 }

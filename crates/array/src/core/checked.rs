@@ -478,6 +478,15 @@ impl Checked {
                     self.healed.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
+                // Taken as it is now, with writes of the block held off: a
+                // write landing since it was read (a client's, or the
+                // resync putting it back) would otherwise have its checksum
+                // replaced by that of the bytes it overwrote.
+                let _held = self.writing.enter(off, off + BLOCK);
+                self.inner.read_at(blk, off)?;
+                if self.verify(blk, off)?.bad.is_empty() {
+                    continue;
+                }
                 let s = checksums::sum(blk);
                 self.record((off - self.data_offset) / BLOCK, s)?;
                 self.adopted.fetch_add(1, Ordering::Relaxed);

@@ -75,12 +75,21 @@ impl LevelOps for Mirrored {
         let (r0, d0) = p.copies[0];
         let src = v.roles[r0].disk.as_ref().expect("every member in service");
         let mut buf = scratch::take(chunk as usize);
+        // In a crash window the read may put rotten blocks of the first
+        // copy back from the others (`Core::window_heal`), in memory only:
+        // the first copy is then written back too.
+        let healed = a.core.window_healed();
         let r = a
             .core
             .disk_read(src, &mut buf, d0)
             .map_err(Error::from)
             .and_then(|()| {
-                p.copies[1..]
+                let from = if a.core.window_healed() == healed {
+                    1
+                } else {
+                    0
+                };
+                p.copies[from..]
                     .iter()
                     .try_for_each(|&(r, d)| a.core.member_write(v, r, &buf, d))
             });
