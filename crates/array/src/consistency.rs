@@ -584,7 +584,7 @@ impl Array {
         }
         if !v.geom.level.is_parity() {
             // A mirror's resync writes every copy of what it read itself.
-            return Ok(now - before);
+            return Ok(now.saturating_sub(before));
         }
         if !self.core.window.covers(s * chunk, chunk) {
             return Ok(0);

@@ -138,7 +138,6 @@ fn invalid(name: &str, op: Op, offset: u64, len: u64, what: String) -> MemberErr
     )
 }
 
-/// Whether a member error is a checksum mismatch (not an I/O error).
 /// Puts back the block at a member offset in a crash window (see
 /// `Checked::read_healing`): true if it did.
 pub(crate) type Heal<'a> = &'a mut dyn FnMut(u64, &mut [u8]) -> bool;
@@ -152,6 +151,7 @@ enum Adopt<'a> {
     Yes(Option<Heal<'a>>),
 }
 
+/// Whether a member error is a checksum mismatch (not an I/O error).
 pub(crate) fn is_mismatch(e: &MemberError) -> bool {
     e.source.kind() == io::ErrorKind::InvalidData
 }
