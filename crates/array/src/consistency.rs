@@ -569,34 +569,6 @@ impl Array {
         self.unsynced(last)
     }
 
-    /// After a resync recomputed unit `s`'s redundancy, in a crash window:
-    /// its reads put rotten blocks back from redundancy in memory
-    /// (`Core::window_heal`), so the parity now agrees with what they
-    /// should hold; the blocks themselves are written back here, under the
-    /// unit's lock (`heal.rs`). Only when some read healed a block since
-    /// `before` (a count of every member's): a stripe whose blocks all
-    /// agreed is not read again. Returns how many were put back.
-    fn write_back_healed(&self, v: &View, s: u64, before: u64) -> Result<u64> {
-        let chunk = v.geom.chunk;
-        let now = self.core.window_healed();
-        if !self.checksums() || now == before {
-            return Ok(0);
-        }
-        if !v.geom.level.is_parity() {
-            // A mirror's resync writes every copy of what it read itself.
-            return Ok(now.saturating_sub(before));
-        }
-        if !self.core.window.covers(s * chunk, chunk) {
-            return Ok(0);
-        }
-        match self.heal_rotten(v, s, s * chunk, (s + 1) * chunk) {
-            Ok(n) => Ok(n),
-            // The next read of the block heals it again, as a bad block.
-            Err(Error::Unavailable { .. }) => Ok(0),
-            Err(e) => Err(e),
-        }
-    }
-
     /// Record how far a resync from a position got.
     fn resync_checkpoint(&self, at: Option<u64>) -> Result<()> {
         let mut meta = self.core.meta.locked();
@@ -668,9 +640,8 @@ impl Array {
                     {
                         let _g = self.core.lock(u);
                         for x in units {
-                            let before = self.core.window_healed();
                             self.level().resync_unit(self, &v, x)?;
-                            healed += self.write_back_healed(&v, x, before)?;
+                            healed += self.write_back_healed(&v, x)?;
                         }
                         if u >= from {
                             // Under the unit's lock: a write that takes it

@@ -8,11 +8,12 @@
 
 use crate::checksums::BLOCK;
 use crate::core::checked::Checked;
-use crate::core::{Core, Disk, View};
+use crate::core::{Core, Disk, Healed, View};
 use crate::engine::Array;
 use crate::error::Result;
 use crate::levels::parity::solve;
 use raidkit_layout::StripeMap;
+use std::sync::Arc;
 
 impl Array {
     /// Heal the blocks of member range `[lo, hi)` of `stripe` (whole
@@ -56,6 +57,59 @@ impl Array {
             }
         }
         Ok(healed)
+    }
+}
+
+impl Array {
+    /// After a resync recomputed unit `x` of `v` in a crash window: write
+    /// back the blocks of the unit that reads put back in memory
+    /// (`Core::window_heal`), the resync's own reads among them, so that
+    /// the members hold what the recomputed redundancy was made from. The
+    /// caller holds the unit's lock. A block is written only if it still
+    /// disagrees with its checksum and what was kept agrees with it (a
+    /// write since the read would have made the block agree). Returns how
+    /// many were written.
+    pub(crate) fn write_back_healed(&self, v: &View, x: u64) -> Result<u64> {
+        if !self.checksums() || !self.core.window.heals() {
+            return Ok(0);
+        }
+        let chunk = v.geom.chunk;
+        let kept = if v.geom.level.is_parity() {
+            // Every role's blocks of the stripe lie at the same offsets.
+            self.core.window.take_healed(|_, dev| dev / chunk == x)
+        } else {
+            // The resync's unit, placed as `resync_unit` places it.
+            let g = self.core.geom();
+            let copies = g.pieces(x * g.chunk, g.chunk)[0].copies.clone();
+            let size = g.chunk;
+            self.core.window.take_healed(|role, dev| {
+                copies
+                    .iter()
+                    .any(|&(r, d)| r == role && (d..d + size).contains(&dev))
+            })
+        };
+        let mut written = 0;
+        let mut now = vec![0u8; BLOCK as usize];
+        for h in kept {
+            let Some(d) = Core::readable(v, h.role, h.dev, BLOCK) else {
+                continue;
+            };
+            let Some(c) = d.checked.as_deref() else {
+                continue;
+            };
+            if !Arc::ptr_eq(d, &h.disk) {
+                continue;
+            }
+            let at = d.data_offset + h.dev;
+            let still_bad = c.read_raw(&mut now, at).is_ok()
+                && !c.agrees(&now, at).unwrap_or(true)
+                && c.agrees(&h.block, at).unwrap_or(false);
+            if still_bad {
+                self.core.member_write(v, h.role, &h.block, h.dev)?;
+                written += 1;
+            }
+        }
+        Ok(written)
     }
 }
 
@@ -120,28 +174,25 @@ fn heal_column(
 }
 
 impl Core {
-    /// Blocks reads in a crash window have put back so far, on every
-    /// member (see `Checked::read_healing`).
-    pub(crate) fn window_healed(&self) -> u64 {
-        let v = self.view.load();
-        v.roles
-            .iter()
-            .filter_map(|r| r.disk.as_ref()?.checked.as_ref())
-            .map(|c| c.healed.load(std::sync::atomic::Ordering::Relaxed))
-            .sum()
-    }
-
     /// A read in a crash window found the block at member offset `at` of
     /// `d` (`blk`) disagreeing with its checksum: put it back in `blk` if
     /// its column heals as `heal_rotten` would heal it (every role of the
     /// stripe in service, parity that agrees with its checksums, a rebuild
     /// that agrees with the block's); on a mirror, from another copy in
     /// service that agrees with its own checksum and with the block's.
-    /// Reads take no stripe lock, so nothing is written: the resync, which
-    /// passes every unit of the window under its lock, writes it back. A
-    /// write racing the read can only make the rebuild disagree (the block
-    /// is then taken as it is, as before), not put back anything but
-    /// content the block's checksum was taken from.
+    /// Reads take no stripe lock, so nothing is written here: the block is
+    /// kept (`CrashWindow::keep_healed`) for the resync, which passes every
+    /// unit of the window under its lock, to write back
+    /// (`Array::write_back_healed`).
+    ///
+    /// What is put back agrees with the checksum stored for the block.
+    /// A write racing the read can make the rebuild come from a column
+    /// half written, but a rebuild that agrees with the block's checksum
+    /// is then still that checksum's content (short of a checksum
+    /// collision): the block's own write in flight would have let its read
+    /// pass (`Checked::verify` accepts the content of a write in flight), so
+    /// it reached here with its recorded checksum. The write-back checks
+    /// again under the lock.
     pub(crate) fn window_heal(&self, d: &Disk, at: u64, blk: &mut [u8]) -> bool {
         let v = self.view.load_full();
         if self.is_reshaping() || blk.len() != BLOCK as usize {
@@ -160,13 +211,19 @@ impl Core {
         } else {
             heal_from_copies(&v, d, role, dev)
         };
-        match healed {
-            Some(block) => {
-                blk.copy_from_slice(&block);
-                true
-            }
-            None => false,
+        let Some(block) = healed else {
+            return false;
+        };
+        blk.copy_from_slice(&block);
+        if let Some(disk) = v.roles[role].disk.clone() {
+            self.window.keep_healed(Healed {
+                disk,
+                role,
+                dev,
+                block: block.into_boxed_slice(),
+            });
         }
+        true
     }
 }
 

@@ -7,9 +7,13 @@
 //! (`ErrorKind::InvalidData`), which the levels treat as any read error:
 //! rebuilt from redundancy, the result checked against the block's own
 //! checksum (`agrees`), rewritten and read back. Within a crash window
-//! (regions being written when the array stopped uncleanly) the array reads
-//! with `read_adopting` instead: data and checksum may have been torn
-//! apart by the crash, so the data is taken and its checksum recomputed.
+//! (regions being written when the array stopped uncleanly) data and
+//! checksum may have been torn apart by the crash, so a block that
+//! disagrees is not an error there (`read_window`, then `settle`): it is
+//! put back from redundancy where the rebuild agrees with its checksum
+//! (rot: `Core::window_heal`), and otherwise taken as it is and its
+//! checksum recomputed (torn; journal replay's reads always take it:
+//! `read_adopting`).
 //!
 //! Checksums are loaded a page at a time as blocks are read and written
 //! (4 bytes per 4 KiB of data), kept while used, and go back to the member
@@ -112,9 +116,6 @@ pub(crate) struct Checked {
     pub mismatches: AtomicU64,
     /// Blocks whose checksum was recomputed from their data in a crash window.
     pub adopted: AtomicU64,
-    /// Blocks a read in a crash window found disagreeing and put back
-    /// from redundancy (`read_healing`).
-    pub healed: AtomicU64,
     /// When recent mismatches were found (for the failure threshold).
     recent: Mutex<std::collections::VecDeque<Instant>>,
     /// Whether a block read that has no checksum yet gets one (its
@@ -139,17 +140,11 @@ fn invalid(name: &str, op: Op, offset: u64, len: u64, what: String) -> MemberErr
 }
 
 /// Puts back the block at a member offset in a crash window (see
-/// `Checked::read_healing`): true if it did.
+/// `Checked::settle`): true if it did.
 pub(crate) type Heal<'a> = &'a mut dyn FnMut(u64, &mut [u8]) -> bool;
 
-/// What a checked read does with blocks that disagree with their checksum.
-enum Adopt<'a> {
-    /// Fail the read (counted: a bad block, rebuilt by the caller).
-    No,
-    /// A crash window: put back by the heal where it can, else taken as
-    /// they are and their checksum recorded from them.
-    Yes(Option<Heal<'a>>),
-}
+/// Reads a block as the member holds it (see `Checked::settle`).
+pub(crate) type Reread<'a> = &'a dyn Fn(&mut [u8], u64) -> Result<(), MemberError>;
 
 /// Whether a member error is a checksum mismatch (not an I/O error).
 pub(crate) fn is_mismatch(e: &MemberError) -> bool {
@@ -178,7 +173,6 @@ impl Checked {
             known_bad: Mutex::new(HashSet::new()),
             mismatches: AtomicU64::new(0),
             adopted: AtomicU64::new(0),
-            healed: AtomicU64::new(0),
             recent: Mutex::new(Default::default()),
             seal,
         }
@@ -418,18 +412,21 @@ impl Checked {
         self.inner.read_at(buf, off)
     }
 
-    /// Read `buf` at `off`, the data part checked block by block: `adopt`
-    /// takes blocks that disagree as they are and records their checksum
-    /// instead of failing.
-    fn read_checked(&self, buf: &mut [u8], off: u64, adopt: Adopt) -> Result<(), MemberError> {
+    /// Read `buf` at `off`, the data part checked block by block. Returns
+    /// the member offsets of the blocks that disagree with their checksums
+    /// (after a second read, as `check_read`), not counted: `buf` holds
+    /// them as read. A block only partly in `buf` is read whole to be
+    /// checked.
+    fn read_checked(&self, buf: &mut [u8], off: u64) -> Result<Vec<u64>, MemberError> {
         let Some((lo, hi)) = self.data_part(off, buf.len() as u64) else {
-            return self.inner.read_at(buf, off);
+            self.inner.read_at(buf, off)?;
+            return Ok(Vec::new());
         };
         let (a, b) = (lo / BLOCK * BLOCK, hi.next_multiple_of(BLOCK));
         let aligned = a == off && b == off + buf.len() as u64;
         if aligned {
             self.inner.read_at(buf, off)?;
-            return self.check_read(buf, a, adopt);
+            return self.check_read(buf, a);
         }
         // Parts outside the data area, then the blocks the request touches.
         if off < lo {
@@ -442,22 +439,20 @@ impl Checked {
         }
         let mut whole = scratch::take((b - a) as usize);
         let r = self.inner.read_at(&mut whole, a).and_then(|()| {
-            self.check_read(&mut whole, a, adopt)?;
+            let bad = self.check_read(&mut whole, a)?;
             buf[(lo - off) as usize..(hi - off) as usize]
                 .copy_from_slice(&whole[(lo - a) as usize..(hi - a) as usize]);
-            Ok(())
+            Ok(bad)
         });
         scratch::give(whole);
         r
     }
 
-    /// Verify blocks just read at `a`; on a mismatch read them once more
-    /// (a write may have raced the read) before it counts.
-    fn check_read(&self, data: &mut [u8], a: u64, adopt: Adopt) -> Result<(), MemberError> {
+    /// Verify blocks just read at `a`; a block that disagrees is read once
+    /// more (a write may have raced the read) before it counts. Returns
+    /// those that still disagree.
+    fn check_read(&self, data: &mut [u8], a: u64) -> Result<Vec<u64>, MemberError> {
         let first = self.verify(data, a)?;
-        if first.bad.is_empty() {
-            return Ok(());
-        }
         let mut bad = Vec::new();
         for off in first.bad {
             let at = (off - a) as usize;
@@ -467,36 +462,19 @@ impl Checked {
                 bad.push(off);
             }
         }
-        if bad.is_empty() {
+        Ok(bad)
+    }
+
+    /// A read's blocks `bad` are checksum errors: counted (each once until
+    /// rewritten), and the read fails with the first.
+    fn fail_read(&self, bad: &[u64]) -> Result<(), MemberError> {
+        let Some(&first) = bad.first() else {
             return Ok(());
-        }
-        if let Adopt::Yes(mut heal) = adopt {
-            for &off in &bad {
-                let at = (off - a) as usize;
-                let blk = &mut data[at..at + BLOCK as usize];
-                if heal.as_mut().is_some_and(|h| h(off, blk)) {
-                    self.healed.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                // Taken as it is now, with writes of the block held off: a
-                // write landing since it was read (a client's, or the
-                // resync putting it back) would otherwise have its checksum
-                // replaced by that of the bytes it overwrote.
-                let _held = self.writing.enter(off, off + BLOCK);
-                self.inner.read_at(blk, off)?;
-                if self.verify(blk, off)?.bad.is_empty() {
-                    continue;
-                }
-                let s = checksums::sum(blk);
-                self.record((off - self.data_offset) / BLOCK, s)?;
-                self.adopted.fetch_add(1, Ordering::Relaxed);
-            }
-            return Ok(());
-        }
+        };
         {
             let mut known = self.known_bad.locked();
             let mut recent = self.recent.locked();
-            for &off in &bad {
+            for &off in bad {
                 if known.insert(off) {
                     self.mismatches.fetch_add(1, Ordering::Relaxed);
                     recent.push_back(Instant::now());
@@ -509,12 +487,11 @@ impl Checked {
         Err(invalid(
             self.inner.name(),
             Op::Read,
-            bad[0],
+            first,
             BLOCK,
             format!(
-                "checksum mismatch: {} block(s) of {BLOCK} bytes disagree with their checksum, the first at member offset {}",
+                "checksum mismatch: {} block(s) of {BLOCK} bytes disagree with their checksum, the first at member offset {first}",
                 bad.len(),
-                bad[0]
             ),
         ))
     }
@@ -532,22 +509,58 @@ impl Checked {
     /// Read, taking blocks that disagree with their checksum as they are
     /// (a crash window: see the module).
     pub fn read_adopting(&self, buf: &mut [u8], off: u64) -> Result<(), MemberError> {
-        self.read_checked(buf, off, Adopt::Yes(None))
+        let bad = self.read_checked(buf, off)?;
+        self.settle(buf, off, &bad, None, &|blk, at| self.inner.read_at(blk, at))
     }
 
-    /// Read in a crash window: a block that disagrees with its checksum is
-    /// replaced by what `heal(member offset, block)` puts in it where it
-    /// returns true (a rebuild from redundancy that agrees with the
-    /// block's checksum: rot, put back), and taken as it is otherwise (a
-    /// write torn by the crash). Neither counts as a checksum error: in
-    /// the window the two cannot always be told apart.
-    pub fn read_healing(
+    /// A read in a crash window, its first part: `buf` read at `off`, with
+    /// the member offsets of the blocks that disagree with their checksums
+    /// (not counted), for `settle` to deal with. Two parts so that the
+    /// member's operation timer (`Core::timed`) covers this member's reads
+    /// only, not the heal's reads of other members or a wait for a write
+    /// in flight.
+    pub fn read_window(&self, buf: &mut [u8], off: u64) -> Result<Vec<u64>, MemberError> {
+        self.read_checked(buf, off)
+    }
+
+    /// The second part of a read in a crash window: each block of `bad`
+    /// (from `read_window(buf, off)`) is replaced by what `heal(member
+    /// offset, block)` puts in it where it returns true (a rebuild from
+    /// redundancy that agrees with the block's checksum: rot, put back),
+    /// and taken as it is otherwise (a write torn by the crash), its
+    /// checksum recorded from it. Neither counts as a checksum error: in
+    /// the window the two cannot always be told apart. `reread(block,
+    /// member offset)` reads a block as the member holds it.
+    pub fn settle(
         &self,
         buf: &mut [u8],
         off: u64,
-        heal: Heal<'_>,
+        bad: &[u64],
+        mut heal: Option<Heal<'_>>,
+        reread: Reread<'_>,
     ) -> Result<(), MemberError> {
-        self.read_checked(buf, off, Adopt::Yes(Some(heal)))
+        let end = off + buf.len() as u64;
+        let mut blk = vec![0u8; BLOCK as usize];
+        for &at in bad {
+            if !heal.as_mut().is_some_and(|h| h(at, &mut blk)) {
+                // Taken as it is now, with writes of the block held off: a
+                // write landing since it was read (a client's, or the
+                // resync putting it back) would otherwise have its checksum
+                // replaced by that of the bytes it overwrote.
+                let _held = self.writing.enter(at, at + BLOCK);
+                reread(&mut blk, at)?;
+                if !self.verify(&blk, at)?.bad.is_empty() {
+                    let s = checksums::sum(&blk);
+                    self.record((at - self.data_offset) / BLOCK, s)?;
+                    self.adopted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            // The part of the block the read asked for.
+            let (lo, hi) = (at.max(off), (at + BLOCK).min(end));
+            buf[(lo - off) as usize..(hi - off) as usize]
+                .copy_from_slice(&blk[(lo - at) as usize..(hi - at) as usize]);
+        }
+        Ok(())
     }
 
     /// Take the blocks of `[off, off + len)` as the member holds them and
@@ -914,7 +927,8 @@ impl Member for Checked {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), MemberError> {
-        self.read_checked(buf, offset, Adopt::No)
+        let bad = self.read_checked(buf, offset)?;
+        self.fail_read(&bad)
     }
 
     fn write_at(&self, buf: &[u8], off: u64) -> Result<(), MemberError> {
@@ -939,10 +953,13 @@ impl Member for Checked {
         // the blocks at a write's edges before writing; what fails here
         // is rot that came in between, and fails the write.
         let mut whole = scratch::take((b - a) as usize);
-        let r = self.read_checked(&mut whole, a, Adopt::No).and_then(|()| {
-            whole[(lo - a) as usize..(hi - a) as usize].copy_from_slice(part);
-            self.write_blocks(&whole, a)
-        });
+        let r = self
+            .read_checked(&mut whole, a)
+            .and_then(|bad| self.fail_read(&bad))
+            .and_then(|()| {
+                whole[(lo - a) as usize..(hi - a) as usize].copy_from_slice(part);
+                self.write_blocks(&whole, a)
+            });
         scratch::give(whole);
         r
     }

@@ -325,7 +325,28 @@ pub(crate) struct CrashWindow {
     /// its windows itself first, and its reads take the rest as it is.
     heal: AtomicBool,
     zone: Mutex<Zone>,
+    /// Blocks reads have put back in memory, for the resync to write back
+    /// as it passes their unit (at most `HEALED_KEPT`).
+    healed: Mutex<Vec<Healed>>,
 }
+
+/// A block a read in a crash window put back from redundancy.
+#[derive(Debug)]
+pub(crate) struct Healed {
+    /// The member it was read from, in `role`.
+    pub disk: Arc<Disk>,
+    pub role: usize,
+    /// Its offset in the data area.
+    pub dev: u64,
+    /// What it holds (agrees with its checksum).
+    pub block: Box<[u8]>,
+}
+
+/// Healed blocks kept for the resync at most (16 MiB). Past it, a block
+/// put back by a read is not written back: it is served right, and once
+/// the window has closed it counts as a checksum error of its member and
+/// is healed as one.
+const HEALED_KEPT: usize = 4096;
 
 #[derive(Debug, Default)]
 struct Zone {
@@ -341,7 +362,26 @@ impl CrashWindow {
         z.all = marked.is_none();
         z.marked = marked;
         self.heal.store(heal, Ordering::Release);
+        self.healed.locked().clear();
         self.open.store(true, Ordering::Release);
+    }
+
+    /// Keep a block a read put back, for the resync.
+    pub fn keep_healed(&self, h: Healed) {
+        let mut kept = self.healed.locked();
+        if kept.len() < HEALED_KEPT {
+            kept.push(h);
+        }
+    }
+
+    /// Take the kept blocks for which `mine(role, dev)` holds.
+    pub fn take_healed(&self, mine: impl Fn(usize, u64) -> bool) -> Vec<Healed> {
+        let mut kept = self.healed.locked();
+        let (taken, rest) = std::mem::take(&mut *kept)
+            .into_iter()
+            .partition(|h| mine(h.role, h.dev));
+        *kept = rest;
+        taken
     }
 
     pub fn heals(&self) -> bool {
@@ -353,6 +393,7 @@ impl CrashWindow {
         z.all = false;
         z.marked = None;
         self.open.store(false, Ordering::Release);
+        self.healed.locked().clear();
     }
 
     pub fn is_open(&self) -> bool {
@@ -601,16 +642,23 @@ impl Core {
         dev: u64,
     ) -> std::result::Result<(), MemberError> {
         let at = d.data_offset + dev;
-        let r = self.timed(d, || match &d.checked {
+        let r = match &d.checked {
             Some(c) if self.window.covers(dev, buf.len() as u64) => {
-                if self.window.heals() {
-                    c.read_healing(buf, at, &mut |off, blk| self.window_heal(d, off, blk))
-                } else {
-                    c.read_adopting(buf, at)
-                }
+                // The heal reads other members and the adoption may wait
+                // for a write in flight: neither counts against this
+                // member's timer, only its own reads do.
+                self.timed(d, || c.read_window(buf, at)).and_then(|bad| {
+                    let mut heal = |off, blk: &mut [u8]| self.window_heal(d, off, blk);
+                    let heal: Option<checked::Heal<'_>> = match self.window.heals() {
+                        true => Some(&mut heal),
+                        false => None,
+                    };
+                    let reread = |blk: &mut [u8], off| self.timed(d, || c.read_raw(blk, off));
+                    c.settle(buf, at, &bad, heal, &reread)
+                })
             }
-            _ => d.member.read_at(buf, at),
-        });
+            _ => self.timed(d, || d.member.read_at(buf, at)),
+        };
         d.io.read(buf.len());
         if let Err(e) = &r {
             if checked::is_mismatch(e) {

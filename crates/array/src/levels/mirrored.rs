@@ -77,19 +77,13 @@ impl LevelOps for Mirrored {
         let mut buf = scratch::take(chunk as usize);
         // In a crash window the read may put rotten blocks of the first
         // copy back from the others (`Core::window_heal`), in memory only:
-        // the first copy is then written back too.
-        let healed = a.core.window_healed();
+        // the resync writes them back after this (`write_back_healed`).
         let r = a
             .core
             .disk_read(src, &mut buf, d0)
             .map_err(Error::from)
             .and_then(|()| {
-                let from = if a.core.window_healed() == healed {
-                    1
-                } else {
-                    0
-                };
-                p.copies[from..]
+                p.copies[1..]
                     .iter()
                     .try_for_each(|&(r, d)| a.core.member_write(v, r, &buf, d))
             });
