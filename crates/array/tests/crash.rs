@@ -640,6 +640,57 @@ fn rot_in_bitmap_window(level: Level, n: usize, per_stripe: usize) {
     assert_eq!(a.count_mismatches().unwrap(), 0, "{level}: parity");
 }
 
+/// A read in a crash window that heals blocks reads the other members of
+/// their columns: a slow one must not make the member read look stalled.
+/// Only the member's own reads count against its timeout (1 s here): four
+/// rotten blocks healed in one read, each reading a member that takes
+/// 400 ms per operation, fail no member.
+#[test]
+fn a_slow_member_read_by_a_window_heal_does_not_fail_the_member_healed() {
+    with_checksums(|| {
+        let (a, pcs, stripe, _, first) = written_once(Level::Raid5, 4, Policy::Bitmap);
+        let sm = a.geometry().stripe_map(0);
+        // A write in stripe 1 marks the bitmap region that holds stripe 0.
+        a.write(&[0xee; 4096], stripe as u64).unwrap();
+        let (mut imgs, data_offset) = power_cut(a, &pcs, 5);
+        // Every block of stripe 0's first data chunk rots.
+        for b in 0..(CHUNK as usize / 4096) {
+            imgs[sm.data[0]][data_offset + b * 4096 + 7] ^= 0x5a;
+        }
+        let slow = sm.data[1];
+        let members: Vec<Arc<dyn Member>> = imgs
+            .iter()
+            .enumerate()
+            .map(|(i, img)| {
+                let m: Arc<dyn Member> =
+                    Arc::new(PowerCutMember::new(&format!("m{i}"), img.clone()));
+                if i != slow {
+                    return m;
+                }
+                let cfg = raidkit_member::FaultConfig::parse("delay=400ms").unwrap();
+                Arc::new(raidkit_member::FaultMember::new(m, cfg)) as Arc<dyn Member>
+            })
+            .collect();
+        let a = Array::open_with(
+            assemble(members).unwrap(),
+            "crash",
+            OpenOptions {
+                run: true,
+                ..OpenOptions::default()
+            },
+        )
+        .unwrap();
+        a.set_member_timeout(std::time::Duration::from_secs(1));
+        let mut got = vec![0u8; CHUNK as usize];
+        a.read(&mut got, 0).unwrap();
+        assert!(
+            got == first[..CHUNK as usize],
+            "the rotten chunk read wrong"
+        );
+        assert_eq!(a.health().name(), "optimal", "{:?}", a.members_status());
+    });
+}
+
 /// The journal's `applied_seq` in a member image's superblock: above 0
 /// once the log has been full and checkpointed.
 fn applied_seq(img: &[u8]) -> u64 {

@@ -39,7 +39,7 @@ impl Array {
     pub(super) fn heal_rotten(&self, v: &View, stripe: u64, lo: u64, hi: u64) -> Result<u64> {
         let sm = v.geom.stripe_map(stripe);
         // Unreadable: the recompute meets the error and deals with it.
-        let Some((disks, raw)) = read_stripe_raw(v, &sm, lo, hi - lo) else {
+        let Some((disks, raw)) = read_stripe_raw(&self.core, v, &sm, lo, hi - lo) else {
             return Ok(0);
         };
         let mut healed = 0;
@@ -101,7 +101,7 @@ impl Array {
                 continue;
             }
             let at = d.data_offset + h.dev;
-            let still_bad = c.read_raw(&mut now, at).is_ok()
+            let still_bad = self.core.timed(d, || c.read_raw(&mut now, at)).is_ok()
                 && !c.agrees(&now, at).unwrap_or(true)
                 && c.agrees(&h.block, at).unwrap_or(false);
             if still_bad {
@@ -120,8 +120,11 @@ type Columns<'v> = Vec<(&'v Checked, u64)>;
 /// range `[lo, lo + len)`: its checksums, data offset and the bytes it
 /// holds there. None unless every role is in service and in sync over the
 /// range (a member being rebuilt may hold stale parity that agrees with a
-/// stale checksum), keeps checksums and reads.
+/// stale checksum), keeps checksums and reads. Each read is timed as its
+/// member's operation (`Core::timed`: a member that hangs here is failed
+/// by the stall watch).
 fn read_stripe_raw<'v>(
+    core: &Core,
     v: &'v View,
     sm: &StripeMap,
     lo: u64,
@@ -134,7 +137,8 @@ fn read_stripe_raw<'v>(
         let d = Core::readable(v, r, lo, len)?;
         let c = d.checked.as_deref()?;
         let mut b = vec![0u8; len as usize];
-        c.read_raw(&mut b, d.data_offset + lo).ok()?;
+        core.timed(d, || c.read_raw(&mut b, d.data_offset + lo))
+            .ok()?;
         disks.push((c, d.data_offset));
         raw.push(b);
     }
@@ -207,9 +211,9 @@ impl Core {
         };
         let dev = at - d.data_offset;
         let healed = if v.geom.level.is_parity() {
-            heal_from_column(&v, role, dev)
+            heal_from_column(self, &v, role, dev)
         } else {
-            heal_from_copies(&v, d, role, dev)
+            heal_from_copies(self, &v, d, role, dev)
         };
         let Some(block) = healed else {
             return false;
@@ -229,10 +233,10 @@ impl Core {
 
 /// `window_heal` on a parity level: data block `dev` of `role` rebuilt
 /// from its column.
-fn heal_from_column(v: &View, role: usize, dev: u64) -> Option<Vec<u8>> {
+fn heal_from_column(core: &Core, v: &View, role: usize, dev: u64) -> Option<Vec<u8>> {
     let sm = v.geom.stripe_map(dev / v.geom.chunk);
     let me = sm.data.iter().position(|&r| r == role)?;
-    let (disks, raw) = read_stripe_raw(v, &sm, dev, BLOCK)?;
+    let (disks, raw) = read_stripe_raw(core, v, &sm, dev, BLOCK)?;
     let column: Vec<&[u8]> = raw.iter().map(|b| b.as_slice()).collect();
     let agrees = |x: usize, bytes: &[u8]| {
         let (c, base) = disks[x];
@@ -246,7 +250,7 @@ fn heal_from_column(v: &View, role: usize, dev: u64) -> Option<Vec<u8>> {
 
 /// `window_heal` on a mirror: block `dev` of `role` (`d`) from another
 /// copy.
-fn heal_from_copies(v: &View, d: &Disk, role: usize, dev: u64) -> Option<Vec<u8>> {
+fn heal_from_copies(core: &Core, v: &View, d: &Disk, role: usize, dev: u64) -> Option<Vec<u8>> {
     let chunk = v.geom.chunk;
     let mine = d.checked.as_deref()?;
     let logical = v.geom.mirror_chunk_at(role, dev / chunk)? * chunk + dev % chunk;
@@ -259,7 +263,8 @@ fn heal_from_copies(v: &View, d: &Disk, role: usize, dev: u64) -> Option<Vec<u8>
             let x = Core::readable(v, r, at, BLOCK)?;
             let c = x.checked.as_deref()?;
             let mut b = vec![0u8; BLOCK as usize];
-            c.read_raw(&mut b, x.data_offset + at).ok()?;
+            core.timed(x, || c.read_raw(&mut b, x.data_offset + at))
+                .ok()?;
             let ok = c.agrees(&b, x.data_offset + at).unwrap_or(false)
                 && mine.agrees(&b, d.data_offset + dev).unwrap_or(false);
             ok.then_some(b)
