@@ -22,7 +22,7 @@ use crate::scratch;
 use raidkit_member::{Locked, MemberError};
 use serde::Serialize;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// One thing a scrub found.
@@ -616,7 +616,7 @@ struct Step<'a> {
     b: u64,
     readers: Vec<JoinHandle<Vec<Range>>>,
     ahead: Ahead,
-    _guards: Vec<MutexGuard<'a, ()>>,
+    _guards: Vec<crate::core::StripeGuard<'a>>,
 }
 
 impl Step<'_> {

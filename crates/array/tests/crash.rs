@@ -640,6 +640,117 @@ fn rot_in_bitmap_window(level: Level, n: usize, per_stripe: usize) {
     assert_eq!(a.count_mismatches().unwrap(), 0, "{level}: parity");
 }
 
+/// The array of member images `imgs`, member `which` wrapped in a fault
+/// member configured by `faults` (`fault:` query syntax).
+fn open_with_fault(imgs: &[Vec<u8>], which: usize, faults: &str) -> Array {
+    let members: Vec<Arc<dyn Member>> = imgs
+        .iter()
+        .enumerate()
+        .map(|(i, img)| {
+            let m: Arc<dyn Member> = Arc::new(PowerCutMember::new(&format!("m{i}"), img.clone()));
+            if i != which {
+                return m;
+            }
+            let cfg = raidkit_member::FaultConfig::parse(faults).unwrap();
+            Arc::new(raidkit_member::FaultMember::new(m, cfg)) as Arc<dyn Member>
+        })
+        .collect();
+    let opts = OpenOptions {
+        run: true,
+        ..OpenOptions::default()
+    };
+    Array::open_with(assemble(members).unwrap(), "crash", opts).unwrap()
+}
+
+/// Blocks put back by reads are kept for the resync to write back, a
+/// bounded number: reads of the same blocks again and again, and more
+/// blocks than are kept, must not leave the resync unable to keep (and
+/// write back) what its own reads put back. Four kept at most here; the
+/// rotten blocks of the last four stripes read three times each before the
+/// resync, which must then leave no rot behind anywhere.
+#[test]
+fn more_heals_than_are_kept_still_leave_no_rot_after_the_resync() {
+    with_checksums(|| {
+        let (a, pcs, stripe, stripes, first) = written_once(Level::Raid5, 4, Policy::Bitmap);
+        let g = a.geometry();
+        for s in 0..stripes {
+            a.write(&first[s * stripe..s * stripe + 4096], (s * stripe) as u64)
+                .unwrap();
+        }
+        let (mut imgs, data_offset) = power_cut(a, &pcs, 3);
+        // Block 1 of each stripe's second data chunk rots.
+        for s in 0..stripes {
+            let at = data_offset + s * CHUNK as usize + 4096 + 9;
+            imgs[g.stripe_map(s as u64).data[1]][at] ^= 0x5a;
+        }
+        let all: Vec<Option<Vec<u8>>> = imgs.into_iter().map(Some).collect();
+        let (a, _) = open(&all, false).unwrap();
+        a.set_window_kept_max(4);
+        let mut blk = vec![0u8; 4096];
+        for _ in 0..3 {
+            for s in stripes - 4..stripes {
+                let at = s * stripe + CHUNK as usize + 4096;
+                a.read(&mut blk, at as u64).unwrap();
+                assert!(blk == first[at..at + 4096], "stripe {s} read wrong");
+            }
+        }
+        a.recover_all().unwrap();
+        assert!(read_all(&a) == first, "wrong data after the resync");
+        assert_eq!(checksum_errors(&a), 0, "rot left after the resync");
+        assert_eq!(a.count_mismatches().unwrap(), 0, "parity");
+    });
+}
+
+/// A read in a crash window heals a rotten block from its column while a
+/// client writes another block of that column: halfway through the
+/// write (the data written, the parity not yet, its member slow to
+/// write) the column does not rebuild the rotten block, which would then
+/// be taken as it is, rot served and its checksum replaced. The heal waits
+/// for the write (the stripe's lock): every read gives the data written.
+#[test]
+fn a_heal_racing_a_write_of_its_column_never_takes_the_rot() {
+    with_checksums(|| {
+        let (a, pcs, stripe, stripes, first) = written_once(Level::Raid5, 4, Policy::Bitmap);
+        let sm = a.geometry().stripe_map(0);
+        for s in 0..stripes {
+            a.write(&first[s * stripe..s * stripe + 4096], (s * stripe) as u64)
+                .unwrap();
+        }
+        let (mut imgs, data_offset) = power_cut(a, &pcs, 9);
+        // Block 1 of stripe 0's first data chunk rots.
+        imgs[sm.data[0]][data_offset + 4096 + 9] ^= 0x5a;
+        let a = open_with_fault(&imgs, sm.p, "write-delay=300ms");
+        let rotten = 4096usize;
+        let want = &first[rotten..rotten + 4096];
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let mut wrong = 0;
+        let mut reads = 0;
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                // Block 1 of the second data chunk: the same column.
+                for k in 0..3u8 {
+                    a.write(&[0xa0 + k; 4096], CHUNK + 4096).unwrap();
+                }
+                done.store(true, std::sync::atomic::Ordering::Release);
+            });
+            let mut blk = vec![0u8; 4096];
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                a.read(&mut blk, rotten as u64).unwrap();
+                reads += 1;
+                if blk != want {
+                    wrong += 1;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        });
+        assert!(reads > 10, "the reads did not overlap the writes ({reads})");
+        assert_eq!(wrong, 0, "rot served by {wrong} of {reads} reads");
+        let mut blk = vec![0u8; 4096];
+        a.read(&mut blk, rotten as u64).unwrap();
+        assert!(blk == want, "rot served after the writes");
+    });
+}
+
 /// A read in a crash window that heals blocks reads the other members of
 /// their columns: a slow one must not make the member read look stalled.
 /// Only the member's own reads count against its timeout (1 s here): four
@@ -658,28 +769,7 @@ fn a_slow_member_read_by_a_window_heal_does_not_fail_the_member_healed() {
             imgs[sm.data[0]][data_offset + b * 4096 + 7] ^= 0x5a;
         }
         let slow = sm.data[1];
-        let members: Vec<Arc<dyn Member>> = imgs
-            .iter()
-            .enumerate()
-            .map(|(i, img)| {
-                let m: Arc<dyn Member> =
-                    Arc::new(PowerCutMember::new(&format!("m{i}"), img.clone()));
-                if i != slow {
-                    return m;
-                }
-                let cfg = raidkit_member::FaultConfig::parse("delay=400ms").unwrap();
-                Arc::new(raidkit_member::FaultMember::new(m, cfg)) as Arc<dyn Member>
-            })
-            .collect();
-        let a = Array::open_with(
-            assemble(members).unwrap(),
-            "crash",
-            OpenOptions {
-                run: true,
-                ..OpenOptions::default()
-            },
-        )
-        .unwrap();
+        let a = open_with_fault(&imgs, slow, "delay=400ms");
         a.set_member_timeout(std::time::Duration::from_secs(1));
         let mut got = vec![0u8; CHUNK as usize];
         a.read(&mut got, 0).unwrap();

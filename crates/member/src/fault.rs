@@ -12,6 +12,7 @@
 //! | `bad-sector-at=OFF[,OFF...]` | as above until a write covers the offset (a pending sector the disk remaps on write) |
 //! | `fail-writes-after=N` | the first N writes succeed, every later one fails (EIO) |
 //! | `delay=DUR` | every read and write first sleeps DUR (`5ms`, `1s`, `200us`) |
+//! | `write-delay=DUR` | every write first sleeps DUR (a disk slow to write: its writes land after those of the others) |
 //! | `vanish-after=N` | after N operations every operation fails (ENODEV), as a pulled cable |
 //! | `corrupt-at=OFF[,OFF...]` | silent corruption: a read that covers any of these member offsets returns that byte with bits flipped (and no error), until a write covers the offset (the disk then holds what was written) |
 //!
@@ -30,6 +31,7 @@ pub struct FaultConfig {
     pub bad_sector_at: Vec<u64>,
     pub fail_writes_after: Option<u64>,
     pub delay: Option<Duration>,
+    pub write_delay: Option<Duration>,
     pub vanish_after: Option<u64>,
     pub corrupt_at: Vec<u64>,
 }
@@ -87,6 +89,7 @@ impl FaultConfig {
                 }
                 "fail-writes-after" => c.fail_writes_after = Some(parse_u64_size(v)?),
                 "delay" => c.delay = Some(parse_duration(v)?),
+                "write-delay" => c.write_delay = Some(parse_duration(v)?),
                 "vanish-after" => c.vanish_after = Some(parse_u64_size(v)?),
                 "corrupt-at" => {
                     for o in v.split(',') {
@@ -95,7 +98,7 @@ impl FaultConfig {
                 }
                 other => {
                     return Err(format!(
-                        "unknown fault '{other}' (read-error-at, bad-sector-at, fail-writes-after, delay, vanish-after, corrupt-at)"
+                        "unknown fault '{other}' (read-error-at, bad-sector-at, fail-writes-after, delay, write-delay, vanish-after, corrupt-at)"
                     ))
                 }
             }
@@ -165,6 +168,9 @@ impl FaultMember {
     ) -> Result<()> {
         let len = buf.len() as u64;
         self.enter(Op::Write, offset, len)?;
+        if let Some(d) = self.config.write_delay {
+            std::thread::sleep(d);
+        }
         let n = self.writes.fetch_add(1, Ordering::Relaxed);
         if self.config.fail_writes_after.is_some_and(|f| n >= f) {
             return Err(self.err(Op::Write, offset, len, 5));
@@ -248,12 +254,14 @@ mod tests {
 
     #[test]
     fn parses_and_refuses() {
-        let c =
-            FaultConfig::parse("read-error-at=4K,1M&fail-writes-after=3&delay=2ms&vanish-after=10")
-                .unwrap();
+        let c = FaultConfig::parse(
+            "read-error-at=4K,1M&fail-writes-after=3&delay=2ms&vanish-after=10&write-delay=1ms",
+        )
+        .unwrap();
         assert_eq!(c.read_error_at, vec![4096, 1 << 20]);
         assert_eq!(c.fail_writes_after, Some(3));
         assert_eq!(c.delay, Some(Duration::from_millis(2)));
+        assert_eq!(c.write_delay, Some(Duration::from_millis(1)));
         assert_eq!(c.vanish_after, Some(10));
         assert!(FaultConfig::parse("explode=1").is_err());
         assert!(FaultConfig::parse("delay=5 parsecs").is_err());

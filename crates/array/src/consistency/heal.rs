@@ -76,13 +76,19 @@ impl Array {
         let chunk = v.geom.chunk;
         let kept = if v.geom.level.is_parity() {
             // Every role's blocks of the stripe lie at the same offsets.
-            self.core.window.take_healed(|_, dev| dev / chunk == x)
+            let lo = x * chunk;
+            self.core
+                .window
+                .take_healed(lo, lo, lo + chunk, |_, _| true)
         } else {
-            // The resync's unit, placed as `resync_unit` places it.
+            // The resync's unit, placed as `resync_unit` places it; a
+            // unit's copies lie no lower on the members than the last's.
             let g = self.core.geom();
             let copies = g.pieces(x * g.chunk, g.chunk)[0].copies.clone();
             let size = g.chunk;
-            self.core.window.take_healed(|role, dev| {
+            let lo = copies.iter().map(|c| c.1).min().unwrap_or(0);
+            let hi = copies.iter().map(|c| c.1 + size).max().unwrap_or(0);
+            self.core.window.take_healed(lo, lo, hi, |role, dev| {
                 copies
                     .iter()
                     .any(|&(r, d)| r == role && (d..d + size).contains(&dev))
@@ -112,6 +118,10 @@ impl Array {
         Ok(written)
     }
 }
+
+/// How long a read in a crash window waits for a stripe's lock to heal a
+/// block under it (see `Core::window_heal`), before it heals without.
+const HEAL_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Each role's checksums and data offset.
 type Columns<'v> = Vec<(&'v Checked, u64)>;
@@ -189,14 +199,14 @@ impl Core {
     /// unit of the window under its lock, to write back
     /// (`Array::write_back_healed`).
     ///
-    /// What is put back agrees with the checksum stored for the block.
-    /// A write racing the read can make the rebuild come from a column
-    /// half written, but a rebuild that agrees with the block's checksum
-    /// is then still that checksum's content (short of a checksum
-    /// collision): the block's own write in flight would have let its read
-    /// pass (`Checked::verify` accepts the content of a write in flight), so
-    /// it reached here with its recorded checksum. The write-back checks
-    /// again under the lock.
+    /// What is put back agrees with the checksum stored for the block, so
+    /// it is content the block held. The column (or the other copies) is
+    /// read under the lock its writers take where this thread can have it
+    /// (`Core::lock_if_free_of_others`): a write of another of its blocks
+    /// half done would make the rebuild disagree and the rotten block be
+    /// taken as it is. Where the thread holds stripe locks (a writer's
+    /// read-modify-write, the resync), the stripe it reads is its own. The
+    /// write-back checks again under the lock.
     pub(crate) fn window_heal(&self, d: &Disk, at: u64, blk: &mut [u8]) -> bool {
         let v = self.view.load_full();
         if self.is_reshaping() || blk.len() != BLOCK as usize {
@@ -210,6 +220,28 @@ impl Core {
             return false;
         };
         let dev = at - d.data_offset;
+        let chunk = v.geom.chunk;
+        // The stripe (parity) or chunk (mirrors) as its writers lock it.
+        let key = if v.geom.level.is_parity() {
+            Some(dev / chunk)
+        } else {
+            v.geom.mirror_chunk_at(role, dev / chunk)
+        };
+        // Healed under the lock its writers take, where this thread can
+        // have it: a write of another block of the column (or of another
+        // copy) half done makes the rebuild disagree, and the block would
+        // be taken as it is, rot and all. A thread that holds stripe locks
+        // (a writer's or the resync's own reads) has the column to itself
+        // already, or goes on without.
+        let _g = key.and_then(|k| self.lock_if_free_of_others(k, HEAL_LOCK_WAIT));
+        let v = self.view.load_full();
+        if !v.roles[role]
+            .disk
+            .as_ref()
+            .is_some_and(|x| std::ptr::eq(x.as_ref(), d))
+        {
+            return false;
+        }
         let healed = if v.geom.level.is_parity() {
             heal_from_column(self, &v, role, dev)
         } else {

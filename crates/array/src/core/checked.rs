@@ -12,8 +12,8 @@
 //! disagrees is not an error there (`read_window`, then `settle`): it is
 //! put back from redundancy where the rebuild agrees with its checksum
 //! (rot: `Core::window_heal`), and otherwise taken as it is and its
-//! checksum recomputed (torn; journal replay's reads always take it:
-//! `read_adopting`).
+//! checksum recomputed (torn; journal replay, which heals each window
+//! itself first, has its reads take it as it is).
 //!
 //! Checksums are loaded a page at a time as blocks are read and written
 //! (4 bytes per 4 KiB of data), kept while used, and go back to the member
@@ -539,6 +539,9 @@ impl Checked {
         mut heal: Option<Heal<'_>>,
         reread: Reread<'_>,
     ) -> Result<(), MemberError> {
+        if bad.is_empty() {
+            return Ok(());
+        }
         let end = off + buf.len() as u64;
         let mut blk = vec![0u8; BLOCK as usize];
         for &at in bad {

@@ -310,6 +310,50 @@ pub(crate) struct Core {
     reshaping: AtomicBool,
 }
 
+thread_local! {
+    /// Stripe locks this thread holds (or holds through the caller it
+    /// runs a job for: `with_locks_held`).
+    static LOCKS_HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Stripe locks the calling thread holds.
+pub(crate) fn locks_held() -> usize {
+    LOCKS_HELD.with(|h| h.get())
+}
+
+/// Run `f` counted as holding `held` stripe locks more: a job run on
+/// another thread for a caller that holds them and waits for it.
+pub(crate) fn with_locks_held<T>(held: usize, f: impl FnOnce() -> T) -> T {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            LOCKS_HELD.with(|h| h.set(self.0));
+        }
+    }
+    let _restore = Restore(locks_held());
+    LOCKS_HELD.with(|h| h.set(h.get() + held));
+    f()
+}
+
+/// A held stripe lock, counted for its thread (`locks_held`).
+#[must_use]
+pub(crate) struct StripeGuard<'a> {
+    _g: MutexGuard<'a, ()>,
+}
+
+impl<'a> StripeGuard<'a> {
+    fn new(g: MutexGuard<'a, ()>) -> StripeGuard<'a> {
+        LOCKS_HELD.with(|h| h.set(h.get() + 1));
+        StripeGuard { _g: g }
+    }
+}
+
+impl Drop for StripeGuard<'_> {
+    fn drop(&mut self) {
+        LOCKS_HELD.with(|h| h.set(h.get().saturating_sub(1)));
+    }
+}
+
 /// Where data and checksums may disagree because writes were in flight at
 /// an unclean shutdown: until the recovery that follows it (journal
 /// replay, resync of the marked regions or of everything) has passed,
@@ -326,8 +370,20 @@ pub(crate) struct CrashWindow {
     heal: AtomicBool,
     zone: Mutex<Zone>,
     /// Blocks reads have put back in memory, for the resync to write back
-    /// as it passes their unit (at most `HEALED_KEPT`).
-    healed: Mutex<Vec<Healed>>,
+    /// as it passes their unit.
+    healed: Mutex<Kept>,
+    /// How many are kept at most (0: `HEALED_KEPT`; tests set fewer).
+    kept_max: std::sync::atomic::AtomicUsize,
+}
+
+/// Healed blocks by member offset and role (one entry per block, the
+/// latest), at most `HEALED_KEPT`, none behind `front`.
+#[derive(Debug, Default)]
+struct Kept {
+    blocks: std::collections::BTreeMap<(u64, usize), Healed>,
+    /// Where the resync is (a member offset): blocks before it are not
+    /// kept, it has passed them.
+    front: u64,
 }
 
 /// A block a read in a crash window put back from redundancy.
@@ -342,10 +398,10 @@ pub(crate) struct Healed {
     pub block: Box<[u8]>,
 }
 
-/// Healed blocks kept for the resync at most (16 MiB). Past it, a block
-/// put back by a read is not written back: it is served right, and once
-/// the window has closed it counts as a checksum error of its member and
-/// is healed as one.
+/// Healed blocks kept for the resync at most (16 MiB). Past it, the one
+/// farthest ahead of the resync is let go, so that what the resync's own
+/// reads put back (always the nearest) is kept: a block let go is put
+/// back again by the resync's read when it gets there.
 const HEALED_KEPT: usize = 4096;
 
 #[derive(Debug, Default)]
@@ -362,26 +418,55 @@ impl CrashWindow {
         z.all = marked.is_none();
         z.marked = marked;
         self.heal.store(heal, Ordering::Release);
-        self.healed.locked().clear();
+        *self.healed.locked() = Kept::default();
         self.open.store(true, Ordering::Release);
     }
 
-    /// Keep a block a read put back, for the resync.
+    /// Keep a block a read put back, for the resync (the latest of each
+    /// block; none the resync has passed).
     pub fn keep_healed(&self, h: Healed) {
         let mut kept = self.healed.locked();
-        if kept.len() < HEALED_KEPT {
-            kept.push(h);
+        if h.dev < kept.front {
+            return;
+        }
+        kept.blocks.insert((h.dev, h.role), h);
+        let max = match self.kept_max.load(Ordering::Relaxed) {
+            0 => HEALED_KEPT,
+            n => n,
+        };
+        while kept.blocks.len() > max {
+            kept.blocks.pop_last();
         }
     }
 
-    /// Take the kept blocks for which `mine(role, dev)` holds.
-    pub fn take_healed(&self, mine: impl Fn(usize, u64) -> bool) -> Vec<Healed> {
+    /// Keep at most `n` healed blocks (tests: `HEALED_KEPT` is more than
+    /// a test array has).
+    pub fn set_kept_max(&self, n: usize) {
+        self.kept_max.store(n, Ordering::Relaxed);
+    }
+
+    /// The resync is at member offset `front`, and takes the kept blocks
+    /// in `[lo, hi)` for which `mine(role, dev)` holds. Blocks before
+    /// `front` are let go (it has passed them).
+    pub fn take_healed(
+        &self,
+        front: u64,
+        lo: u64,
+        hi: u64,
+        mine: impl Fn(usize, u64) -> bool,
+    ) -> Vec<Healed> {
         let mut kept = self.healed.locked();
-        let (taken, rest) = std::mem::take(&mut *kept)
-            .into_iter()
-            .partition(|h| mine(h.role, h.dev));
-        *kept = rest;
-        taken
+        if front > kept.front {
+            kept.front = front;
+            kept.blocks = kept.blocks.split_off(&(front, 0));
+        }
+        let keys: Vec<(u64, usize)> = kept
+            .blocks
+            .range((lo, 0)..(hi, 0))
+            .filter(|(k, _)| mine(k.1, k.0))
+            .map(|(k, _)| *k)
+            .collect();
+        keys.iter().filter_map(|k| kept.blocks.remove(k)).collect()
     }
 
     pub fn heals(&self) -> bool {
@@ -393,7 +478,7 @@ impl CrashWindow {
         z.all = false;
         z.marked = None;
         self.open.store(false, Ordering::Release);
-        self.healed.locked().clear();
+        *self.healed.locked() = Kept::default();
     }
 
     pub fn is_open(&self) -> bool {
@@ -493,33 +578,67 @@ impl Core {
             .store(t.as_nanos() as u64, Ordering::Relaxed);
     }
 
-    pub(crate) fn lock(&self, stripe: u64) -> MutexGuard<'_, ()> {
-        self.locks[(stripe % LOCKS as u64) as usize].locked()
+    pub(crate) fn lock(&self, stripe: u64) -> StripeGuard<'_> {
+        StripeGuard::new(self.locks[(stripe % LOCKS as u64) as usize].locked())
     }
 
     /// Lock a run of stripes (in lock-table order, so no two holders deadlock).
-    pub(crate) fn lock_range(&self, s0: u64, s1: u64) -> Vec<MutexGuard<'_, ()>> {
+    pub(crate) fn lock_range(&self, s0: u64, s1: u64) -> Vec<StripeGuard<'_>> {
         let mut idx: Vec<usize> = (s0..s1).map(|s| (s % LOCKS as u64) as usize).collect();
         idx.sort_unstable();
         idx.dedup();
-        idx.into_iter().map(|i| self.locks[i].locked()).collect()
+        idx.into_iter()
+            .map(|i| StripeGuard::new(self.locks[i].locked()))
+            .collect()
     }
 
     /// As `lock_range`, but only if every lock is free at once (None
     /// otherwise, nothing held): for a holder of other stripe locks.
-    pub(crate) fn try_lock_range(&self, s0: u64, s1: u64) -> Option<Vec<MutexGuard<'_, ()>>> {
+    pub(crate) fn try_lock_range(&self, s0: u64, s1: u64) -> Option<Vec<StripeGuard<'_>>> {
         let mut idx: Vec<usize> = (s0..s1).map(|s| (s % LOCKS as u64) as usize).collect();
         idx.sort_unstable();
         idx.dedup();
         let mut out = Vec::with_capacity(idx.len());
         for i in idx {
             match self.locks[i].try_lock() {
-                Ok(g) => out.push(g),
-                Err(std::sync::TryLockError::Poisoned(p)) => out.push(p.into_inner()),
+                Ok(g) => out.push(StripeGuard::new(g)),
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    out.push(StripeGuard::new(p.into_inner()))
+                }
                 Err(std::sync::TryLockError::WouldBlock) => return None,
             }
         }
         Some(out)
+    }
+
+    /// The lock of `stripe` for a thread that holds no stripe lock (see
+    /// `locks_held`): None on a thread that holds one (it may be this
+    /// very lock, or another holder may wait for this thread), and None if
+    /// it is not had within `wait` (a holder might wait for this thread
+    /// through a hand-off this count does not see: never a deadlock, at
+    /// worst the caller goes on without it).
+    pub(crate) fn lock_if_free_of_others(
+        &self,
+        stripe: u64,
+        wait: Duration,
+    ) -> Option<StripeGuard<'_>> {
+        if locks_held() > 0 {
+            return None;
+        }
+        let lock = &self.locks[(stripe % LOCKS as u64) as usize];
+        let until = Instant::now() + wait;
+        loop {
+            match lock.try_lock() {
+                Ok(g) => return Some(StripeGuard::new(g)),
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    return Some(StripeGuard::new(p.into_inner()))
+                }
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            }
+        }
     }
 
     pub(crate) fn check(&self, offset: u64, len: u64) -> Result<()> {

@@ -324,6 +324,14 @@ impl Array {
         self.core.corrected.load(Ordering::Relaxed)
     }
 
+    /// At most `n` blocks put back by reads in a crash window are kept
+    /// for the resync to write back (default 4096): for tests, whose arrays
+    /// are smaller than that.
+    #[doc(hidden)]
+    pub fn set_window_kept_max(&self, n: usize) {
+        self.core.window.set_kept_max(n)
+    }
+
     pub fn set_member_timeout(&self, t: Duration) {
         self.core.set_member_timeout(t)
     }

@@ -134,12 +134,17 @@ impl Pool {
             done: Condvar::new(),
         };
         let wait = WaitAll(&latch);
+        // The caller waits for the jobs: they count as holding its stripe
+        // locks (see `core::lock_if_free_of_others`).
+        let held = crate::core::locks_held();
         {
             let mut q = self.queue.locked();
             for item in items {
                 let latch = &latch;
                 let job: Box<dyn FnOnce() + Send + '_> = Box::new(move || {
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(item)));
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        crate::core::with_locks_held(held, || f(item))
+                    }));
                     latch.finish(r.err());
                 });
                 // SAFETY: the job borrows `f`, `latch` and what the items
