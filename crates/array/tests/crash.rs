@@ -640,6 +640,23 @@ fn rot_in_bitmap_window(level: Level, n: usize, per_stripe: usize) {
     assert_eq!(a.count_mismatches().unwrap(), 0, "{level}: parity");
 }
 
+/// Every stripe of `a` (written with `first`) written again in its first
+/// block, unflushed, so that the bitmap marks every region; then the
+/// power cut (`power_cut`).
+fn marked_and_cut(
+    a: Array,
+    pcs: &[Arc<PowerCutMember>],
+    first: &[u8],
+    seed: u64,
+) -> (Vec<Vec<u8>>, usize) {
+    let stripe = CHUNK as usize * a.geometry().data_members();
+    for s in 0..first.len() / stripe {
+        a.write(&first[s * stripe..s * stripe + 4096], (s * stripe) as u64)
+            .unwrap();
+    }
+    power_cut(a, pcs, seed)
+}
+
 /// The array of member images `imgs`, member `which` wrapped in a fault
 /// member configured by `faults` (`fault:` query syntax).
 fn open_with_fault(imgs: &[Vec<u8>], which: usize, faults: &str) -> Array {
@@ -673,11 +690,7 @@ fn more_heals_than_are_kept_still_leave_no_rot_after_the_resync() {
     with_checksums(|| {
         let (a, pcs, stripe, stripes, first) = written_once(Level::Raid5, 4, Policy::Bitmap);
         let g = a.geometry();
-        for s in 0..stripes {
-            a.write(&first[s * stripe..s * stripe + 4096], (s * stripe) as u64)
-                .unwrap();
-        }
-        let (mut imgs, data_offset) = power_cut(a, &pcs, 3);
+        let (mut imgs, data_offset) = marked_and_cut(a, &pcs, &first, 3);
         // Block 1 of each stripe's second data chunk rots.
         for s in 0..stripes {
             let at = data_offset + s * CHUNK as usize + 4096 + 9;
@@ -710,13 +723,9 @@ fn more_heals_than_are_kept_still_leave_no_rot_after_the_resync() {
 #[test]
 fn a_heal_racing_a_write_of_its_column_never_takes_the_rot() {
     with_checksums(|| {
-        let (a, pcs, stripe, stripes, first) = written_once(Level::Raid5, 4, Policy::Bitmap);
+        let (a, pcs, _, _, first) = written_once(Level::Raid5, 4, Policy::Bitmap);
         let sm = a.geometry().stripe_map(0);
-        for s in 0..stripes {
-            a.write(&first[s * stripe..s * stripe + 4096], (s * stripe) as u64)
-                .unwrap();
-        }
-        let (mut imgs, data_offset) = power_cut(a, &pcs, 9);
+        let (mut imgs, data_offset) = marked_and_cut(a, &pcs, &first, 9);
         // Block 1 of stripe 0's first data chunk rots.
         imgs[sm.data[0]][data_offset + 4096 + 9] ^= 0x5a;
         let a = open_with_fault(&imgs, sm.p, "write-delay=300ms");
@@ -748,6 +757,41 @@ fn a_heal_racing_a_write_of_its_column_never_takes_the_rot() {
         let mut blk = vec![0u8; 4096];
         a.read(&mut blk, rotten as u64).unwrap();
         assert!(blk == want, "rot served after the writes");
+    });
+}
+
+/// A rebuild onto a new member while a crash window is still open (the
+/// resync stopped when a member was lost) reads the other members from
+/// threads of its own, for stripes it has locked: a block there that
+/// disagrees with its checksum must not have them wait for those locks
+/// (5 s each). Six such blocks; the rebuild must take well under one wait.
+#[test]
+fn a_rebuild_in_an_open_crash_window_does_not_wait_for_its_own_locks() {
+    with_checksums(|| {
+        let (a, pcs, _, _, first) = written_once(Level::Raid5, 4, Policy::Bitmap);
+        let g = a.geometry();
+        let (mut imgs, data_offset) = marked_and_cut(a, &pcs, &first, 3);
+        for s in 0..6 {
+            let r = g.stripe_map(s as u64).data[1];
+            if r != 2 {
+                imgs[r][data_offset + s * CHUNK as usize + 4096 + 9] ^= 0x5a;
+            }
+        }
+        let len = imgs[2].len();
+        let all: Vec<Option<Vec<u8>>> = imgs.into_iter().map(Some).collect();
+        let (a, _) = open(&all, false).unwrap();
+        a.fail_member("m2", true).unwrap();
+        a.recover_all().unwrap();
+        let fresh: Arc<dyn Member> = Arc::new(PowerCutMember::new("m9", vec![0u8; len]));
+        a.add_member(fresh, true).unwrap();
+        let t = std::time::Instant::now();
+        a.recover_all().unwrap();
+        let took = t.elapsed();
+        assert_eq!(a.health().name(), "optimal");
+        assert!(
+            took < std::time::Duration::from_secs(4),
+            "the rebuild took {took:?}: its readers waited for the locks it holds"
+        );
     });
 }
 

@@ -7,7 +7,7 @@
 //! resync, whose reads do the same, writes such blocks back.
 
 use crate::checksums::BLOCK;
-use crate::core::checked::Checked;
+use crate::core::checked::{Checked, HealResult};
 use crate::core::{Core, Disk, Healed, View};
 use crate::engine::Array;
 use crate::error::Result;
@@ -121,7 +121,7 @@ impl Array {
 
 /// How long a read in a crash window waits for a stripe's lock to heal a
 /// block under it (see `Core::window_heal`), before it heals without.
-const HEAL_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+const HEAL_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Each role's checksums and data offset.
 type Columns<'v> = Vec<(&'v Checked, u64)>;
@@ -207,40 +207,58 @@ impl Core {
     /// taken as it is. Where the thread holds stripe locks (a writer's
     /// read-modify-write, the resync), the stripe it reads is its own. The
     /// write-back checks again under the lock.
-    pub(crate) fn window_heal(&self, d: &Disk, at: u64, blk: &mut [u8]) -> bool {
+    pub(crate) fn window_heal(&self, d: &Disk, at: u64, blk: &mut [u8]) -> HealResult {
         let v = self.view.load_full();
         if self.is_reshaping() || blk.len() != BLOCK as usize {
-            return false;
+            return HealResult::Torn;
         }
         let Some(role) = v
             .roles
             .iter()
             .position(|r| r.disk.as_ref().is_some_and(|x| std::ptr::eq(x.as_ref(), d)))
         else {
-            return false;
+            return HealResult::Torn;
         };
         let dev = at - d.data_offset;
         let chunk = v.geom.chunk;
-        // The stripe (parity) or chunk (mirrors) as its writers lock it.
+        // The stripe (parity) or chunk (mirrors) as its writers lock it,
+        // if there is redundancy to heal from at all.
         let key = if v.geom.level.is_parity() {
-            Some(dev / chunk)
+            let sm = v.geom.stripe_map(dev / chunk);
+            let mut roles = sm.data.iter().copied().chain([sm.p]).chain(sm.q);
+            if !roles.all(|r| Core::readable(&v, r, dev, BLOCK).is_some()) {
+                return HealResult::Torn;
+            }
+            dev / chunk
         } else {
-            v.geom.mirror_chunk_at(role, dev / chunk)
+            match v.geom.mirror_chunk_at(role, dev / chunk) {
+                Some(c) => c,
+                None => return HealResult::Torn,
+            }
         };
-        // Healed under the lock its writers take, where this thread can
-        // have it: a write of another block of the column (or of another
-        // copy) half done makes the rebuild disagree, and the block would
-        // be taken as it is, rot and all. A thread that holds stripe locks
-        // (a writer's or the resync's own reads) has the column to itself
-        // already, or goes on without.
-        let _g = key.and_then(|k| self.lock_if_free_of_others(k, HEAL_LOCK_WAIT));
+        // Healed under the lock its writers take: a write of another
+        // block of the column (or of another copy) half done makes the
+        // rebuild disagree, and the block would be taken as it is, rot and
+        // all. A thread that holds stripe locks of this array (a writer's
+        // read-modify-write, the resync, a rebuild's readers) reads what
+        // it has locked. A lock not had within `HEAL_LOCK_WAIT`: healed
+        // without it, and if that fails the block is served as it is but
+        // not taken (its checksum kept: the resync decides, under the
+        // lock).
+        let (_g, sure) = if self.holds_locks() {
+            (None, true)
+        } else {
+            let g = self.lock_within(key, HEAL_LOCK_WAIT);
+            let had = g.is_some();
+            (g, had)
+        };
         let v = self.view.load_full();
         if !v.roles[role]
             .disk
             .as_ref()
             .is_some_and(|x| std::ptr::eq(x.as_ref(), d))
         {
-            return false;
+            return HealResult::Torn;
         }
         let healed = if v.geom.level.is_parity() {
             heal_from_column(self, &v, role, dev)
@@ -248,7 +266,17 @@ impl Core {
             heal_from_copies(self, &v, d, role, dev)
         };
         let Some(block) = healed else {
-            return false;
+            if sure {
+                return HealResult::Torn;
+            }
+            tracing::warn!(
+                array = self.name.as_str(),
+                member = d.name(),
+                offset = dev,
+                "a block in the crash window disagrees with its checksum and its stripe stayed locked for {} s: served as it is, left for the resync",
+                HEAL_LOCK_WAIT.as_secs()
+            );
+            return HealResult::Unsure;
         };
         blk.copy_from_slice(&block);
         if let Some(disk) = v.roles[role].disk.clone() {
@@ -259,7 +287,7 @@ impl Core {
                 block: block.into_boxed_slice(),
             });
         }
-        true
+        HealResult::Healed
     }
 }
 

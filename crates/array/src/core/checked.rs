@@ -140,8 +140,22 @@ fn invalid(name: &str, op: Op, offset: u64, len: u64, what: String) -> MemberErr
 }
 
 /// Puts back the block at a member offset in a crash window (see
-/// `Checked::settle`): true if it did.
-pub(crate) type Heal<'a> = &'a mut dyn FnMut(u64, &mut [u8]) -> bool;
+/// `Checked::settle`).
+pub(crate) type Heal<'a> = &'a mut dyn FnMut(u64, &mut [u8]) -> HealResult;
+
+/// What a heal in a crash window made of a block that disagrees with its
+/// checksum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HealResult {
+    /// Put back (in the buffer).
+    Healed,
+    /// Cannot be rebuilt so as to agree with its checksum: torn by the
+    /// crash, taken as it is.
+    Torn,
+    /// Could not be told (its column could not be read with its writes
+    /// held off): served as it is, its checksum left as it is.
+    Unsure,
+}
 
 /// Reads a block as the member holds it (see `Checked::settle`).
 pub(crate) type Reread<'a> = &'a dyn Fn(&mut [u8], u64) -> Result<(), MemberError>;
@@ -525,10 +539,11 @@ impl Checked {
 
     /// The second part of a read in a crash window: each block of `bad`
     /// (from `read_window(buf, off)`) is replaced by what `heal(member
-    /// offset, block)` puts in it where it returns true (a rebuild from
+    /// offset, block)` puts in it where it says `Healed` (a rebuild from
     /// redundancy that agrees with the block's checksum: rot, put back),
-    /// and taken as it is otherwise (a write torn by the crash), its
-    /// checksum recorded from it. Neither counts as a checksum error: in
+    /// taken as it is where it says `Torn` (a write torn by the crash),
+    /// its checksum recorded from it, and served as it is, its checksum
+    /// kept, where it says `Unsure`. Neither counts as a checksum error: in
     /// the window the two cannot always be told apart. `reread(block,
     /// member offset)` reads a block as the member holds it.
     pub fn settle(
@@ -545,7 +560,10 @@ impl Checked {
         let end = off + buf.len() as u64;
         let mut blk = vec![0u8; BLOCK as usize];
         for &at in bad {
-            if !heal.as_mut().is_some_and(|h| h(at, &mut blk)) {
+            let verdict = heal.as_mut().map_or(HealResult::Torn, |h| h(at, &mut blk));
+            if verdict == HealResult::Unsure {
+                reread(&mut blk, at)?;
+            } else if verdict == HealResult::Torn {
                 // Taken as it is now, with writes of the block held off: a
                 // write landing since it was read (a client's, or the
                 // resync putting it back) would otherwise have its checksum

@@ -311,46 +311,54 @@ pub(crate) struct Core {
 }
 
 thread_local! {
-    /// Stripe locks this thread holds (or holds through the caller it
-    /// runs a job for: `with_locks_held`).
-    static LOCKS_HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// The arrays (their `Core`'s address) whose stripe locks this thread
+    /// holds, once per lock (or holds through the caller it runs a job
+    /// for: `with_locks_held`).
+    static LOCKS_HELD: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Stripe locks the calling thread holds.
-pub(crate) fn locks_held() -> usize {
-    LOCKS_HELD.with(|h| h.get())
+/// The stripe locks the calling thread holds (see `LOCKS_HELD`).
+pub(crate) fn locks_held() -> Vec<usize> {
+    LOCKS_HELD.with(|h| h.borrow().clone())
 }
 
-/// Run `f` counted as holding `held` stripe locks more: a job run on
-/// another thread for a caller that holds them and waits for it.
-pub(crate) fn with_locks_held<T>(held: usize, f: impl FnOnce() -> T) -> T {
-    struct Restore(usize);
+/// Run `f` counted as holding the stripe locks `held` as well: a job run
+/// on another thread for a caller that holds them and waits for it.
+pub(crate) fn with_locks_held<T>(held: &[usize], f: impl FnOnce() -> T) -> T {
+    struct Restore(Vec<usize>);
     impl Drop for Restore {
         fn drop(&mut self) {
-            LOCKS_HELD.with(|h| h.set(self.0));
+            LOCKS_HELD.with(|h| *h.borrow_mut() = std::mem::take(&mut self.0));
         }
     }
     let _restore = Restore(locks_held());
-    LOCKS_HELD.with(|h| h.set(h.get() + held));
+    LOCKS_HELD.with(|h| h.borrow_mut().extend_from_slice(held));
     f()
 }
 
-/// A held stripe lock, counted for its thread (`locks_held`).
+/// A held stripe lock, counted for its thread (`LOCKS_HELD`).
 #[must_use]
 pub(crate) struct StripeGuard<'a> {
     _g: MutexGuard<'a, ()>,
+    core: usize,
 }
 
 impl<'a> StripeGuard<'a> {
-    fn new(g: MutexGuard<'a, ()>) -> StripeGuard<'a> {
-        LOCKS_HELD.with(|h| h.set(h.get() + 1));
-        StripeGuard { _g: g }
+    fn new(core: &Core, g: MutexGuard<'a, ()>) -> StripeGuard<'a> {
+        let core = core as *const Core as usize;
+        LOCKS_HELD.with(|h| h.borrow_mut().push(core));
+        StripeGuard { _g: g, core }
     }
 }
 
 impl Drop for StripeGuard<'_> {
     fn drop(&mut self) {
-        LOCKS_HELD.with(|h| h.set(h.get().saturating_sub(1)));
+        LOCKS_HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some(i) = h.iter().rposition(|&c| c == self.core) {
+                h.swap_remove(i);
+            }
+        });
     }
 }
 
@@ -579,7 +587,7 @@ impl Core {
     }
 
     pub(crate) fn lock(&self, stripe: u64) -> StripeGuard<'_> {
-        StripeGuard::new(self.locks[(stripe % LOCKS as u64) as usize].locked())
+        StripeGuard::new(self, self.locks[(stripe % LOCKS as u64) as usize].locked())
     }
 
     /// Lock a run of stripes (in lock-table order, so no two holders deadlock).
@@ -588,7 +596,7 @@ impl Core {
         idx.sort_unstable();
         idx.dedup();
         idx.into_iter()
-            .map(|i| StripeGuard::new(self.locks[i].locked()))
+            .map(|i| StripeGuard::new(self, self.locks[i].locked()))
             .collect()
     }
 
@@ -601,9 +609,9 @@ impl Core {
         let mut out = Vec::with_capacity(idx.len());
         for i in idx {
             match self.locks[i].try_lock() {
-                Ok(g) => out.push(StripeGuard::new(g)),
+                Ok(g) => out.push(StripeGuard::new(self, g)),
                 Err(std::sync::TryLockError::Poisoned(p)) => {
-                    out.push(StripeGuard::new(p.into_inner()))
+                    out.push(StripeGuard::new(self, p.into_inner()))
                 }
                 Err(std::sync::TryLockError::WouldBlock) => return None,
             }
@@ -611,27 +619,24 @@ impl Core {
         Some(out)
     }
 
-    /// The lock of `stripe` for a thread that holds no stripe lock (see
-    /// `locks_held`): None on a thread that holds one (it may be this
-    /// very lock, or another holder may wait for this thread), and None if
-    /// it is not had within `wait` (a holder might wait for this thread
-    /// through a hand-off this count does not see: never a deadlock, at
-    /// worst the caller goes on without it).
-    pub(crate) fn lock_if_free_of_others(
-        &self,
-        stripe: u64,
-        wait: Duration,
-    ) -> Option<StripeGuard<'_>> {
-        if locks_held() > 0 {
-            return None;
-        }
+    /// Whether the calling thread holds stripe locks of this array.
+    pub(crate) fn holds_locks(&self) -> bool {
+        let me = self as *const Core as usize;
+        LOCKS_HELD.with(|h| h.borrow().contains(&me))
+    }
+
+    /// The lock of `stripe`, waited for at most `wait` (None then). For a
+    /// thread that holds no stripe lock of this array (`holds_locks`): a
+    /// holder that waited for this thread through a hand-off the count
+    /// does not see would hold it up for `wait`, never deadlock.
+    pub(crate) fn lock_within(&self, stripe: u64, wait: Duration) -> Option<StripeGuard<'_>> {
         let lock = &self.locks[(stripe % LOCKS as u64) as usize];
         let until = Instant::now() + wait;
         loop {
             match lock.try_lock() {
-                Ok(g) => return Some(StripeGuard::new(g)),
+                Ok(g) => return Some(StripeGuard::new(self, g)),
                 Err(std::sync::TryLockError::Poisoned(p)) => {
-                    return Some(StripeGuard::new(p.into_inner()))
+                    return Some(StripeGuard::new(self, p.into_inner()))
                 }
                 Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => {
                     std::thread::sleep(Duration::from_micros(200));

@@ -135,8 +135,8 @@ impl Pool {
         };
         let wait = WaitAll(&latch);
         // The caller waits for the jobs: they count as holding its stripe
-        // locks (see `core::lock_if_free_of_others`).
-        let held = crate::core::locks_held();
+        // locks (see `Core::holds_locks`).
+        let held = &crate::core::locks_held();
         {
             let mut q = self.queue.locked();
             for item in items {

@@ -124,17 +124,22 @@ impl Array {
                 let (ctx, crx) = std::sync::mpsc::sync_channel::<(u64, u64)>(DEPTH);
                 let (rtx, rrx) = std::sync::mpsc::sync_channel(DEPTH);
                 let spawned = std::thread::Builder::new().spawn_scoped(sc, move || {
-                    for (a, b) in crx {
-                        let mut buf = vec![0u8; ((b - a) * chunk) as usize];
-                        let r = self
-                            .read_source(d, &mut buf, a * chunk)
-                            .map(|bad| (buf, bad))
-                            .map_err(|e| e.to_string());
-                        let failed = r.is_err();
-                        if rtx.send(r).is_err() || failed {
-                            return;
+                    // It reads only steps the rebuild has locked, and the
+                    // rebuild waits for it: counted as holding them.
+                    let me = [&self.core as *const crate::core::Core as usize];
+                    crate::core::with_locks_held(&me, || {
+                        for (a, b) in crx {
+                            let mut buf = vec![0u8; ((b - a) * chunk) as usize];
+                            let r = self
+                                .read_source(d, &mut buf, a * chunk)
+                                .map(|bad| (buf, bad))
+                                .map_err(|e| e.to_string());
+                            let failed = r.is_err();
+                            if rtx.send(r).is_err() || failed {
+                                return;
+                            }
                         }
-                    }
+                    })
                 });
                 if let Err(e) = spawned {
                     spawn_failed = Some(e);
