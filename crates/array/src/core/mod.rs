@@ -10,14 +10,18 @@
 
 pub(crate) mod checked;
 mod io;
+mod locks;
 mod membership;
 mod remote;
 mod status;
+mod window;
 
 pub use io::{MemberIo, LATENCY_BOUNDS_US};
+pub(crate) use locks::{locks_held, with_locks_held, StripeGuard};
 pub use membership::Added;
 pub use remote::DEFAULT_REJOIN_TIMEOUT;
 pub use status::{MemberStatus, Slow};
+pub(crate) use window::{CrashWindow, Healed};
 
 use crate::assemble::{Absence, Health};
 use crate::bitmap::{Bitmap, RegionSet};
@@ -29,7 +33,7 @@ use checked::Checked;
 use raidkit_layout::Geometry;
 use raidkit_member::{Locked, Member, MemberError};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
@@ -310,202 +314,6 @@ pub(crate) struct Core {
     reshaping: AtomicBool,
 }
 
-thread_local! {
-    /// The arrays (their `Core`'s address) whose stripe locks this thread
-    /// holds, once per lock (or holds through the caller it runs a job
-    /// for: `with_locks_held`).
-    static LOCKS_HELD: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The stripe locks the calling thread holds (see `LOCKS_HELD`).
-pub(crate) fn locks_held() -> Vec<usize> {
-    LOCKS_HELD.with(|h| h.borrow().clone())
-}
-
-/// Run `f` counted as holding the stripe locks `held` as well: a job run
-/// on another thread for a caller that holds them and waits for it.
-pub(crate) fn with_locks_held<T>(held: &[usize], f: impl FnOnce() -> T) -> T {
-    struct Restore(Vec<usize>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            LOCKS_HELD.with(|h| *h.borrow_mut() = std::mem::take(&mut self.0));
-        }
-    }
-    let _restore = Restore(locks_held());
-    LOCKS_HELD.with(|h| h.borrow_mut().extend_from_slice(held));
-    f()
-}
-
-/// A held stripe lock, counted for its thread (`LOCKS_HELD`).
-#[must_use]
-pub(crate) struct StripeGuard<'a> {
-    _g: MutexGuard<'a, ()>,
-    core: usize,
-}
-
-impl<'a> StripeGuard<'a> {
-    fn new(core: &Core, g: MutexGuard<'a, ()>) -> StripeGuard<'a> {
-        let core = core as *const Core as usize;
-        LOCKS_HELD.with(|h| h.borrow_mut().push(core));
-        StripeGuard { _g: g, core }
-    }
-}
-
-impl Drop for StripeGuard<'_> {
-    fn drop(&mut self) {
-        LOCKS_HELD.with(|h| {
-            let mut h = h.borrow_mut();
-            if let Some(i) = h.iter().rposition(|&c| c == self.core) {
-                h.swap_remove(i);
-            }
-        });
-    }
-}
-
-/// Where data and checksums may disagree because writes were in flight at
-/// an unclean shutdown: until the recovery that follows it (journal
-/// replay, resync of the marked regions or of everything) has passed,
-/// a block read there that disagrees with its checksum is put back from
-/// redundancy only if the rebuild agrees with that checksum (rot:
-/// `Core::window_heal`), and otherwise taken as it is, its checksum
-/// recomputed (torn: see `checked`).
-#[derive(Debug, Default)]
-pub(crate) struct CrashWindow {
-    open: AtomicBool,
-    /// Reads heal: only where the recovery that closes the window writes
-    /// back what they heal in memory (the resync). Journal replay heals
-    /// its windows itself first, and its reads take the rest as it is.
-    heal: AtomicBool,
-    zone: Mutex<Zone>,
-    /// Blocks reads have put back in memory, for the resync to write back
-    /// as it passes their unit.
-    healed: Mutex<Kept>,
-    /// How many are kept at most (0: `HEALED_KEPT`; tests set fewer).
-    kept_max: std::sync::atomic::AtomicUsize,
-}
-
-/// Healed blocks by member offset and role (one entry per block, the
-/// latest), at most `HEALED_KEPT`, none behind `front`.
-#[derive(Debug, Default)]
-struct Kept {
-    blocks: std::collections::BTreeMap<(u64, usize), Healed>,
-    /// Where the resync is (a member offset): blocks before it are not
-    /// kept, it has passed them.
-    front: u64,
-}
-
-/// A block a read in a crash window put back from redundancy.
-#[derive(Debug)]
-pub(crate) struct Healed {
-    /// The member it was read from, in `role`.
-    pub disk: Arc<Disk>,
-    pub role: usize,
-    /// Its offset in the data area.
-    pub dev: u64,
-    /// What it holds (agrees with its checksum).
-    pub block: Box<[u8]>,
-}
-
-/// Healed blocks kept for the resync at most (16 MiB). Past it, the one
-/// farthest ahead of the resync is let go, so that what the resync's own
-/// reads put back (always the nearest) is kept: a block let go is put
-/// back again by the resync's read when it gets there.
-const HEALED_KEPT: usize = 4096;
-
-#[derive(Debug, Default)]
-struct Zone {
-    all: bool,
-    marked: Option<RegionSet>,
-}
-
-impl CrashWindow {
-    /// Open over everything (`marked` None) or the marked regions; `heal`:
-    /// whether reads there heal (see the field).
-    pub fn open(&self, marked: Option<RegionSet>, heal: bool) {
-        let mut z = self.zone.locked();
-        z.all = marked.is_none();
-        z.marked = marked;
-        self.heal.store(heal, Ordering::Release);
-        *self.healed.locked() = Kept::default();
-        self.open.store(true, Ordering::Release);
-    }
-
-    /// Keep a block a read put back, for the resync (the latest of each
-    /// block; none the resync has passed).
-    pub fn keep_healed(&self, h: Healed) {
-        let mut kept = self.healed.locked();
-        if h.dev < kept.front {
-            return;
-        }
-        kept.blocks.insert((h.dev, h.role), h);
-        let max = match self.kept_max.load(Ordering::Relaxed) {
-            0 => HEALED_KEPT,
-            n => n,
-        };
-        while kept.blocks.len() > max {
-            kept.blocks.pop_last();
-        }
-    }
-
-    /// Keep at most `n` healed blocks (tests: `HEALED_KEPT` is more than
-    /// a test array has).
-    pub fn set_kept_max(&self, n: usize) {
-        self.kept_max.store(n, Ordering::Relaxed);
-    }
-
-    /// The resync is at member offset `front`, and takes the kept blocks
-    /// in `[lo, hi)` for which `mine(role, dev)` holds. Blocks before
-    /// `front` are let go (it has passed them).
-    pub fn take_healed(
-        &self,
-        front: u64,
-        lo: u64,
-        hi: u64,
-        mine: impl Fn(usize, u64) -> bool,
-    ) -> Vec<Healed> {
-        let mut kept = self.healed.locked();
-        if front > kept.front {
-            kept.front = front;
-            kept.blocks = kept.blocks.split_off(&(front, 0));
-        }
-        let keys: Vec<(u64, usize)> = kept
-            .blocks
-            .range((lo, 0)..(hi, 0))
-            .filter(|(k, _)| mine(k.1, k.0))
-            .map(|(k, _)| *k)
-            .collect();
-        keys.iter().filter_map(|k| kept.blocks.remove(k)).collect()
-    }
-
-    pub fn heals(&self) -> bool {
-        self.heal.load(Ordering::Acquire)
-    }
-
-    pub fn close(&self) {
-        let mut z = self.zone.locked();
-        z.all = false;
-        z.marked = None;
-        self.open.store(false, Ordering::Release);
-        *self.healed.locked() = Kept::default();
-    }
-
-    pub fn is_open(&self) -> bool {
-        self.open.load(Ordering::Acquire)
-    }
-
-    /// Whether device range `[dev, dev + len)` lies in the window.
-    pub fn covers(&self, dev: u64, len: u64) -> bool {
-        if !self.open.load(Ordering::Acquire) {
-            return false;
-        }
-        let z = self.zone.locked();
-        z.all
-            || z.marked
-                .as_ref()
-                .is_some_and(|m| m.overlaps(dev, dev + len))
-    }
-}
-
 impl Core {
     pub fn new(
         name: &str,
@@ -584,66 +392,6 @@ impl Core {
     pub fn set_member_timeout(&self, t: Duration) {
         self.timeout_ns
             .store(t.as_nanos() as u64, Ordering::Relaxed);
-    }
-
-    pub(crate) fn lock(&self, stripe: u64) -> StripeGuard<'_> {
-        StripeGuard::new(self, self.locks[(stripe % LOCKS as u64) as usize].locked())
-    }
-
-    /// Lock a run of stripes (in lock-table order, so no two holders deadlock).
-    pub(crate) fn lock_range(&self, s0: u64, s1: u64) -> Vec<StripeGuard<'_>> {
-        let mut idx: Vec<usize> = (s0..s1).map(|s| (s % LOCKS as u64) as usize).collect();
-        idx.sort_unstable();
-        idx.dedup();
-        idx.into_iter()
-            .map(|i| StripeGuard::new(self, self.locks[i].locked()))
-            .collect()
-    }
-
-    /// As `lock_range`, but only if every lock is free at once (None
-    /// otherwise, nothing held): for a holder of other stripe locks.
-    pub(crate) fn try_lock_range(&self, s0: u64, s1: u64) -> Option<Vec<StripeGuard<'_>>> {
-        let mut idx: Vec<usize> = (s0..s1).map(|s| (s % LOCKS as u64) as usize).collect();
-        idx.sort_unstable();
-        idx.dedup();
-        let mut out = Vec::with_capacity(idx.len());
-        for i in idx {
-            match self.locks[i].try_lock() {
-                Ok(g) => out.push(StripeGuard::new(self, g)),
-                Err(std::sync::TryLockError::Poisoned(p)) => {
-                    out.push(StripeGuard::new(self, p.into_inner()))
-                }
-                Err(std::sync::TryLockError::WouldBlock) => return None,
-            }
-        }
-        Some(out)
-    }
-
-    /// Whether the calling thread holds stripe locks of this array.
-    pub(crate) fn holds_locks(&self) -> bool {
-        let me = self as *const Core as usize;
-        LOCKS_HELD.with(|h| h.borrow().contains(&me))
-    }
-
-    /// The lock of `stripe`, waited for at most `wait` (None then). For a
-    /// thread that holds no stripe lock of this array (`holds_locks`): a
-    /// holder that waited for this thread through a hand-off the count
-    /// does not see would hold it up for `wait`, never deadlock.
-    pub(crate) fn lock_within(&self, stripe: u64, wait: Duration) -> Option<StripeGuard<'_>> {
-        let lock = &self.locks[(stripe % LOCKS as u64) as usize];
-        let until = Instant::now() + wait;
-        loop {
-            match lock.try_lock() {
-                Ok(g) => return Some(StripeGuard::new(self, g)),
-                Err(std::sync::TryLockError::Poisoned(p)) => {
-                    return Some(StripeGuard::new(self, p.into_inner()))
-                }
-                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => {
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                Err(std::sync::TryLockError::WouldBlock) => return None,
-            }
-        }
     }
 
     pub(crate) fn check(&self, offset: u64, len: u64) -> Result<()> {
