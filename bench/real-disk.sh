@@ -102,6 +102,9 @@ job_args() { # job -> fio arguments
     randread_4k)      echo "--rw=randread --bs=4k --iodepth=32 --norandommap --randrepeat=0" ;;
     randwrite_4k)     echo "--rw=randwrite --bs=4k --iodepth=32 --norandommap --randrepeat=0" ;;
     seqread_1m_qd1)   echo "--rw=read --bs=1M --iodepth=1" ;;
+    # One dd-style writer (oflag=direct): a request at a time, the flush
+    # at the end counted (it waits for what serve wrote behind).
+    seqwrite_1m_qd1)  echo "--rw=write --bs=1M --iodepth=1 --end_fsync=1" ;;
     # The devices with 8 requests in flight each: 32 in all, as many as
     # raidkit's one client connection at QD32 has (raw runs only).
     randread_4k_qd8)  echo "--rw=randread --bs=4k --iodepth=8 --norandommap --randrepeat=0" ;;
@@ -281,7 +284,7 @@ for line in open(sys.argv[1]):
     _, r, job, cfg, v = line.split()
     d[(job, cfg)].append(float(v))
 med = {k: statistics.median(v) for k, v in d.items()}
-jobs = ["seqwrite_1m", "seqread_1m", "randread_4k", "randwrite_4k", "seqread_1m_qd1", "seqwrite_1m_x2", "randread_4k_qd8"]
+jobs = ["seqwrite_1m", "seqread_1m", "randread_4k", "randwrite_4k", "seqread_1m_qd1", "seqwrite_1m_qd1", "seqwrite_1m_x2", "randread_4k_qd8"]
 cfgs = ["raw", "r0-default", "r5-none", "r5-bitmap", "r5-journal", "r6-none", "r6-bitmap", "r6-journal"]
 cfgs += sorted({c for (_, c) in d} - set(cfgs))
 def cell(job, cfg):

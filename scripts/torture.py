@@ -8,8 +8,13 @@ after that flush.
 
 usage: scripts/torture.py [--cycles N] [--level 5|6] [--seed S] [--raidkit PATH]
                           [--sabotage] [--old-copy] [--sync-cut] [--grow]
-                          [--chunk SIZE] [--devices DEV,DEV,...]
+                          [--chunk SIZE] [--devices DEV,DEV,...] [--sequential]
                           [--serve-arg=ARG ...]
+
+--sequential: every request is 64 KiB where the last ended (wrapping at the
+end of the span): one writer in sequence, which serve writes behind on
+members that wait for devices (a flush must still find every write it
+covers, and a kill lose only unflushed ones).
 
 --devices: the members are these block devices (4 for RAID-5, 5 for
 RAID-6; at least 48 MiB each, their contents are overwritten), not files on
@@ -284,6 +289,9 @@ def main():
                     help="change the chunk to this size in the first cycle, kills during its reshape")
     ap.add_argument("--devices",
                     help="comma-separated block devices to use as the members instead of files")
+    ap.add_argument("--sequential", action="store_true",
+                    help="write in sequence, one request at a time (what serve "
+                         "writes behind the client on devices)")
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="pass this argument to every `raidkit serve` (for the tests: "
                     "--serve-arg=--read-only must make the run fail)")
@@ -411,12 +419,21 @@ def main():
             killer = threading.Timer(kill_after, kill)
             killer.start()
             acked = 0
+            next_start = 0
             try:
                 while True:
                     pending = {}
                     for _ in range(rng.randrange(1, 12)):
-                        nb = rng.randrange(1, 17)
-                        start = rng.randrange(0, SPAN_BLOCKS - nb)
+                        if args.sequential:
+                            # 64 KiB requests, each where the last ended.
+                            nb = 16
+                            if next_start + nb > SPAN_BLOCKS:
+                                next_start = 0
+                            start = next_start
+                            next_start += nb
+                        else:
+                            nb = rng.randrange(1, 17)
+                            start = rng.randrange(0, SPAN_BLOCKS - nb)
                         seed_counter += 1
                         buf = b"".join(content(seed_counter, start + i) for i in range(nb))
                         for i in range(nb):

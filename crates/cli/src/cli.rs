@@ -384,6 +384,14 @@ pub struct ServeArgs {
     /// that one reader at queue depth 1 keeps every disk working.
     #[arg(long)]
     pub no_read_ahead: bool,
+    /// Do not write behind a sequential writer. By default, for an array of
+    /// members without a page cache, a client that sends one write at a
+    /// time in sequence (a dd-style stream) has each write answered once
+    /// its bytes are copied, and up to four written at once (at most
+    /// 16 MiB), as a disk's write cache does: a flush waits for them and
+    /// reports an error any of them met.
+    #[arg(long)]
+    pub no_write_behind: bool,
     /// Do not receive large writes to cached pages straight into mappings
     /// of the member files (plain files of linear, RAID-0 and, by whole
     /// stripes, RAID-4/5/6 arrays: one copy in the server instead of two);

@@ -348,6 +348,9 @@ struct Started {
     endpoints: Vec<String>,
     stats: Option<Arc<Stats>>,
     control: PathBuf,
+    /// The write-behind in front of the array, if any: drained before the
+    /// array is closed.
+    behind: Option<Arc<raidkit_member::WriteBehind>>,
 }
 
 /// The listeners of one server: the arrays that share a listen address
@@ -392,28 +395,53 @@ pub(crate) fn bind(listen: &Option<String>, socket: &Option<PathBuf>) -> Result<
 
 /// The read-ahead `serve` puts in front of an array whose members wait
 /// for devices: blocks of whole stripes, about 1 MiB, four in flight.
-pub(crate) fn read_ahead(array: &Arc<Array>) -> Result<raidkit_member::ReadAhead> {
+/// `array`'s geometry sets the blocks; they are read through `through`
+/// (the array, or a wrapper of it).
+pub(crate) fn read_ahead(
+    array: &Arc<Array>,
+    through: Arc<dyn raidkit_member::Member>,
+) -> Result<raidkit_member::ReadAhead> {
     let g = array.geometry();
     let stripe = (g.chunk * g.data_members().max(1) as u64).max(4096);
     let block = (1u64 << 20).div_ceil(stripe) * stripe;
-    raidkit_member::ReadAhead::new(array.clone(), block, 4)
-        .context("starting the read-ahead threads")
+    raidkit_member::ReadAhead::new(through, block, 4).context("starting the read-ahead threads")
 }
 
-/// What the NBD server serves of `array`: the array, behind read-ahead
-/// where its members wait on devices, tuned for its geometry.
+/// The write-behind `serve` puts in front of an array whose members wait
+/// for devices: four requests of a sequential writer at queue depth 1, at
+/// most 16 MiB.
+pub(crate) fn write_behind(array: &Arc<Array>) -> Result<Arc<raidkit_member::WriteBehind>> {
+    Ok(Arc::new(
+        raidkit_member::WriteBehind::new(array.clone(), 4, 16 << 20)
+            .context("starting the write-behind threads")?,
+    ))
+}
+
+/// What the NBD server serves of `array`: the array, behind write-behind
+/// and read-ahead where its members wait on devices, tuned for its
+/// geometry; and the write-behind, to be drained before the array closes.
 fn export_of(
     array: &Arc<Array>,
     name: &str,
     read_only: bool,
     a: &ServeArgs,
     max_connections: u32,
-) -> Result<(Export, Config)> {
+) -> Result<(Export, Config, Option<Arc<raidkit_member::WriteBehind>>)> {
     let sb = array.superblock();
-    let device: Arc<dyn raidkit_member::Member> = if array.waits_on_devices() && !a.no_read_ahead {
-        Arc::new(read_ahead(array)?)
+    let devices = array.waits_on_devices();
+    let behind = if devices && !a.no_write_behind && !read_only {
+        Some(write_behind(array)?)
     } else {
-        array.clone()
+        None
+    };
+    let under: Arc<dyn raidkit_member::Member> = match &behind {
+        Some(b) => b.clone(),
+        None => array.clone(),
+    };
+    let device: Arc<dyn raidkit_member::Member> = if devices && !a.no_read_ahead {
+        Arc::new(read_ahead(array, under)?)
+    } else {
+        under
     };
     Ok((
         Export {
@@ -444,6 +472,7 @@ fn export_of(
             batch_replies: !a.no_batch_replies,
             max_connections: max_connections as usize,
         },
+        behind,
     ))
 }
 
@@ -545,6 +574,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             endpoints: Vec::new(),
             stats: None,
             control,
+            behind: None,
         });
     }
     if started.is_empty() {
@@ -596,6 +626,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
+        let mut exports = exports;
+        for (&i, (_, _, behind)) in g.arrays.iter().zip(exports.iter_mut()) {
+            started[i].behind = behind.take();
+        }
+        let exports = exports.into_iter().map(|(e, c, _)| (e, c)).collect();
         let server = Server::with_exports(exports, set.max_connections as usize);
         let tcp = match &g.tcp {
             Some(l) => Some(l.local_addr()?),
@@ -788,6 +823,15 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         server.shutdown();
     }
     for s in &started {
+        // Writes answered before they were done land before the array
+        // closes; one that fails is said (its client was told it was
+        // written, and flushed nothing since).
+        if let Some(Err(e)) = s.behind.as_ref().map(|b| b.drain()) {
+            crate::say::warning(&format!(
+                "array '{}': a write answered early failed: {e}",
+                s.array.superblock().name
+            ));
+        }
         s.array.stop_background();
     }
     for r in recovery {

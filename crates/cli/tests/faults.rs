@@ -620,3 +620,130 @@ fn an_unreadable_journal_refuses_to_start() {
     assert!(!text.contains("Pattern verification failed"), "{text}");
     s.kill9();
 }
+
+/// Members slow to write (they wait like disks: `serve` writes a
+/// sequential writer's requests behind it).
+fn slow_members(ms: &[String], delay: &str) -> Vec<String> {
+    ms.iter()
+        .map(|m| format!("fault:{m}?write-delay={delay}"))
+        .collect()
+}
+
+/// The bytes of the `i`th 256 KiB block the writers below write.
+fn block_pattern(i: u64) -> Vec<u8> {
+    (0..256u64 << 10)
+        .map(|j| (j / 512 * 13 + i * 101 + j % 7) as u8)
+        .collect()
+}
+
+const BLOCK_PATTERN_PY: &str = "def block(i):\n    \
+     return bytes(((j // 512) * 13 + i * 101 + j % 7) % 256 for j in range(262144))\n";
+
+#[test]
+fn writes_answered_early_are_read_back_and_land_before_a_clean_stop() {
+    // One writer at queue depth 1, in sequence, on slow disks: its writes
+    // are answered once copied and written behind it. Every read sees
+    // them at once, and SIGTERM sent right after the last reply (no flush)
+    // still finds every one on the members once the server has stopped.
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "32M");
+    let mut s = Served::start(dir.path(), &slow_members(&ms, "300ms"), &[]);
+    let script = format!(
+        "import nbd, os, signal, sys\n{BLOCK_PATTERN_PY}\
+         h = nbd.NBD()\n\
+         h.connect_uri(sys.argv[1])\n\
+         for i in range(16):\n    \
+             h.pwrite(block(i), i * 262144)\n    \
+             if i % 4 == 3:\n        \
+                 assert h.pread(262144, i * 262144) == block(i), f'read of {{i}} right after its write'\n\
+         os.kill(int(sys.argv[2]), signal.SIGTERM)\n\
+         print('written')\n"
+    );
+    let o = tool(
+        "/usr/bin/python3",
+        &["-c", &script, &s.uri, &s.pid().to_string()],
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "written");
+    assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+    let o = ok(&args(
+        &[
+            "read",
+            "--offset",
+            "0",
+            "--length",
+            &(16u64 << 18).to_string(),
+        ],
+        &ms,
+    ));
+    for i in 0..16u64 {
+        let got = &o.stdout[(i as usize) << 18..((i as usize) + 1) << 18];
+        assert!(
+            got == block_pattern(i).as_slice(),
+            "block {i} lost at the stop"
+        );
+    }
+    check_offline(&ms);
+}
+
+#[test]
+fn a_write_answered_early_that_fails_is_never_taken_as_flushed() {
+    // RAID-0 on slow disks, one of which fails its writes after a while:
+    // one writer at queue depth 1, in sequence, flushing every 2 writes.
+    // The error reaches the client no later than its next flush; a flush
+    // that succeeds covers writes that all read back.
+    let dir = tmp();
+    let ms = members(dir.path(), 2);
+    ok(&args(
+        &["create", "--level", "0", "--size", "16M", "--chunk", "64K"],
+        &ms,
+    ));
+    let mut slow = slow_members(&ms, "200ms");
+    // Its own delay again: one `fault:` per member.
+    slow[1] = format!("fault:{}?write-delay=200ms&fail-writes-after=24", ms[1]);
+    let s = Served::start(dir.path(), &slow, &[]);
+    let script = format!(
+        "import nbd, sys\n{BLOCK_PATTERN_PY}\
+         h = nbd.NBD()\n\
+         h.connect_uri(sys.argv[1])\n\
+         flushed = 0\n\
+         try:\n    \
+             for i in range(48):\n        \
+                 h.pwrite(block(i), i * 262144)\n        \
+                 if i % 2 == 1:\n            \
+                     h.flush()\n            \
+                     flushed = i + 1\n\
+         except nbd.Error as e:\n    \
+             print('error after', flushed)\n\
+         else:\n    \
+             print('no error', flushed)\n"
+    );
+    let o = tool("/usr/bin/python3", &["-c", &script, &s.uri]);
+    let said = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let flushed: u64 = said
+        .strip_prefix("error after ")
+        .unwrap_or_else(|| panic!("the failing member's writes went unreported: {said}"))
+        .parse()
+        .unwrap();
+    assert!(flushed >= 8, "the first flushes already failed: {said}");
+    // Every block written before the last successful flush is on the
+    // members (the array is failed now: read from the member files, 64 KiB
+    // chunks taking turns from the data offset on).
+    drop(s);
+    let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+    let data_offset = e["data_offset"].as_u64().unwrap() as usize;
+    let files: Vec<Vec<u8>> = ms.iter().map(|m| std::fs::read(m).unwrap()).collect();
+    let chunk = 64usize << 10;
+    for i in 0..flushed {
+        let want = block_pattern(i);
+        for (k, piece) in want.chunks(chunk).enumerate() {
+            let c = (i as usize) * 4 + k;
+            let at = data_offset + (c / 2) * chunk;
+            assert!(
+                &files[c % 2][at..at + chunk] == piece,
+                "flushed block {i} (chunk {c}) is not on member {}",
+                c % 2
+            );
+        }
+    }
+}

@@ -34,6 +34,7 @@ pub mod sim;
 mod sys;
 pub mod units;
 mod watch;
+pub mod writebehind;
 
 pub use aligned::{AlignedBuf, AlignedVec};
 pub use direct::DirectMember;
@@ -47,6 +48,7 @@ pub use powercut::{CutRng, PowerCutMember};
 pub use readahead::ReadAhead;
 pub use sim::{SimConfig, SimDisk};
 pub use sys::InUse;
+pub use writebehind::WriteBehind;
 
 use std::fmt;
 use std::fs::File;

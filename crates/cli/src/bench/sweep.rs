@@ -176,8 +176,18 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
                     "sweep",
                     false,
                 )?);
-                let ahead = if a.read_ahead && array.waits_on_devices() {
-                    Some(crate::serve::read_ahead(&array)?)
+                let devices = array.waits_on_devices();
+                let behind = if a.write_behind && devices {
+                    Some(crate::serve::write_behind(&array)?)
+                } else {
+                    None
+                };
+                let under: Arc<dyn Member> = match &behind {
+                    Some(b) => b.clone(),
+                    None => array.clone(),
+                };
+                let ahead = if a.read_ahead && devices {
+                    Some(crate::serve::read_ahead(&array, under.clone())?)
                 } else {
                     None
                 };
@@ -185,7 +195,7 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
                 // drops what it read ahead).
                 let dev: &dyn Member = match &ahead {
                     Some(r) => r,
-                    None => array.as_ref(),
+                    None => under.as_ref(),
                 };
                 let data = if level.is_parity() {
                     array.geometry().data_members() as u64
@@ -203,6 +213,9 @@ pub fn sweep(a: SweepArgs) -> Result<()> {
                     r.push(measure(dev, false, block, a.qd.into(), a.seconds)?);
                 }
                 drop(ahead);
+                if let Some(b) = &behind {
+                    b.drain()?;
+                }
                 array.close()?;
                 Ok(Point {
                     level,

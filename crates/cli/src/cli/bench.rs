@@ -304,6 +304,13 @@ pub struct SweepArgs {
     /// flight): the reads a served client gets.
     #[arg(long)]
     pub read_ahead: bool,
+    /// Write through the write-behind `serve` puts in front of arrays
+    /// whose members wait for devices (a writer at queue depth 1 answered
+    /// once its bytes are copied, four requests written at once): the
+    /// writes a served client gets. The measurement ends with a flush,
+    /// which waits for them.
+    #[arg(long)]
+    pub write_behind: bool,
     /// Write the results as CSV to this file.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
