@@ -822,22 +822,25 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     for server in &servers {
         server.shutdown();
     }
+    let mut failed = None;
     for s in &started {
         // Writes answered before they were done land before the array
-        // closes; one that fails is said (its client was told it was
-        // written, and flushed nothing since).
+        // closes. One that failed lost data a client was told was written:
+        // the stop says so and fails (the array itself is consistent).
         if let Some(Err(e)) = s.behind.as_ref().map(|b| b.drain()) {
+            let name = s.array.superblock().name;
             crate::say::warning(&format!(
-                "array '{}': a write answered early failed: {e}",
-                s.array.superblock().name
+                "array '{name}': a write answered before it was done failed: {e}"
             ));
+            failed = Some(anyhow::Error::new(e).context(format!(
+                "array '{name}': a write answered before it was done was lost"
+            )));
         }
         s.array.stop_background();
     }
     for r in recovery {
         let _ = r.join();
     }
-    let mut failed = None;
     for s in &started {
         if let Some(p) = &s.plan.socket {
             let _ = std::fs::remove_file(p);

@@ -14,15 +14,17 @@
 //! What a client is promised does not change where it matters: NBD (like
 //! a disk with a volatile cache) promises nothing of a write that was not
 //! followed by a flush or sent with FUA. A flush waits for every write
-//! behind and reports an error any of them met (once, as the kernel reports
-//! a writeback error at fsync); a FUA write, a discard, and any read wait
+//! behind and fails if any of them failed, and so does every flush after
+//! it (the wrapper cannot tell which client's write was lost, and a flush
+//! must never succeed for a client whose acknowledged write is gone); a
+//! FUA write, a discard, and any read wait
 //! for the writes behind that they overlap. What the server's death can
 //! lose is at most the writes in flight, a few MiB of unflushed data.
 //!
 //! It takes part only while a single request is in flight through it (a
 //! client at queue depth 1: a deeper client keeps the disks busy itself,
 //! and a copy would only cost it), only for writes that continue the last
-//! one, from the third of a row, and never while an error is unreported.
+//! one, from the third of a row, and never again once one has failed.
 //!
 //! Written here rather than taken from a crate: it is a disk's write cache
 //! for a `Member`, with the ordering rules above; no crate offers that over
@@ -50,8 +52,8 @@ struct State {
     pending: Vec<(u64, u64)>,
     /// Their bytes.
     bytes: u64,
-    /// The first error a write behind met, not yet reported by a flush:
-    /// (offset, length, what).
+    /// The first error a write behind met (offset, length, what): every
+    /// flush from then on fails with it.
     error: Option<(u64, u64, String)>,
     /// Copies to reuse (a few of the stream's request size).
     free: Vec<AlignedVec>,
@@ -114,12 +116,24 @@ impl WriteBehind {
                 .spawn(move || loop {
                     let job = rx.locked().recv();
                     let Ok((at, data, m)) = job else { return };
-                    let r = m.write_at(&data, at);
+                    // A panic in the write is a failed write: its range must
+                    // still leave the pending list, or every flush and the
+                    // server's stop would wait for it for ever.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        m.write_at(&data, at)
+                    }));
                     let len = data.len() as u64;
+                    let failed = match r {
+                        Ok(Ok(())) => None,
+                        Ok(Err(e)) => Some(e.to_string()),
+                        Err(_) => Some("the write panicked".to_string()),
+                    };
                     let mut st = shared.state.locked();
-                    if let Err(e) = r {
-                        tracing::warn!("a write behind the client failed: {e}");
-                        st.error.get_or_insert((at, len, e.to_string()));
+                    if let Some(what) = failed {
+                        tracing::error!(
+                            "a write of {len} bytes at {at} answered before it was done failed: {what}"
+                        );
+                        st.error.get_or_insert((at, len, what));
                     }
                     if let Some(i) = st.pending.iter().position(|&p| p == (at, at + len)) {
                         st.pending.swap_remove(i);
@@ -159,8 +173,8 @@ impl WriteBehind {
         }
     }
 
-    /// Wait until every write behind is done, and take the error one of
-    /// them met, if any (reported once).
+    /// Wait until every write behind is done; the error one of them met,
+    /// if any ever did.
     pub fn drain(&self) -> Result<()> {
         let mut st = self.shared.state.locked();
         while !st.pending.is_empty() {
@@ -170,13 +184,13 @@ impl WriteBehind {
                 .wait(st)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
-        match st.error.take() {
+        match &st.error {
             None => Ok(()),
             Some((at, len, what)) => Err(MemberError::new(
                 self.inner.name(),
                 Op::Write,
-                at,
-                len,
+                *at,
+                *len,
                 std::io::Error::other(format!(
                     "a write answered before it was done failed: {what}"
                 )),
@@ -358,7 +372,7 @@ mod tests {
     }
 
     #[test]
-    fn a_write_behind_that_fails_is_reported_by_the_next_flush_once() {
+    fn a_write_behind_that_fails_fails_every_flush_after_it() {
         let m = Arc::new(MemMember::new("m", 8 << 20));
         let f = Arc::new(FaultMember::new(
             m,
@@ -381,13 +395,61 @@ mod tests {
         }
         let e = wb.flush().expect_err("a lost write must fail the flush");
         assert_eq!(e.op, Op::Write);
-        // Once reported, it is not reported again; the writes after it
-        // that were not behind failed by themselves.
+        // The writes after it were not behind: they failed by themselves.
         assert!(
             direct_errors >= 1,
             "every write after the failure was answered early"
         );
-        wb.flush().unwrap();
+        // Another client's flush must not succeed either.
+        assert!(wb.flush().is_err(), "a second flush forgot the lost write");
+    }
+
+    /// A member whose writes at `.1` panic.
+    #[derive(Debug)]
+    struct PanicsAt(MemMember, u64);
+
+    impl Member for PanicsAt {
+        fn name(&self) -> &str {
+            self.0.name()
+        }
+        fn len(&self) -> u64 {
+            self.0.len()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+            self.0.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+            assert_ne!(offset, self.1, "a bug in the member");
+            std::thread::sleep(Duration::from_millis(5));
+            self.0.write_at(buf, offset)
+        }
+        fn flush(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_write_behind_that_panics_fails_the_flush_instead_of_hanging_it() {
+        let block = 64u64 << 10;
+        let m = Arc::new(PanicsAt(MemMember::new("m", 4 << 20), 5 * block));
+        let wb = Arc::new(WriteBehind::new(m, 2, 4 << 20).unwrap());
+        let (tx, rx) = mpsc::channel();
+        let w = wb.clone();
+        std::thread::spawn(move || {
+            let data = pattern(block as usize, 5);
+            for i in 0..12u64 {
+                // Write 5 goes behind and panics there.
+                let _ = w.write_at(&data, i * block);
+            }
+            let _ = tx.send(w.flush().is_err());
+        });
+        let failed = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the flush hung on a write that panicked");
+        assert!(failed, "the flush succeeded over a write that panicked");
+        // Every thread still works: a read of the range does not hang.
+        let mut back = vec![0u8; block as usize];
+        wb.read_at(&mut back, 5 * block).unwrap();
     }
 
     /// A member whose writes beginning with byte `.1` take 100 ms.
