@@ -72,6 +72,19 @@ struct Shared {
     done: Condvar,
 }
 
+impl Shared {
+    /// Wait, with `st` held, while `busy` says so.
+    fn wait_while<'a>(
+        &self,
+        st: std::sync::MutexGuard<'a, State>,
+        busy: impl FnMut(&mut State) -> bool,
+    ) -> std::sync::MutexGuard<'a, State> {
+        self.done
+            .wait_while(st, busy)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// A member that writes one sequential writer's requests behind it.
 #[derive(Debug)]
 pub struct WriteBehind {
@@ -163,27 +176,15 @@ impl WriteBehind {
 
     /// Wait until no write behind overlaps `[lo, hi)`.
     fn wait_for(&self, lo: u64, hi: u64) {
-        let mut st = self.shared.state.locked();
-        while st.overlaps(lo, hi) {
-            st = self
-                .shared
-                .done
-                .wait(st)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
+        let st = self.shared.state.locked();
+        drop(self.shared.wait_while(st, |s| s.overlaps(lo, hi)));
     }
 
     /// Wait until every write behind is done; the error one of them met,
     /// if any ever did.
     pub fn drain(&self) -> Result<()> {
-        let mut st = self.shared.state.locked();
-        while !st.pending.is_empty() {
-            st = self
-                .shared
-                .done
-                .wait(st)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
+        let st = self.shared.state.locked();
+        let st = self.shared.wait_while(st, |s| !s.pending.is_empty());
         match &st.error {
             None => Ok(()),
             Some((at, len, what)) => Err(MemberError::new(
@@ -235,13 +236,7 @@ impl Member for WriteBehind {
         }
         st.last_end = end;
         // An earlier write of the same bytes lands first.
-        while st.overlaps(offset, end) {
-            st = self
-                .shared
-                .done
-                .wait(st)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
+        st = self.shared.wait_while(st, |s| s.overlaps(offset, end));
         let behind = st.streak >= STREAK
             && st.error.is_none()
             && len <= self.max_bytes
@@ -250,13 +245,9 @@ impl Member for WriteBehind {
             drop(st);
             return self.inner.write_at(buf, offset);
         }
-        while st.pending.len() >= self.depth || st.bytes + len > self.max_bytes {
-            st = self
-                .shared
-                .done
-                .wait(st)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
+        st = self.shared.wait_while(st, |s| {
+            s.pending.len() >= self.depth || s.bytes + len > self.max_bytes
+        });
         let mut copy = st.free.pop().unwrap_or_default();
         st.pending.push((offset, end));
         st.bytes += len;
@@ -404,11 +395,17 @@ mod tests {
         assert!(wb.flush().is_err(), "a second flush forgot the lost write");
     }
 
-    /// A member whose writes at `.1` panic.
-    #[derive(Debug)]
-    struct PanicsAt(MemMember, u64);
+    /// A member whose writes call `.1` (with their bytes and offset)
+    /// first: to make some slow, or panic.
+    struct Hooked(Arc<MemMember>, fn(&[u8], u64));
 
-    impl Member for PanicsAt {
+    impl std::fmt::Debug for Hooked {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            self.0.fmt(f)
+        }
+    }
+
+    impl Member for Hooked {
         fn name(&self) -> &str {
             self.0.name()
         }
@@ -419,8 +416,7 @@ mod tests {
             self.0.read_at(buf, offset)
         }
         fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-            assert_ne!(offset, self.1, "a bug in the member");
-            std::thread::sleep(Duration::from_millis(5));
+            (self.1)(buf, offset);
             self.0.write_at(buf, offset)
         }
         fn flush(&self) -> Result<()> {
@@ -431,7 +427,10 @@ mod tests {
     #[test]
     fn a_write_behind_that_panics_fails_the_flush_instead_of_hanging_it() {
         let block = 64u64 << 10;
-        let m = Arc::new(PanicsAt(MemMember::new("m", 4 << 20), 5 * block));
+        let m = Arc::new(Hooked(Arc::new(MemMember::new("m", 4 << 20)), |_, at| {
+            assert_ne!(at, 5 * (64 << 10), "a bug in the member");
+            std::thread::sleep(Duration::from_millis(5));
+        }));
         let wb = Arc::new(WriteBehind::new(m, 2, 4 << 20).unwrap());
         let (tx, rx) = mpsc::channel();
         let w = wb.clone();
@@ -452,36 +451,17 @@ mod tests {
         wb.read_at(&mut back, 5 * block).unwrap();
     }
 
-    /// A member whose writes beginning with byte `.1` take 100 ms.
-    #[derive(Debug)]
-    struct SlowFor(Arc<MemMember>, u8);
-
-    impl Member for SlowFor {
-        fn name(&self) -> &str {
-            self.0.name()
-        }
-        fn len(&self) -> u64 {
-            self.0.len()
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-            self.0.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-            if buf.first() == Some(&self.1) {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            self.0.write_at(buf, offset)
-        }
-        fn flush(&self) -> Result<()> {
-            Ok(())
-        }
-    }
-
     #[test]
     fn a_later_write_of_the_same_bytes_lands_after_the_earlier_one() {
         let mem = Arc::new(MemMember::new("m", 4 << 20));
         // The stream's writes are slow, the rewrite quick.
-        let wb = WriteBehind::new(Arc::new(SlowFor(mem.clone(), 9)), 4, 4 << 20).unwrap();
+        let slow = Hooked(mem.clone(), |buf, _| {
+            // pattern(_, 9) begins with 9.
+            if buf.first() == Some(&9) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let wb = WriteBehind::new(Arc::new(slow), 4, 4 << 20).unwrap();
         let block = 128 << 10;
         for i in 0..4u64 {
             wb.write_at(&pattern(block, 9), i * block as u64).unwrap();
