@@ -388,7 +388,7 @@ pub struct ServeArgs {
     /// members without a page cache, a client that sends one write at a
     /// time in sequence (a dd-style stream) has each write answered once
     /// its bytes are copied, and up to four written at once (at most
-    /// 16 MiB), as a disk's write cache does: a flush waits for them and
+    /// 32 MiB), as a disk's write cache does: a flush waits for them and
     /// reports an error any of them met.
     #[arg(long)]
     pub no_write_behind: bool,

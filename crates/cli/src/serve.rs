@@ -409,10 +409,12 @@ pub(crate) fn read_ahead(
 
 /// The write-behind `serve` puts in front of an array whose members wait
 /// for devices: four requests of a sequential writer at queue depth 1, at
-/// most 16 MiB.
+/// most 32 MiB, so that two of the largest requests a client is likely to
+/// send at that depth fit (with 16 MiB, requests of 10 MiB and more went one
+/// at a time, and the disks idled between them as without write-behind).
 pub(crate) fn write_behind(array: &Arc<Array>) -> Result<Arc<raidkit_member::WriteBehind>> {
     Ok(Arc::new(
-        raidkit_member::WriteBehind::new(array.clone(), 4, 16 << 20)
+        raidkit_member::WriteBehind::new(array.clone(), 4, 32 << 20)
             .context("starting the write-behind threads")?,
     ))
 }
