@@ -612,214 +612,223 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         }
         groups[g].arrays.push(i);
     }
+    // Everything started from here on is stopped in order below, also when
+    // a later step of the start-up fails: requests in flight finished,
+    // writes answered early landed, arrays closed and marked clean.
     let mut servers = Vec::new();
-    for g in groups {
-        let exports = g
-            .arrays
-            .iter()
-            .map(|&i| {
-                let s = &started[i];
-                export_of(
-                    &s.array,
-                    &s.export,
-                    s.plan.read_only,
-                    &a,
-                    set.max_connections,
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let mut exports = exports;
-        for (&i, (_, _, behind)) in g.arrays.iter().zip(exports.iter_mut()) {
-            started[i].behind = behind.take();
+    let mut controls = Vec::new();
+    let mut recovery = Vec::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let up = (|| -> Result<()> {
+        for g in groups {
+            let exports = g
+                .arrays
+                .iter()
+                .map(|&i| {
+                    let s = &started[i];
+                    export_of(
+                        &s.array,
+                        &s.export,
+                        s.plan.read_only,
+                        &a,
+                        set.max_connections,
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let mut exports = exports;
+            for (&i, (_, _, behind)) in g.arrays.iter().zip(exports.iter_mut()) {
+                started[i].behind = behind.take();
+            }
+            let exports = exports.into_iter().map(|(e, c, _)| (e, c)).collect();
+            let server = Server::with_exports(exports, set.max_connections as usize);
+            let tcp = match &g.tcp {
+                Some(l) => Some(l.local_addr()?),
+                None => None,
+            };
+            for &i in &g.arrays {
+                let s = &mut started[i];
+                let target = server.target(&s.export).expect("an export of its own");
+                client_events(&s.array, target);
+                s.stats = Some(target.stats());
+                if let Some(addr) = tcp {
+                    s.endpoints.push(format!(
+                        "{}://{addr}/{}",
+                        scheme(&a.access),
+                        uri_part(&s.export)
+                    ));
+                }
+                if let Some(p) = &s.plan.socket {
+                    s.endpoints.push(format!(
+                        "{}+unix:///{}?socket={}",
+                        scheme(&a.access),
+                        uri_part(&s.export),
+                        uri_part(&p.display().to_string()).replace("%2F", "/")
+                    ));
+                }
+            }
+            secure(&server, &a.access, tcp.map(|t| t.to_string()).as_deref())?;
+            if let Some(l) = g.tcp {
+                server.serve_tcp(l)?;
+            }
+            if let Some(l) = g.unix {
+                server.serve_unix(l)?;
+            }
+            servers.push(server);
         }
-        let exports = exports.into_iter().map(|(e, c, _)| (e, c)).collect();
-        let server = Server::with_exports(exports, set.max_connections as usize);
-        let tcp = match &g.tcp {
-            Some(l) => Some(l.local_addr()?),
+        let started_at = Instant::now();
+        let all_stats: Vec<Arc<Stats>> = started
+            .iter()
+            .map(|s| s.stats.clone().expect("served"))
+            .collect();
+        let mut site = Vec::new();
+        for s in &started {
+            let served = Served {
+                endpoints: s.endpoints.clone(),
+                control: s.control.display().to_string(),
+                started: started_at,
+                stop: stop.clone(),
+                all: all_stats.clone(),
+            };
+            let stats = s.stats.clone().expect("served");
+            let handler = control_handler(s.array.clone(), stats.clone(), served.clone());
+            controls.push(ControlServer::start(&s.control, handler)?);
+            let arr = s.array.clone();
+            let st = stats.clone();
+            site.push(crate::http::SiteArray {
+                export: s.export.clone(),
+                array: s.array.clone(),
+                stats,
+                status: Box::new(move || Value::Object(status_fields(&arr, &st, &served))),
+            });
+        }
+        let http = match &set.http {
+            Some(addr) => Some(crate::http::start(
+                addr,
+                crate::http::Site { arrays: site },
+            )?),
             None => None,
         };
-        for &i in &g.arrays {
-            let s = &mut started[i];
-            let target = server.target(&s.export).expect("an export of its own");
-            client_events(&s.array, target);
-            s.stats = Some(target.stats());
-            if let Some(addr) = tcp {
-                s.endpoints.push(format!(
-                    "{}://{addr}/{}",
-                    scheme(&a.access),
-                    uri_part(&s.export)
-                ));
-            }
-            if let Some(p) = &s.plan.socket {
-                s.endpoints.push(format!(
-                    "{}+unix:///{}?socket={}",
-                    scheme(&a.access),
-                    uri_part(&s.export),
-                    uri_part(&p.display().to_string()).replace("%2F", "/")
-                ));
-            }
-        }
-        secure(&server, &a.access, tcp.map(|t| t.to_string()).as_deref())?;
-        if let Some(l) = g.tcp {
-            server.serve_tcp(l)?;
-        }
-        if let Some(l) = g.unix {
-            server.serve_unix(l)?;
-        }
-        servers.push(server);
-    }
-    let started_at = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let all_stats: Vec<Arc<Stats>> = started
-        .iter()
-        .map(|s| s.stats.clone().expect("served"))
-        .collect();
-    let mut controls = Vec::new();
-    let mut site = Vec::new();
-    for s in &started {
-        let served = Served {
-            endpoints: s.endpoints.clone(),
-            control: s.control.display().to_string(),
-            started: started_at,
-            stop: stop.clone(),
-            all: all_stats.clone(),
-        };
-        let stats = s.stats.clone().expect("served");
-        let handler = control_handler(s.array.clone(), stats.clone(), served.clone());
-        controls.push(ControlServer::start(&s.control, handler)?);
-        let arr = s.array.clone();
-        let st = stats.clone();
-        site.push(crate::http::SiteArray {
-            export: s.export.clone(),
-            array: s.array.clone(),
-            stats,
-            status: Box::new(move || Value::Object(status_fields(&arr, &st, &served))),
-        });
-    }
-    let http = match &set.http {
-        Some(addr) => Some(crate::http::start(
-            addr,
-            crate::http::Site { arrays: site },
-        )?),
-        None => None,
-    };
 
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
-    }
-    if let Some(c) = &config {
-        crate::say::report!(
-            "raidkit: serving {} of the {} arrays of {}",
-            started.len(),
-            total,
-            c.path.display()
-        );
-    }
-    for s in &started {
-        let sb = s.array.superblock();
-        crate::say::report!(
-            "raidkit: serving {} array '{}' ({}, {}) read-{}",
-            sb.level,
-            sb.name,
-            human(s.array.capacity()),
-            s.array.health().name(),
-            if s.plan.read_only { "only" } else { "write" }
-        );
-        for (name, how) in &s.opened {
-            crate::say::report!("raidkit: member {name}: {how}");
+        for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+            signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
         }
-        for uri in &s.endpoints {
-            crate::say::report!("raidkit: listening on {uri}");
+        if let Some(c) = &config {
+            crate::say::report!(
+                "raidkit: serving {} of the {} arrays of {}",
+                started.len(),
+                total,
+                c.path.display()
+            );
         }
-        crate::say::report!("raidkit: control socket {}", s.control.display());
-    }
-    if let Some(h) = http {
-        crate::say::report!("raidkit: status page http://{h}/ (metrics at http://{h}/metrics)");
-    }
-    // Under systemd (Type=notify): ready once every listener is up.
-    let status_line = started
-        .iter()
-        .map(|s| {
-            format!(
-                "array '{}' ({})",
-                s.array.superblock().name,
-                s.array.health().name()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    if let Err(e) = sd_notify::notify(&[
-        sd_notify::NotifyState::Ready,
-        sd_notify::NotifyState::Status(&format!("serving {status_line}")),
-    ]) {
-        tracing::warn!("telling systemd the server is ready: {e}");
-    }
-    if let Some(uri) = started[0].endpoints.first() {
-        crate::say::report!("raidkit: try: nbdinfo '{uri}'");
-        crate::say::report!("raidkit:      qemu-io -f raw -c 'read -P 0 0 4k' '{uri}'");
-        crate::say::report!(
-            "raidkit:      mkdir -p mnt && nbdfuse mnt/ '{uri}' &   (then: mkfs.ext4 mnt/nbd)"
-        );
-    }
-    use std::io::Write;
-    if a.daemon {
-        crate::say::report!(
-            "{DAEMON_READY} (PID {}); raidkit stop {} stops it",
-            std::process::id(),
-            started[0].array.superblock().name
-        );
-        let _ = std::io::stdout().flush();
-        // The parent has read all it waits for and goes: nothing more is
-        // printed to stdout, which is pointed away from its pipe so that a
-        // later write cannot fail.
-        if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
-            use std::os::fd::AsRawFd;
-            // SAFETY: dup2 onto descriptor 1, which this process owns; the
-            // source stays open for the call.
-            unsafe { libc::dup2(null.as_raw_fd(), 1) };
-        }
-    }
-    let _ = std::io::stdout().flush();
-    if not_started > 0 {
-        tracing::warn!("{not_started} array(s) of the config file are not served");
-    }
-
-    let mut recovery = Vec::new();
-    for s in &started {
-        let array = s.array.clone();
-        recovery.push(
-            std::thread::Builder::new()
-                .name("recovery".into())
-                .spawn(move || array.recovery_loop())
-                .context("starting the recovery thread")?,
-        );
-        // Remote members' links, on their own: an attempt to reach a host
-        // that does not answer takes seconds.
-        let array = s.array.clone();
-        recovery.push(
-            std::thread::Builder::new()
-                .name("links".into())
-                .spawn(move || array.links_loop())
-                .context("starting the link watch thread")?,
-        );
-    }
-    // Housekeeping: stalled members every 200 ms, bitmap bits of idle
-    // regions every 2 s.
-    let mut ticks = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(50));
-        ticks += 1;
         for s in &started {
-            if ticks.is_multiple_of(4) {
-                s.array.check_stalls();
+            let sb = s.array.superblock();
+            crate::say::report!(
+                "raidkit: serving {} array '{}' ({}, {}) read-{}",
+                sb.level,
+                sb.name,
+                human(s.array.capacity()),
+                s.array.health().name(),
+                if s.plan.read_only { "only" } else { "write" }
+            );
+            for (name, how) in &s.opened {
+                crate::say::report!("raidkit: member {name}: {how}");
             }
-
-            if ticks.is_multiple_of(40) {
-                s.array.housekeeping();
+            for uri in &s.endpoints {
+                crate::say::report!("raidkit: listening on {uri}");
+            }
+            crate::say::report!("raidkit: control socket {}", s.control.display());
+        }
+        if let Some(h) = http {
+            crate::say::report!("raidkit: status page http://{h}/ (metrics at http://{h}/metrics)");
+        }
+        // Under systemd (Type=notify): ready once every listener is up.
+        let status_line = started
+            .iter()
+            .map(|s| {
+                format!(
+                    "array '{}' ({})",
+                    s.array.superblock().name,
+                    s.array.health().name()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        if let Err(e) = sd_notify::notify(&[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status(&format!("serving {status_line}")),
+        ]) {
+            tracing::warn!("telling systemd the server is ready: {e}");
+        }
+        if let Some(uri) = started[0].endpoints.first() {
+            crate::say::report!("raidkit: try: nbdinfo '{uri}'");
+            crate::say::report!("raidkit:      qemu-io -f raw -c 'read -P 0 0 4k' '{uri}'");
+            crate::say::report!(
+                "raidkit:      mkdir -p mnt && nbdfuse mnt/ '{uri}' &   (then: mkfs.ext4 mnt/nbd)"
+            );
+        }
+        use std::io::Write;
+        if a.daemon {
+            crate::say::report!(
+                "{DAEMON_READY} (PID {}); raidkit stop {} stops it",
+                std::process::id(),
+                started[0].array.superblock().name
+            );
+            let _ = std::io::stdout().flush();
+            // The parent has read all it waits for and goes: nothing more is
+            // printed to stdout, which is pointed away from its pipe so that a
+            // later write cannot fail.
+            if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+                use std::os::fd::AsRawFd;
+                // SAFETY: dup2 onto descriptor 1, which this process owns; the
+                // source stays open for the call.
+                unsafe { libc::dup2(null.as_raw_fd(), 1) };
             }
         }
+        let _ = std::io::stdout().flush();
+        if not_started > 0 {
+            tracing::warn!("{not_started} array(s) of the config file are not served");
+        }
+
+        for s in &started {
+            let array = s.array.clone();
+            recovery.push(
+                std::thread::Builder::new()
+                    .name("recovery".into())
+                    .spawn(move || array.recovery_loop())
+                    .context("starting the recovery thread")?,
+            );
+            // Remote members' links, on their own: an attempt to reach a host
+            // that does not answer takes seconds.
+            let array = s.array.clone();
+            recovery.push(
+                std::thread::Builder::new()
+                    .name("links".into())
+                    .spawn(move || array.links_loop())
+                    .context("starting the link watch thread")?,
+            );
+        }
+        // Housekeeping: stalled members every 200 ms, bitmap bits of idle
+        // regions every 2 s.
+        let mut ticks = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+            ticks += 1;
+            for s in &started {
+                if ticks.is_multiple_of(4) {
+                    s.array.check_stalls();
+                }
+
+                if ticks.is_multiple_of(40) {
+                    s.array.housekeeping();
+                }
+            }
+        }
+        Ok(())
+    })();
+    match &up {
+        Ok(()) => crate::say::note("stopping: finishing requests in flight"),
+        Err(_) => crate::say::note("the start failed: stopping what was started"),
     }
-    crate::say::note("stopping: finishing requests in flight");
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     for server in &servers {
         server.shutdown();
@@ -866,6 +875,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     for mut c in controls {
         c.stop();
     }
+    up?;
     match failed {
         Some(e) => Err(e),
         None => Ok(()),

@@ -583,6 +583,51 @@ fn a_start_that_cannot_run_names_every_unavailable_role() {
     assert!(err.contains("role 3 (") && err.contains(&ms[3]), "{err}");
 }
 
+/// A start that fails after the NBD listeners are up (here: the status
+/// page's port is taken) stops what it started, as a stop does: no socket
+/// left behind, the array clean, and the next start on the same paths
+/// serves.
+#[test]
+fn a_start_that_fails_after_listening_stops_what_it_started() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "16M");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let http = taken.local_addr().unwrap().to_string();
+    let sock = dir.path().join("nbd.sock").display().to_string();
+    let ctl = dir.path().join("control.sock").display().to_string();
+    let o = raidkit_refused(&args(
+        &[
+            "serve",
+            "--socket",
+            &sock,
+            "--control",
+            &ctl,
+            "--http",
+            &http,
+        ],
+        &ms,
+    ));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        !Path::new(&sock).exists(),
+        "the NBD socket was left behind: {err}"
+    );
+    assert!(
+        !Path::new(&ctl).exists(),
+        "the control socket was left behind"
+    );
+    for m in &ms {
+        let e: Value = serde_json::from_slice(&ok(&["examine", m, "--json"]).stdout).unwrap();
+        assert_eq!(e["state"], "clean", "{m}: {e}");
+    }
+    drop(taken);
+    let mut s = Served::start_on(dir.path(), &ms, &["--socket", &sock], &[]);
+    qemu(&s.uri, &["write -P 7 0 64k", "read -P 7 0 64k"]);
+    assert_eq!(s.stop().code(), Some(0));
+}
+
 /// A `disks` directory apart from the test's own files (server logs), and
 /// the paths of two arrays' members in it: three, then two.
 fn two_arrays_of_disks(dir: &Path) -> (PathBuf, Vec<String>, Vec<String>) {
