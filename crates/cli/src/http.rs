@@ -34,6 +34,8 @@ pub struct SiteArray {
     pub export: String,
     pub array: Arc<Array>,
     pub stats: Arc<Stats>,
+    /// The write-behind in front of it, if any.
+    pub behind: Option<Arc<raidkit_member::WriteBehind>>,
     /// The status as `raidkit status --json` has it.
     pub status: Box<dyn Fn() -> Value + Send + Sync>,
 }
@@ -84,7 +86,7 @@ pub fn start(addr: &str, site: Site) -> Result<std::net::SocketAddr> {
         arrays: site
             .arrays
             .iter()
-            .map(|a| (a.array.clone(), a.stats.clone()))
+            .map(|a| (a.array.clone(), a.stats.clone(), a.behind.clone()))
             .collect(),
     }));
     std::thread::Builder::new()
@@ -185,11 +187,18 @@ fn answer(req: &tiny_http::Request, site: &Site, registry: &Registry) -> Respons
     }
 }
 
+/// One array's sources: the array, its NBD counters, its write-behind.
+type Sources = (
+    Arc<Array>,
+    Arc<Stats>,
+    Option<Arc<raidkit_member::WriteBehind>>,
+);
+
 /// The metrics, read at each scrape, of every array (an `array` label
 /// tells them apart).
 #[derive(Debug)]
 struct Metrics {
-    arrays: Vec<(Arc<Array>, Arc<Stats>)>,
+    arrays: Vec<Sources>,
 }
 
 /// Labels of one series.
@@ -268,15 +277,20 @@ impl Families {
 impl Collector for Metrics {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let mut fams = Families::default();
-        for (a, s) in &self.arrays {
-            collect(&mut fams, a, s)?;
+        for (a, s, b) in &self.arrays {
+            collect(&mut fams, a, s, b.as_deref())?;
         }
         fams.encode(&mut enc)
     }
 }
 
 /// One array's series.
-fn collect(fams: &mut Families, a: &Array, s: &Stats) -> Result<(), std::fmt::Error> {
+fn collect(
+    fams: &mut Families,
+    a: &Array,
+    s: &Stats,
+    behind: Option<&raidkit_member::WriteBehind>,
+) -> Result<(), std::fmt::Error> {
     {
         let sb = a.superblock();
         let name = sb.name.as_str();
@@ -514,6 +528,33 @@ fn collect(fams: &mut Families, a: &Array, s: &Stats) -> Result<(), std::fmt::Er
             MetricType::Counter,
             &[(arr(&[]), ld(&s.bytes_written))],
         )?;
+        if let Some(b) = behind {
+            let c = b.counts();
+            fams.family(
+                "raidkit_write_behind_writes",
+                "Writes answered before they were on the members (write-behind)",
+                MetricType::Counter,
+                &[(arr(&[]), c.writes as f64)],
+            )?;
+            fams.family(
+                "raidkit_write_behind_bytes",
+                "Bytes of the writes answered before they were on the members",
+                MetricType::Counter,
+                &[(arr(&[]), c.bytes as f64)],
+            )?;
+            fams.family(
+                "raidkit_write_behind_pending",
+                "Writes answered and not yet on the members, now",
+                MetricType::Gauge,
+                &[(arr(&[]), c.pending as f64)],
+            )?;
+            fams.family(
+                "raidkit_write_behind_failed",
+                "1 once a write answered early has failed (write-behind is off since)",
+                MetricType::Gauge,
+                &[(arr(&[]), f64::from(u8::from(c.failed)))],
+            )?;
+        }
         Ok(())
     }
 }

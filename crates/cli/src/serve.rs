@@ -688,6 +688,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 started: started_at,
                 stop: stop.clone(),
                 all: all_stats.clone(),
+                behind: s.behind.clone(),
             };
             let stats = s.stats.clone().expect("served");
             let handler = control_handler(s.array.clone(), stats.clone(), served.clone());
@@ -698,6 +699,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 export: s.export.clone(),
                 array: s.array.clone(),
                 stats,
+                behind: s.behind.clone(),
                 status: Box::new(move || Value::Object(status_fields(&arr, &st, &served))),
             });
         }

@@ -651,22 +651,37 @@ fn writes_answered_early_are_read_back_and_land_before_a_clean_stop() {
     let ms = members(dir.path(), 4);
     create("5", &ms, "32M");
     let mut s = Served::start(dir.path(), &slow_members(&ms, "300ms"), &[]);
+    // The status is asked for (and its write-behind counts printed) before
+    // the stop: the writes answered early are still behind then.
     let script = format!(
-        "import nbd, os, signal, sys\n{BLOCK_PATTERN_PY}\
+        "import json, nbd, os, signal, subprocess, sys\n{BLOCK_PATTERN_PY}\
          h = nbd.NBD()\n\
          h.connect_uri(sys.argv[1])\n\
          for i in range(16):\n    \
              h.pwrite(block(i), i * 262144)\n    \
              if i % 4 == 3:\n        \
                  assert h.pread(262144, i * 262144) == block(i), f'read of {{i}} right after its write'\n\
+         st = subprocess.run([sys.argv[3], 'status', '--control', sys.argv[4], '--json'],\n    \
+             capture_output=True, timeout=30, check=True)\n\
          os.kill(int(sys.argv[2]), signal.SIGTERM)\n\
+         print(json.dumps(json.loads(st.stdout)['write_behind']))\n\
          print('written')\n"
     );
+    let ctl = s.control.display().to_string();
     let o = tool(
         "/usr/bin/python3",
-        &["-c", &script, &s.uri, &s.pid().to_string()],
+        &["-c", &script, &s.uri, &s.pid().to_string(), BIN, &ctl],
     );
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "written");
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let (counts, said) = out.trim().split_once('\n').unwrap_or(("", &out));
+    assert_eq!(said, "written", "{out}");
+    // 16 writes of 256 KiB in sequence: the first two begin the row, the
+    // rest were answered early; some still behind when asked.
+    let wb: Value = serde_json::from_str(counts).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(wb["writes"], 14, "{wb}");
+    assert_eq!(wb["bytes"], 14 * 262144, "{wb}");
+    assert!(wb["pending"].as_u64().unwrap() >= 1, "{wb}");
+    assert_eq!(wb["failed"], false, "{wb}");
     assert_eq!(s.stop().code(), Some(0), "{}", s.log());
     let o = ok(&args(
         &[
@@ -703,7 +718,7 @@ fn a_write_answered_early_that_fails_is_never_taken_as_flushed() {
     let mut slow = slow_members(&ms, "200ms");
     // Its own delay again: one `fault:` per member.
     slow[1] = format!("fault:{}?write-delay=200ms&fail-writes-after=24", ms[1]);
-    let s = Served::start(dir.path(), &slow, &[]);
+    let s = Served::start(dir.path(), &slow, &["--http", "127.0.0.1:0"]);
     let script = format!(
         "import nbd, sys\n{BLOCK_PATTERN_PY}\
          h = nbd.NBD()\n\
@@ -728,6 +743,23 @@ fn a_write_answered_early_that_fails_is_never_taken_as_flushed() {
         .parse()
         .unwrap();
     assert!(flushed >= 8, "the first flushes already failed: {said}");
+    let st = status(&s);
+    let wb = &st["write_behind"];
+    assert!(wb["writes"].as_u64().unwrap() >= 1, "{wb}");
+    assert_eq!(wb["failed"], true, "{wb}");
+    // The same in the metrics.
+    let line = s.line_with("status page ");
+    let base = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap();
+    let m = scrape(base);
+    let key = |n: &str| format!("{n}{{array=\"{}\"}}", st["array"]["name"].as_str().unwrap());
+    assert_eq!(metric(&m, &key("raidkit_write_behind_failed")), 1.0);
+    assert_eq!(
+        metric(&m, &key("raidkit_write_behind_writes_total")),
+        wb["writes"].as_u64().unwrap() as f64
+    );
     // Every block written before the last successful flush is on the
     // members (the array is failed now: read from the member files, 64 KiB
     // chunks taking turns from the data offset on).

@@ -48,7 +48,7 @@ pub use powercut::{CutRng, PowerCutMember};
 pub use readahead::ReadAhead;
 pub use sim::{SimConfig, SimDisk};
 pub use sys::InUse;
-pub use writebehind::WriteBehind;
+pub use writebehind::{BehindCounts, WriteBehind};
 
 use std::fmt;
 use std::fs::File;

@@ -31,7 +31,7 @@
 //! a positional-I/O trait.
 
 use crate::{AlignedVec, Locked, Member, MemberError, Op, Result};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -44,8 +44,9 @@ type Job = (u64, AlignedVec, Arc<dyn Member>);
 
 #[derive(Debug, Default)]
 struct State {
-    /// Where the last write ended.
-    last_end: u64,
+    /// Where the last write ended (none yet: the first write begins no
+    /// row, wherever it is).
+    last_end: Option<u64>,
     /// Writes in a row that began where the one before ended.
     streak: u32,
     /// Ranges of the writes behind, not yet done.
@@ -95,6 +96,22 @@ pub struct WriteBehind {
     jobs: Mutex<mpsc::Sender<Job>>,
     /// Requests in flight through the wrapper now.
     callers: AtomicUsize,
+    /// Writes answered before they were on the member, and their bytes.
+    early: AtomicU64,
+    early_bytes: AtomicU64,
+}
+
+/// What a [`WriteBehind`] has done (`raidkit status`, metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BehindCounts {
+    /// Writes answered before they were on the member, since the start.
+    pub writes: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Writes behind right now (answered, not yet done).
+    pub pending: u64,
+    /// Whether a write behind has failed (write-behind is off since).
+    pub failed: bool,
 }
 
 /// Counts a request in flight through the wrapper while it lives.
@@ -166,6 +183,8 @@ impl WriteBehind {
             shared,
             jobs: Mutex::new(tx),
             callers: AtomicUsize::new(0),
+            early: AtomicU64::new(0),
+            early_bytes: AtomicU64::new(0),
         })
     }
 
@@ -203,6 +222,17 @@ impl WriteBehind {
     pub fn behind(&self) -> usize {
         self.shared.state.locked().pending.len()
     }
+
+    /// What it has done so far.
+    pub fn counts(&self) -> BehindCounts {
+        let st = self.shared.state.locked();
+        BehindCounts {
+            writes: self.early.load(Ordering::Relaxed),
+            bytes: self.early_bytes.load(Ordering::Relaxed),
+            pending: st.pending.len() as u64,
+            failed: st.error.is_some(),
+        }
+    }
 }
 
 impl Member for WriteBehind {
@@ -229,12 +259,12 @@ impl Member for WriteBehind {
         let len = buf.len() as u64;
         let end = offset + len;
         let mut st = self.shared.state.locked();
-        if offset == st.last_end && len > 0 {
+        if st.last_end == Some(offset) && len > 0 {
             st.streak += 1;
         } else {
             st.streak = 0;
         }
-        st.last_end = end;
+        st.last_end = Some(end);
         // An earlier write of the same bytes lands first.
         st = self.shared.wait_while(st, |s| s.overlaps(offset, end));
         let behind = st.streak >= STREAK
@@ -277,6 +307,8 @@ impl Member for WriteBehind {
             self.shared.done.notify_all();
             return self.inner.write_at(buf, offset);
         }
+        self.early.fetch_add(1, Ordering::Relaxed);
+        self.early_bytes.fetch_add(len, Ordering::Relaxed);
         Ok(())
     }
 
@@ -363,6 +395,10 @@ mod tests {
         assert!(most >= 1, "no write was ever behind");
         wb.flush().unwrap();
         assert_eq!(wb.behind(), 0);
+        // Two in place (the row begins), fourteen answered early.
+        let c = wb.counts();
+        assert_eq!((c.writes, c.bytes), (14, 14 * block as u64), "{c:?}");
+        assert!(!c.failed);
         for i in 0..16u64 {
             let mut back = vec![0u8; block];
             mem.read_at(&mut back, i * block as u64).unwrap();
@@ -400,6 +436,7 @@ mod tests {
             }
         }
         let e = wb.flush().expect_err("a lost write must fail the flush");
+        assert!(wb.counts().failed);
         assert_eq!(e.op, Op::Write);
         // The writes after it were not behind: they failed by themselves.
         assert!(
@@ -564,6 +601,7 @@ mod tests {
             g.0.read_at(&mut back, i * block as u64).unwrap();
             assert_eq!(back, data, "write {i} not on the member when answered");
         }
+        assert_eq!(wb.counts().writes, 0);
         *g.1.locked() = true;
         g.2.notify_all();
         reader.join().unwrap();

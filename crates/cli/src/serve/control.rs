@@ -14,6 +14,8 @@ pub(super) struct Served {
     /// The counters of every array of this process: `stop` stops them all
     /// and refuses while any has clients.
     pub(super) all: Vec<Arc<Stats>>,
+    /// The write-behind in front of this array, if any.
+    pub(super) behind: Option<Arc<raidkit_member::WriteBehind>>,
 }
 
 pub(super) fn control_handler(
@@ -274,6 +276,10 @@ pub(super) fn status_fields(array: &Array, stats: &Stats, served: &Served) -> Ma
         "last_recovery": last,
         "rebuild_speed": {"min": array.rebuild_speed().0, "max": array.rebuild_speed().1},
         "corrected_read_errors": array.corrected_read_errors(),
+        "write_behind": served.behind.as_ref().map(|b| {
+            let c = b.counts();
+            json!({"writes": c.writes, "bytes": c.bytes, "pending": c.pending, "failed": c.failed})
+        }),
         "bitmap": array.bitmap_status().map(|(region, dirty)| json!({"region": region, "dirty_regions": dirty})),
         "io": {
             "reads": c(&stats.reads),

@@ -515,3 +515,41 @@ pub fn assert_torture_clean(
         "no cycle ran without a member:\n{out}"
     );
 }
+
+/// The samples of a /metrics scrape at `base` (`http://ADDR/`), parsed by
+/// the Prometheus client library's own text-format parser:
+/// `name{k="v",...}` (labels sorted) to value.
+pub fn scrape(base: &str) -> std::collections::BTreeMap<String, f64> {
+    let body = tool("timeout", &["20", "curl", "-sf", &format!("{base}metrics")]).stdout;
+    let script = r#"
+import sys, json
+from prometheus_client.parser import text_string_to_metric_families
+out = {}
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    for s in fam.samples:
+        labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+        out[f"{s.name}{{{labels}}}"] = s.value
+print(json.dumps(out))
+"#;
+    let mut child = Command::new("timeout")
+        .args(["20", "/usr/bin/python3", "-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(&body).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "the Prometheus parser refused /metrics");
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// One series of a scrape; panics naming what there is when absent.
+pub fn metric(m: &std::collections::BTreeMap<String, f64>, key: &str) -> f64 {
+    *m.get(key).unwrap_or_else(|| {
+        panic!(
+            "no {key} in /metrics: {:?}",
+            m.keys().take(80).collect::<Vec<_>>()
+        )
+    })
+}
