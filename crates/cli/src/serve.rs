@@ -589,28 +589,44 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     }
     // Bind everything before announcing anything.
     let mut groups: Vec<Listeners> = Vec::new();
-    for (i, s) in started.iter().enumerate() {
-        let key = (s.plan.listen.clone(), s.plan.socket.clone());
-        let g = match groups.iter().position(|g| g.key == key) {
-            Some(g) => g,
-            None => {
-                groups.push(bind(&key.0, &key.1)?);
-                groups.len() - 1
+    let grouped = (|| -> Result<()> {
+        for (i, s) in started.iter().enumerate() {
+            let key = (s.plan.listen.clone(), s.plan.socket.clone());
+            let g = match groups.iter().position(|g| g.key == key) {
+                Some(g) => g,
+                None => {
+                    groups.push(bind(&key.0, &key.1)?);
+                    groups.len() - 1
+                }
+            };
+            if let Some(j) = groups[g]
+                .arrays
+                .iter()
+                .find(|&&j| started[j].export == s.export)
+            {
+                bail!(
+                    "{} and {} would both be the export '{}' of one server: give them different names",
+                    started[*j].plan.label,
+                    s.plan.label,
+                    s.export
+                );
             }
-        };
-        if let Some(j) = groups[g]
-            .arrays
-            .iter()
-            .find(|&&j| started[j].export == s.export)
-        {
-            bail!(
-                "{} and {} would both be the export '{}' of one server: give them different names",
-                started[*j].plan.label,
-                s.plan.label,
-                s.export
-            );
+            groups[g].arrays.push(i);
         }
-        groups[g].arrays.push(i);
+        Ok(())
+    })();
+    if let Err(e) = grouped {
+        // Nothing served yet: the sockets bound so far (ours) go, and the
+        // arrays close as they opened.
+        for g in &groups {
+            if let (Some(p), Some(_)) = (&g.key.1, &g.unix) {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        for s in &started {
+            let _ = s.array.close();
+        }
+        return Err(e);
     }
     // Everything started from here on is stopped in order below, also when
     // a later step of the start-up fails: requests in flight finished,
@@ -667,13 +683,16 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 }
             }
             secure(&server, &a.access, tcp.map(|t| t.to_string()).as_deref())?;
+            // Listed before it serves: if its second listener fails, the
+            // first is still shut down below with the others.
+            servers.push(server);
+            let server = servers.last().expect("just pushed");
             if let Some(l) = g.tcp {
                 server.serve_tcp(l)?;
             }
             if let Some(l) = g.unix {
                 server.serve_unix(l)?;
             }
-            servers.push(server);
         }
         let started_at = Instant::now();
         let all_stats: Vec<Arc<Stats>> = started
@@ -877,10 +896,15 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     for mut c in controls {
         c.stop();
     }
-    up?;
-    match failed {
-        Some(e) => Err(e),
-        None => Ok(()),
+    match (up, failed) {
+        // A write lost outweighs the start's failure (said above).
+        (Err(start), Some(lost)) => {
+            crate::say::warning(&format!("{start:#}"));
+            Err(lost)
+        }
+        (Err(start), None) => Err(start),
+        (Ok(()), Some(lost)) => Err(lost),
+        (Ok(()), None) => Ok(()),
     }
 }
 

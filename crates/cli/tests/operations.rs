@@ -591,6 +591,58 @@ fn a_start_that_fails_after_listening_stops_what_it_started() {
     assert_eq!(s.stop().code(), Some(0));
 }
 
+/// A config file whose second array cannot listen (its port is taken):
+/// nothing is served, and the first array's socket, bound already, is
+/// not left behind.
+#[test]
+fn a_config_start_that_cannot_listen_leaves_no_socket_behind() {
+    let dir = tmp();
+    let (disks, a, b) = two_arrays_of_disks(dir.path());
+    ok(&args(
+        &["create", "-l", "5", "--size", "16M", "--name", "alpha"],
+        &a,
+    ));
+    ok(&args(
+        &["create", "-l", "1", "--size", "8M", "--name", "beta"],
+        &b,
+    ));
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let sock = dir.path().join("alpha.sock");
+    let cfg =
+        String::from_utf8(ok(&["scan", "--config", &disks.display().to_string()]).stdout).unwrap();
+    // alpha first (its socket bound), then beta (its port taken).
+    let uuid = |name: &str| {
+        let line = cfg
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} = ")))
+            .unwrap_or_else(|| panic!("{name} not found: {cfg}"));
+        line.split('"').nth(1).unwrap().to_string()
+    };
+    let head: String = cfg
+        .lines()
+        .take_while(|l| *l != "[arrays]")
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let text = format!(
+        "{head}[arrays]\nalpha = {{ uuid = \"{}\", socket = \"{}\" }}\n\
+         beta = {{ uuid = \"{}\", listen = \"127.0.0.1:{port}\" }}\n",
+        uuid("alpha"),
+        sock.display(),
+        uuid("beta")
+    );
+    let file = dir.path().join("raidkit.toml");
+    std::fs::write(&file, &text).unwrap();
+    let o = raidkit_refused(&["serve", "--config", &file.display().to_string()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(!sock.exists(), "alpha's socket was left behind: {err}");
+    for m in a.iter().chain(&b) {
+        let e: Value = serde_json::from_slice(&ok(&["examine", m, "--json"]).stdout).unwrap();
+        assert_eq!(e["state"], "clean", "{m}: {e}");
+    }
+}
+
 /// A `disks` directory apart from the test's own files (server logs), and
 /// the paths of two arrays' members in it: three, then two.
 fn two_arrays_of_disks(dir: &Path) -> (PathBuf, Vec<String>, Vec<String>) {

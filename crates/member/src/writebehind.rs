@@ -331,8 +331,11 @@ impl Member for WriteBehind {
     }
 
     fn close(&self) -> Result<()> {
-        self.drain()?;
-        self.inner.close()
+        // The member closes whatever the writes behind met; their error
+        // comes first.
+        let drained = self.drain();
+        let closed = self.inner.close();
+        drained.and(closed)
     }
 
     fn block_size(&self) -> u32 {
