@@ -598,14 +598,7 @@ fn a_start_that_fails_after_listening_stops_what_it_started() {
 fn a_config_start_that_cannot_listen_leaves_no_socket_behind() {
     let dir = tmp();
     let (disks, a, b) = two_arrays_of_disks(dir.path());
-    ok(&args(
-        &["create", "-l", "5", "--size", "16M", "--name", "alpha"],
-        &a,
-    ));
-    ok(&args(
-        &["create", "-l", "1", "--size", "8M", "--name", "beta"],
-        &b,
-    ));
+    create_alpha_and_beta(&a, &b);
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let sock = dir.path().join("alpha.sock");
@@ -652,6 +645,18 @@ fn two_arrays_of_disks(dir: &Path) -> (PathBuf, Vec<String>, Vec<String>) {
     let a = ["a0.img", "a1.img", "a2.img"].map(p).to_vec();
     let b = ["b0.img", "b1.img"].map(p).to_vec();
     (disks, a, b)
+}
+
+/// Array alpha (RAID-5, 16 MiB) on `a` and beta (RAID-1, 8 MiB) on `b`.
+fn create_alpha_and_beta(a: &[String], b: &[String]) {
+    ok(&args(
+        &["create", "-l", "5", "--size", "16M", "--name", "alpha"],
+        a,
+    ));
+    ok(&args(
+        &["create", "-l", "1", "--size", "8M", "--name", "beta"],
+        b,
+    ));
 }
 
 /// `raidkit scan` over a directory of mixed files finds both arrays by
@@ -729,14 +734,7 @@ fn a_config_file_made_by_scan_serves_both_arrays_from_one_server() {
     let dir = tmp();
     let (disks, a, b) = two_arrays_of_disks(dir.path());
     let p = |n: &str| disks.join(n).display().to_string();
-    ok(&args(
-        &["create", "-l", "5", "--size", "16M", "--name", "alpha"],
-        &a,
-    ));
-    ok(&args(
-        &["create", "-l", "1", "--size", "8M", "--name", "beta"],
-        &b,
-    ));
+    create_alpha_and_beta(&a, &b);
     std::fs::write(p("notes.txt"), b"not a member").unwrap();
     // Data on each, written while served the usual way.
     let data = |seed: u8, n: usize| -> Vec<u8> {
