@@ -703,6 +703,19 @@ fn print_status(v: &Value, as_json: bool) -> Result<()> {
         v["connections"]["active"],
         v["connections"]["total"]
     );
+    if let Some(w) = v["write_behind"].as_object() {
+        println!(
+            "write-behind: {} writes ({}) answered before they were on the members, {} not yet{}",
+            w["writes"],
+            human(w["bytes"].as_u64().unwrap_or(0)),
+            w["pending"],
+            if w["failed"].as_bool() == Some(true) {
+                "; ONE OF THEM FAILED: data a client was told was written is lost, every flush fails"
+            } else {
+                ""
+            }
+        );
+    }
     if let Some(g) = v["reshape"].as_object() {
         match (g["old_chunk"].as_u64(), g["chunk"].as_u64()) {
             (Some(a), Some(b)) if a != b => println!(

@@ -747,6 +747,13 @@ fn a_write_answered_early_that_fails_is_never_taken_as_flushed() {
     let wb = &st["write_behind"];
     assert!(wb["writes"].as_u64().unwrap() >= 1, "{wb}");
     assert_eq!(wb["failed"], true, "{wb}");
+    // An operator reading `raidkit status` is told.
+    let said = String::from_utf8_lossy(&ctl(&s, &["status"]).stdout).to_string();
+    let line = said
+        .lines()
+        .find(|l| l.starts_with("write-behind: "))
+        .unwrap_or_else(|| panic!("no write-behind line: {said}"));
+    assert!(line.contains("FAILED"), "{line}");
     // The same in the metrics.
     let line = s.line_with("status page ");
     let base = line
