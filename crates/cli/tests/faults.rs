@@ -645,24 +645,48 @@ fn writes_answered_early_are_read_back_and_land_before_a_clean_stop() {
     // are answered once copied and written behind it. Every read sees
     // them at once, and SIGTERM sent right after the last reply (no flush)
     // still finds every one on the members once the server has stopped.
-    // (Writes were behind at the stop: without the drain there, block 13
-    // of 16 was lost.)
+    // The last four are not read back before the stop, so they are still
+    // behind then.
+    // No journal (the journal's close lets its updates finish, which would
+    // hide a missing drain), and only the data area slow (the metadata
+    // writes of the close are quick): the writes behind at the SIGTERM land
+    // before the clean mark only because the stop waits for them.
     let dir = tmp();
     let ms = members(dir.path(), 4);
-    create("5", &ms, "32M");
-    let mut s = Served::start(dir.path(), &slow_members(&ms, "300ms"), &[]);
-    // The status is asked for (and its write-behind counts printed) before
-    // the stop: the writes answered early are still behind then.
+    ok(&args(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--size",
+            "32M",
+            "--chunk",
+            "64K",
+            "--consistency-policy",
+            "none",
+        ],
+        &ms,
+    ));
+    let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+    let data_offset = e["data_offset"].as_u64().unwrap();
+    let slow: Vec<String> = ms
+        .iter()
+        .map(|m| format!("fault:{m}?write-delay=2s&write-delay-from={data_offset}"))
+        .collect();
+    let mut s = Served::start(dir.path(), &slow, &[]);
+    // The status is asked for halfway (its write-behind counts printed at
+    // the end): the SIGTERM still comes right after the last reply.
     let script = format!(
         "import json, nbd, os, signal, subprocess, sys\n{BLOCK_PATTERN_PY}\
          h = nbd.NBD()\n\
          h.connect_uri(sys.argv[1])\n\
          for i in range(16):\n    \
              h.pwrite(block(i), i * 262144)\n    \
-             if i % 4 == 3:\n        \
-                 assert h.pread(262144, i * 262144) == block(i), f'read of {{i}} right after its write'\n\
-         st = subprocess.run([sys.argv[3], 'status', '--control', sys.argv[4], '--json'],\n    \
-             capture_output=True, timeout=30, check=True)\n\
+             if i % 4 == 3 and i < 12:\n        \
+                 assert h.pread(262144, i * 262144) == block(i), f'read of {{i}} right after its write'\n    \
+             if i == 7:\n        \
+                 st = subprocess.run([sys.argv[3], 'status', '--control', sys.argv[4], '--json'],\n            \
+                     capture_output=True, timeout=30, check=True)\n\
          os.kill(int(sys.argv[2]), signal.SIGTERM)\n\
          print(json.dumps(json.loads(st.stdout)['write_behind']))\n\
          print('written')\n"
@@ -675,12 +699,12 @@ fn writes_answered_early_are_read_back_and_land_before_a_clean_stop() {
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     let (counts, said) = out.trim().split_once('\n').unwrap_or(("", &out));
     assert_eq!(said, "written", "{out}");
-    // 16 writes of 256 KiB in sequence: the first two begin the row, the
-    // rest were answered early; some still behind when asked.
+    // Writes of 256 KiB in sequence: the first two begin the row, writes
+    // 2-7 had been answered early when asked (each is counted as it is
+    // answered, so whatever is still pending).
     let wb: Value = serde_json::from_str(counts).unwrap_or_else(|e| panic!("{e}: {out}"));
-    assert_eq!(wb["writes"], 14, "{wb}");
-    assert_eq!(wb["bytes"], 14 * 262144, "{wb}");
-    assert!(wb["pending"].as_u64().unwrap() >= 1, "{wb}");
+    assert_eq!(wb["writes"], 6, "{wb}");
+    assert_eq!(wb["bytes"], 6 * 262144, "{wb}");
     assert_eq!(wb["failed"], false, "{wb}");
     assert_eq!(s.stop().code(), Some(0), "{}", s.log());
     let o = ok(&args(

@@ -32,6 +32,9 @@ pub struct FaultConfig {
     pub fail_writes_after: Option<u64>,
     pub delay: Option<Duration>,
     pub write_delay: Option<Duration>,
+    /// `write_delay` only for writes at or past this offset (a slow data
+    /// area under quick metadata writes).
+    pub write_delay_from: u64,
     pub vanish_after: Option<u64>,
     pub corrupt_at: Vec<u64>,
 }
@@ -90,6 +93,7 @@ impl FaultConfig {
                 "fail-writes-after" => c.fail_writes_after = Some(parse_u64_size(v)?),
                 "delay" => c.delay = Some(parse_duration(v)?),
                 "write-delay" => c.write_delay = Some(parse_duration(v)?),
+                "write-delay-from" => c.write_delay_from = parse_u64_size(v)?,
                 "vanish-after" => c.vanish_after = Some(parse_u64_size(v)?),
                 "corrupt-at" => {
                     for o in v.split(',') {
@@ -98,7 +102,7 @@ impl FaultConfig {
                 }
                 other => {
                     return Err(format!(
-                        "unknown fault '{other}' (read-error-at, bad-sector-at, fail-writes-after, delay, write-delay, vanish-after, corrupt-at)"
+                        "unknown fault '{other}' (read-error-at, bad-sector-at, fail-writes-after, delay, write-delay, write-delay-from, vanish-after, corrupt-at)"
                     ))
                 }
             }
@@ -169,7 +173,9 @@ impl FaultMember {
         let len = buf.len() as u64;
         self.enter(Op::Write, offset, len)?;
         if let Some(d) = self.config.write_delay {
-            std::thread::sleep(d);
+            if offset >= self.config.write_delay_from {
+                std::thread::sleep(d);
+            }
         }
         let n = self.writes.fetch_add(1, Ordering::Relaxed);
         if self.config.fail_writes_after.is_some_and(|f| n >= f) {
@@ -255,13 +261,14 @@ mod tests {
     #[test]
     fn parses_and_refuses() {
         let c = FaultConfig::parse(
-            "read-error-at=4K,1M&fail-writes-after=3&delay=2ms&vanish-after=10&write-delay=1ms",
+            "read-error-at=4K,1M&fail-writes-after=3&delay=2ms&vanish-after=10&write-delay=1ms&write-delay-from=1M",
         )
         .unwrap();
         assert_eq!(c.read_error_at, vec![4096, 1 << 20]);
         assert_eq!(c.fail_writes_after, Some(3));
         assert_eq!(c.delay, Some(Duration::from_millis(2)));
         assert_eq!(c.write_delay, Some(Duration::from_millis(1)));
+        assert_eq!(c.write_delay_from, 1 << 20);
         assert_eq!(c.vanish_after, Some(10));
         assert!(FaultConfig::parse("explode=1").is_err());
         assert!(FaultConfig::parse("delay=5 parsecs").is_err());
