@@ -345,6 +345,32 @@ fn a_member_slowed_by_a_delay_is_reported_slow() {
     });
 }
 
+#[test]
+fn status_says_which_members_spin() {
+    // A simulated disk spins; a file in memory has no device to ask.
+    let dir = tmp();
+    let ms = members(dir.path(), 2);
+    create("1", &ms, "16M");
+    let specs = [format!("sim:{}?bw=1G&seek=1ms", ms[0]), ms[1].clone()];
+    let mut s = Served::start(dir.path(), &specs, &[]);
+    qemu(&s.uri, &["read 0 4M"]);
+    let st = s.status();
+    let member = |p: &str| {
+        st["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["path"] == p)
+            .unwrap_or_else(|| panic!("no member {p}: {st}"))
+            .clone()
+    };
+    assert_eq!(member(&ms[0])["rotational"], true, "{st}");
+    if dir.path().starts_with("/dev/shm") {
+        assert!(member(&ms[1]).get("rotational").is_none(), "{st}");
+    }
+    assert!(s.stop().success());
+}
+
 /// Headless Chromium on the page (its scripts run for 5 s of virtual
 /// time), doing `what` (`--dump-dom`, `--screenshot=PATH`); its stdout.
 fn chromium(base: &str, profile: &Path, what: &[&str]) -> String {

@@ -64,6 +64,7 @@ pub struct DirectMember {
     /// Held while a block is read-modify-written: stripe `block % EDGE_LOCKS`.
     edges: Box<[Mutex<()>]>,
     dsync: Dsync,
+    rotational: Option<bool>,
 }
 
 impl DirectMember {
@@ -107,6 +108,7 @@ impl DirectMember {
             small: BufPool::new(SMALL_BOUNCE, SMALL_KEEP),
             edges: (0..EDGE_LOCKS).map(|_| Mutex::new(())).collect(),
             dsync: Dsync::default(),
+            rotational: o.rotational,
         })
     }
 
@@ -369,5 +371,9 @@ impl Member for DirectMember {
 
     fn as_mapper(&self) -> Option<&crate::Mapper> {
         None
+    }
+
+    fn rotational(&self) -> Option<bool> {
+        self.rotational
     }
 }

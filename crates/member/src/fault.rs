@@ -251,6 +251,10 @@ impl Member for FaultMember {
     fn remote(&self) -> Option<&dyn crate::Remote> {
         self.inner.remote()
     }
+
+    fn rotational(&self) -> Option<bool> {
+        self.inner.rotational()
+    }
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ pub struct FileMember {
     zero_align: u64,
     size: SizeWatch,
     dsync: Dsync,
+    rotational: Option<bool>,
 }
 
 impl FileMember {
@@ -58,6 +59,7 @@ impl FileMember {
             zero_align,
             size: SizeWatch::new(o.len, o.regular),
             dsync: Dsync::default(),
+            rotational: o.rotational,
         }
     }
 
@@ -75,6 +77,7 @@ impl FileMember {
         file.set_len(len)
             .map_err(|e| MemberError::new(&name, Op::Write, 0, len, e))?;
         let o = sys::Opened {
+            rotational: sys::rotational(&file, true),
             file,
             regular: true,
             len,
@@ -165,6 +168,10 @@ impl Member for FileMember {
 
     fn as_mapper(&self) -> Option<&Mapper> {
         self.mapper.as_ref()
+    }
+
+    fn rotational(&self) -> Option<bool> {
+        self.rotational
     }
 }
 

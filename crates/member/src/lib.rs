@@ -165,6 +165,15 @@ pub trait Member: Send + Sync + fmt::Debug {
     fn block_size(&self) -> u32 {
         1
     }
+    /// Whether the member is on a spinning disk, where reaching another
+    /// offset costs a seek of milliseconds: as the kernel says of its
+    /// device (`queue/rotational`). None where that is not known (memory,
+    /// a remote member, an array). Mirrored levels read copies on spinning
+    /// disks as md does: a sequential reader stays on the copy whose head
+    /// is where it reads, other reads go to the nearest head.
+    fn rotational(&self) -> Option<bool> {
+        None
+    }
     /// Flush and let go: a member with state of its own (an array) records
     /// a clean shutdown here. Called once, when its user is done with it.
     fn close(&self) -> Result<()> {

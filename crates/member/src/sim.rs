@@ -244,6 +244,11 @@ impl Member for SimDisk {
         self.inner.block_size()
     }
 
+    /// It models a spinning disk, whatever holds its bytes.
+    fn rotational(&self) -> Option<bool> {
+        Some(true)
+    }
+
     fn close(&self) -> Result<()> {
         self.inner.close()
     }

@@ -27,6 +27,8 @@ pub(crate) struct Opened {
     pub regular: bool,
     /// Size in bytes.
     pub len: u64,
+    /// Whether its device spins (see [`rotational`]).
+    pub rotational: Option<bool>,
 }
 
 /// Open an existing regular file or block device. Writers take the
@@ -75,7 +77,43 @@ pub(crate) fn open_member_file(
         device_size(&file)
     }
     .map_err(open_err)?;
-    Ok(Opened { file, regular, len })
+    let rotational = rotational(&file, regular);
+    Ok(Opened {
+        file,
+        regular,
+        len,
+        rotational,
+    })
+}
+
+/// Whether the disk under `file` spins, as the kernel says of it
+/// (`/sys/dev/block/MAJ:MIN/queue/rotational`): the device itself, or the
+/// one holding the file system of a regular file; a partition's answer is
+/// its disk's. None where there is no such device (tmpfs, a file system
+/// over several devices) or sysfs does not say.
+pub(crate) fn rotational(file: &File, regular: bool) -> Option<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let m = file.metadata().ok()?;
+    let dev = if regular { m.dev() } else { m.rdev() };
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    if major == 0 {
+        // Anonymous devices: memory and multi-device file systems.
+        return None;
+    }
+    let base = format!("/sys/dev/block/{major}:{minor}");
+    // The path goes through the symlink sysfs keeps for the device, so
+    // `..` of a partition is its disk.
+    [
+        format!("{base}/queue/rotational"),
+        format!("{base}/../queue/rotational"),
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok())
+    .and_then(|t| match t.trim() {
+        "1" => Some(true),
+        "0" => Some(false),
+        _ => None,
+    })
 }
 
 /// Refuse what is neither a regular file nor a block device before opening
@@ -409,6 +447,26 @@ pub(crate) fn memory_fs(path: &Path) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_on_a_disk_is_asked_of_its_disk_and_one_in_memory_of_none() {
+        use std::os::unix::fs::MetadataExt;
+        let on_disk = File::open(env!("CARGO_MANIFEST_DIR").to_string() + "/Cargo.toml").unwrap();
+        let dev = on_disk.metadata().unwrap().dev();
+        let sysfs = format!("/sys/dev/block/{}:{}", libc::major(dev), libc::minor(dev));
+        if Path::new(&sysfs).exists() {
+            let want = ["queue/rotational", "../queue/rotational"]
+                .iter()
+                .find_map(|q| std::fs::read_to_string(format!("{sysfs}/{q}")).ok())
+                .map(|t| t.trim() == "1");
+            assert!(want.is_some(), "sysfs says nothing for {sysfs}");
+            assert_eq!(rotational(&on_disk, true), want);
+        }
+        if Path::new("/dev/shm").is_dir() {
+            let t = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
+            assert_eq!(rotational(t.as_file(), true), None);
+        }
+    }
     use std::cell::RefCell;
 
     #[test]

@@ -814,6 +814,10 @@ impl Member for Checked {
         self.inner.remote()
     }
 
+    fn rotational(&self) -> Option<bool> {
+        self.inner.rotational()
+    }
+
     fn discard(&self, off: u64, len: u64) -> Result<(), MemberError> {
         let Some((lo, hi)) = self.data_part(off, len) else {
             return self.inner.discard(off, len);

@@ -72,6 +72,12 @@ pub(crate) struct Disk {
     /// not: a link cut in the middle of one leaves the member with that
     /// count or the one before (`sb`'s), both its own.
     pub sb_tried: AtomicU64,
+    /// On a spinning disk (see `Member::rotational`; None: not known):
+    /// mirrored reads choose it by where its head is.
+    pub rotational: Option<bool>,
+    /// Where its head will be once the reads sent to it by the mirrored
+    /// levels' balancing are done: the member offset the last one ends at.
+    pub read_head: AtomicU64,
 }
 
 impl Disk {
@@ -86,6 +92,8 @@ impl Disk {
             ))
         });
         Disk {
+            rotational: member.rotational(),
+            read_head: AtomicU64::new(0),
             data_offset: sb.data_offset,
             uuid: sb.member_uuid,
             member: match &checked {
@@ -107,6 +115,11 @@ impl Disk {
 
     pub fn name(&self) -> &str {
         self.member.name()
+    }
+
+    /// Whether some operation on it is under way.
+    pub(crate) fn busy(&self) -> bool {
+        self.inflight.load(Ordering::Acquire) > 0
     }
 
     /// Make what was written to the device durable (its cache flushed),

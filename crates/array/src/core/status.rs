@@ -28,6 +28,10 @@ pub struct MemberStatus {
     /// Bytes and operations read and written, time spent (open members).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub io: Option<super::io::MemberIo>,
+    /// Whether its device spins, as the kernel says (open members whose
+    /// device says): mirrored levels then read as md does on disks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rotational: Option<bool>,
 }
 
 /// How slow a slow member is: its mean time per operation over the last
@@ -74,6 +78,7 @@ impl Core {
                     errors: Some(d.errors()),
                     slow: d.slow(),
                     io: Some(d.io.report()),
+                    rotational: d.rotational,
                 },
                 (None, absence) => {
                     // A failed member still open speaks for its role.
@@ -87,6 +92,7 @@ impl Core {
                             errors: Some(d.errors()),
                             slow: d.slow(),
                             io: Some(d.io.report()),
+                            rotational: d.rotational,
                         }
                     } else if let Some(Absence::Stale { member, reason }) = absence {
                         MemberStatus {
@@ -98,6 +104,7 @@ impl Core {
                             errors: None,
                             slow: None,
                             io: None,
+                            rotational: None,
                         }
                     } else {
                         MemberStatus {
@@ -109,6 +116,7 @@ impl Core {
                             errors: None,
                             slow: None,
                             io: None,
+                            rotational: None,
                         }
                     }
                 }
@@ -126,6 +134,7 @@ impl Core {
                     errors: Some(d.errors()),
                     slow: d.slow(),
                     io: Some(d.io.report()),
+                    rotational: d.rotational,
                 });
             }
         }
@@ -138,6 +147,7 @@ impl Core {
             errors: Some(d.errors()),
             slow: d.slow(),
             io: Some(d.io.report()),
+            rotational: d.rotational,
         }));
         for (d, role, why) in &v.failed {
             if role.is_some_and(|r| v.roles[r].disk.is_none()) {
@@ -152,6 +162,7 @@ impl Core {
                 errors: Some(d.errors()),
                 slow: d.slow(),
                 io: Some(d.io.report()),
+                rotational: d.rotational,
             });
         }
         out

@@ -515,7 +515,7 @@ impl Array {
             let (dst, tail) = rest.split_at_mut(p.len as usize);
             rest = tail;
             at += p.len;
-            groups[self.level().read_role(self, p)].push((p, dst));
+            groups[self.level().read_role(self, v, p)].push((p, dst));
         }
         in_parallel(
             groups.into_iter().enumerate().filter(|g| !g.1.is_empty()),
@@ -573,7 +573,7 @@ impl Array {
             scratch::give(buf);
         }
         for (q, dst) in run {
-            self.level().read_piece(self, v, q, dst)?;
+            self.level().read_piece_on(self, v, q, dst, role)?;
         }
         Ok(())
     }

@@ -203,3 +203,120 @@ fn a_member_truncated_under_parity_in_place_faults_without_killing_the_process()
     assert!(back == new);
     a.close().unwrap();
 }
+
+/// A member that says whether it spins, and notes where it is read.
+#[derive(Debug)]
+struct Spinning {
+    inner: FileMember,
+    spins: bool,
+    reads: Mutex<Vec<u64>>,
+}
+
+impl Member for Spinning {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> raidkit_member::Result<()> {
+        self.reads.lock().unwrap().push(offset);
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> raidkit_member::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> raidkit_member::Result<()> {
+        self.inner.flush()
+    }
+    fn rotational(&self) -> Option<bool> {
+        Some(self.spins)
+    }
+}
+
+/// A RAID-1 of two members holding a pattern, opened again over
+/// `Spinning` members: the array, the members, the pattern.
+fn mirror_of(dir: &std::path::Path, spins: bool) -> (Array, Vec<Arc<Spinning>>, Vec<u8>) {
+    let chunk = 16u64 << 10;
+    let (a, paths, model) = file_array(dir, Level::Raid1, 2, chunk, 4 << 20, Policy::Bitmap);
+    a.close().unwrap();
+    drop(a);
+    let ms: Vec<Arc<Spinning>> = paths
+        .iter()
+        .map(|p| {
+            Arc::new(Spinning {
+                inner: FileMember::open(p, false).unwrap(),
+                spins,
+                reads: Mutex::new(Vec::new()),
+            })
+        })
+        .collect();
+    let opened: Vec<Arc<dyn Member>> = ms.iter().map(|m| m.clone() as Arc<dyn Member>).collect();
+    let a = Array::open(crate::assemble::assemble(opened).unwrap(), "r", false).unwrap();
+    for m in &ms {
+        m.reads.lock().unwrap().clear();
+    }
+    (a, ms, model)
+}
+
+#[test]
+fn mirrors_on_spinning_disks_keep_a_sequential_reader_on_one_copy() {
+    // md's read balancing where a seek costs milliseconds: one disk reads
+    // the stream at its full rate. Mirrors that do not seek take turns,
+    // so one reader gets both copies' bandwidth.
+    for spins in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, ms, model) = mirror_of(dir.path(), spins);
+        let mut buf = vec![0u8; 16 << 10];
+        for i in 0..64u64 {
+            let at = i * buf.len() as u64;
+            a.read(&mut buf, at).unwrap();
+            assert_eq!(buf, model[at as usize..at as usize + buf.len()]);
+        }
+        let counts: Vec<usize> = ms.iter().map(|m| m.reads.lock().unwrap().len()).collect();
+        if spins {
+            assert!(
+                counts.contains(&0) && counts.contains(&64),
+                "one copy reads the whole stream: {counts:?}"
+            );
+        } else {
+            assert_eq!(counts, [32, 32], "the copies take turns by chunk");
+        }
+        a.close().unwrap();
+    }
+}
+
+#[test]
+fn mirrors_on_spinning_disks_give_two_readers_a_disk_each() {
+    // Two streams far apart, read in turn: each settles on the copy whose
+    // head is where it reads, so neither disk seeks between them.
+    let dir = tempfile::tempdir().unwrap();
+    let (a, ms, model) = mirror_of(dir.path(), true);
+    let half = a.capacity() / 2;
+    let mut buf = vec![0u8; 16 << 10];
+    for i in 0..32u64 {
+        for base in [0, half] {
+            let at = base + i * buf.len() as u64;
+            a.read(&mut buf, at).unwrap();
+            assert_eq!(buf, model[at as usize..at as usize + buf.len()]);
+        }
+    }
+    let data_offset = ms[0].len() - a.capacity();
+    for m in &ms {
+        let reads = m.reads.lock().unwrap();
+        // After the first reads of each stream, which place them.
+        let regions: std::collections::BTreeSet<bool> = reads[2..]
+            .iter()
+            .map(|&off| off - data_offset >= half)
+            .collect();
+        assert_eq!(
+            regions.len(),
+            1,
+            "{} reads both streams: {reads:?}",
+            m.name()
+        );
+    }
+    let counts: Vec<usize> = ms.iter().map(|m| m.reads.lock().unwrap().len()).collect();
+    assert!(counts.iter().all(|&c| c >= 30), "a disk each: {counts:?}");
+    a.close().unwrap();
+}

@@ -24,8 +24,19 @@ impl LevelOps for Mirrored {
         a.read_copies(v, p, dst)
     }
 
-    fn read_role(&self, a: &Array, p: &Piece) -> usize {
-        a.first_copy(p)
+    fn read_role(&self, a: &Array, v: &View, p: &Piece) -> usize {
+        a.read_order(v, p, None)[0].0
+    }
+
+    fn read_piece_on(
+        &self,
+        a: &Array,
+        v: &View,
+        p: &Piece,
+        dst: &mut [u8],
+        role: usize,
+    ) -> Result<()> {
+        a.read_copies_from(v, p, dst, Some(role))
     }
 
     fn write<'a>(
@@ -201,20 +212,55 @@ impl Array {
         p.copies[start..].iter().chain(&p.copies[..start]).copied()
     }
 
-    /// The role a read of a piece tries first.
-    pub(crate) fn first_copy(&self, p: &Piece) -> usize {
-        self.copy_order(p).next().expect("a piece has a copy").0
+    /// The copy of `p` on spinning disks that a read goes to, as md
+    /// chooses (raid1.c `read_balance`): the one whose head is where the
+    /// read starts, so that a sequential reader stays on one disk and
+    /// reads it at full speed (taking turns by chunk, each disk would skip
+    /// every other chunk, and two readers would seek between each other's
+    /// pieces); else the one whose head is nearest. Its head then moves to
+    /// the end of the read. None where some copy is not on a spinning disk
+    /// (or not known to be one): reads take turns there, which gives one
+    /// reader the bandwidth of every copy on devices that do not seek.
+    fn nearest_head(&self, v: &View, p: &Piece) -> Option<usize> {
+        if p.copies.len() < 2 {
+            return None;
+        }
+        let mut best: Option<((bool, u64), &Disk, usize)> = None;
+        for (role, dev) in self.copy_order(p) {
+            let Some(d) = Core::readable(v, role, dev, p.len) else {
+                continue;
+            };
+            if d.rotational != Some(true) {
+                return None;
+            }
+            let dist = d.read_head.load(Ordering::Relaxed).abs_diff(dev);
+            let key = (d.busy(), dist);
+            // Ties keep the turn's order.
+            if best.is_none_or(|b| key < b.0) {
+                best = Some((key, d, role));
+            }
+        }
+        let (_, d, role) = best?;
+        let dev = p.copies.iter().find(|c| c.0 == role).expect("a copy").1;
+        d.read_head.store(dev + p.len, Ordering::Relaxed);
+        Some(role)
     }
 
-    /// The copies in the order a read tries them: `copy_order`, except
-    /// that a copy on a slow member (one much slower than its peers, such
-    /// as a remote member behind a congested link) goes last while another
-    /// is fine, as md's failfast: a read is not made to wait on it. Not
-    /// where copies may still differ (the first one is the truth there).
-    fn read_order(&self, v: &View, p: &Piece) -> Small<(usize, u64)> {
-        let order: Small<(usize, u64)> = self.copy_order(p).collect();
+    /// The copies in the order a read tries them: `first` (a role chosen
+    /// before) or on spinning disks the one `nearest_head` chooses first,
+    /// else `copy_order`; a copy on a slow member (one much slower than
+    /// its peers, such as a remote member behind a congested link) goes
+    /// last while another is fine, as md's failfast: a read is not made to
+    /// wait on it. Not where copies may still differ (the first one is the
+    /// truth there).
+    fn read_order(&self, v: &View, p: &Piece, first: Option<usize>) -> Small<(usize, u64)> {
+        let mut order: Small<(usize, u64)> = self.copy_order(p).collect();
         if self.unsynced(p.logical / self.core.geom().chunk) {
             return order;
+        }
+        if let Some(role) = first.or_else(|| self.nearest_head(v, p)) {
+            let i = order.iter().position(|c| c.0 == role).expect("a copy");
+            order[..=i].rotate_right(1);
         }
         let slow = |&(role, _): &(usize, u64)| {
             v.roles[role]
@@ -231,11 +277,23 @@ impl Array {
     }
 
     pub(crate) fn read_copies(&self, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()> {
+        self.read_copies_from(v, p, dst, None)
+    }
+
+    /// Read a piece from its copies, `first` (or as `read_order` says)
+    /// first; the copies that failed are cured from one that did not.
+    pub(crate) fn read_copies_from(
+        &self,
+        v: &View,
+        p: &Piece,
+        dst: &mut [u8],
+        first: Option<usize>,
+    ) -> Result<()> {
         let mut bad: Small<usize> = Small::new();
         let mut mismatched: Small<usize> = Small::new();
         let mut last_err = None;
         let mut done = false;
-        for &(role, dev) in self.read_order(v, p).iter() {
+        for &(role, dev) in self.read_order(v, p, first).iter() {
             match self.core.member_read(v, role, dst, dev) {
                 Some(Ok(())) => {
                     done = true;

@@ -30,8 +30,23 @@ pub(crate) trait LevelOps: Send + Sync {
     fn read_piece(&self, a: &Array, v: &View, p: &Piece, dst: &mut [u8]) -> Result<()>;
 
     /// The role whose member serves a piece's read first: large reads are
-    /// grouped by it, one thread per member.
-    fn read_role(&self, a: &Array, p: &Piece) -> usize;
+    /// grouped by it, one thread per member, and read with `read_piece_on`
+    /// (a mirrored level's choice moves that disk's head: asked again, it
+    /// might choose another copy).
+    fn read_role(&self, a: &Array, v: &View, p: &Piece) -> usize;
+
+    /// `read_piece`, trying `role` (from `read_role`) first.
+    fn read_piece_on(
+        &self,
+        a: &Array,
+        v: &View,
+        p: &Piece,
+        dst: &mut [u8],
+        role: usize,
+    ) -> Result<()> {
+        let _ = role;
+        self.read_piece(a, v, p, dst)
+    }
 
     /// Write a request's pieces (`src` gives each piece's bytes; `len` is
     /// the request's length), keeping redundancy consistent.

@@ -43,7 +43,7 @@ impl LevelOps for Parity {
         a.read_parity_piece(v, p, dst)
     }
 
-    fn read_role(&self, _a: &Array, p: &Piece) -> usize {
+    fn read_role(&self, _a: &Array, _v: &View, p: &Piece) -> usize {
         p.copies[0].0
     }
 

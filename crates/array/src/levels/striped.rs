@@ -18,7 +18,7 @@ impl LevelOps for Striped {
         a.read_copies(v, p, dst)
     }
 
-    fn read_role(&self, _a: &Array, p: &Piece) -> usize {
+    fn read_role(&self, _a: &Array, _v: &View, p: &Piece) -> usize {
         p.copies[0].0
     }
 
