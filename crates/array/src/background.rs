@@ -105,6 +105,9 @@ pub(crate) struct Recovery {
     pub(crate) pending_parity: Mutex<Option<ParityResync>>,
     /// A parity resync has not finished: the array must stay marked dirty.
     pub(crate) parity_unfinished: std::sync::atomic::AtomicBool,
+    /// The regions an unclean stop left marked, while their resync has not
+    /// finished: mirror copies may differ there.
+    pub(crate) resync_marked: Mutex<Option<crate::bitmap::RegionSet>>,
     /// A scrub asked for and not started yet.
     pub(crate) pending_scrub: Mutex<Option<crate::scrub::ScrubRequest>>,
     /// Tells a running scrub to stop.
@@ -122,6 +125,7 @@ impl Default for Recovery {
             samples: Mutex::default(),
             pending_parity: Mutex::new(None),
             parity_unfinished: std::sync::atomic::AtomicBool::new(false),
+            resync_marked: Mutex::new(None),
             pending_scrub: Mutex::new(None),
             scrub_stop: std::sync::atomic::AtomicBool::new(false),
             last_scrub: Mutex::new(None),

@@ -492,6 +492,7 @@ impl Array {
             if plan.marked.is_some() {
                 // Marked regions are not recorded anywhere but in the bitmap:
                 // the array stays dirty until they are done.
+                *self.recovery.resync_marked.locked() = plan.marked.clone();
                 self.recovery
                     .parity_unfinished
                     .store(true, std::sync::atomic::Ordering::Release);
@@ -558,6 +559,26 @@ impl Array {
         unit >= self
             .unsynced_from
             .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether the copies of mirrored piece `p` may differ: an initial
+    /// resync has not reached it, or it lies in a region an unclean stop
+    /// left marked and the resync after it has not finished. Reads there
+    /// take the first copy, the one the resync copies to the others: a
+    /// read before the resync gives what one after it does.
+    pub(crate) fn copies_may_differ(&self, p: &Piece) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.unsynced(p.logical / self.core.geom().chunk) {
+            return true;
+        }
+        if !self.recovery.parity_unfinished.load(Ordering::Acquire) {
+            return false;
+        }
+        self.recovery
+            .resync_marked
+            .locked()
+            .as_ref()
+            .is_some_and(|m| p.copies.iter().any(|&(_, d)| m.overlaps(d, d + p.len)))
     }
 
     /// `unsynced` for stripe `stripe` of view `v`'s geometry. The resync
@@ -667,6 +688,7 @@ impl Array {
             self.recovery
                 .parity_unfinished
                 .store(false, Ordering::Release);
+            *self.recovery.resync_marked.locked() = None;
             // Every block the crash could have torn has been read (and its
             // checksum recorded) and is written back by the flush above.
             self.core.window.close();

@@ -244,9 +244,10 @@ impl Member for SimDisk {
         self.inner.block_size()
     }
 
-    /// It models a spinning disk, whatever holds its bytes.
+    /// It models a spinning disk, whatever holds its bytes (unless its
+    /// seeks cost nothing).
     fn rotational(&self) -> Option<bool> {
-        Some(true)
+        Some(!self.config.seek.is_zero())
     }
 
     fn close(&self) -> Result<()> {

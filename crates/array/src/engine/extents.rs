@@ -37,7 +37,8 @@ impl Array {
         let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
         let mut mapped = Vec::new();
         for p in &pieces {
-            // The copy `read` would try first, or the next one in sync.
+            // A copy in sync, in turn order (the data is in the page
+            // cache: no disk head to choose by).
             let (d, dev) = self
                 .copy_order(p)
                 .find_map(|(role, dev)| Core::readable(&v, role, dev, p.len).map(|d| (d, dev)))?;

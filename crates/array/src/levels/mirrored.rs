@@ -197,14 +197,15 @@ pub(crate) fn read_in_sync(
 }
 
 impl Array {
-    /// The copies of a piece (role, device offset) in the order reads try
-    /// them: mirrors take turns by chunk (md's read balancing, simplified),
-    /// so sequential reads use every member. Other levels have one copy.
+    /// The copies of a piece (role, device offset) in turn order: mirrors
+    /// take turns by chunk, so that one sequential reader uses every copy
+    /// on devices that do not seek (see `read_order` for those that do).
+    /// Other levels have one copy.
     pub(crate) fn copy_order<'p>(&self, p: &'p Piece) -> impl Iterator<Item = (usize, u64)> + 'p {
         let unit = p.logical / self.core.geom().chunk;
-        // Copies not yet synced may differ: the first one is the one the
-        // resync copies to the others, so every read returns it.
-        let start = if self.unsynced(unit) {
+        // Where copies may differ, the first one is the one the resync
+        // copies to the others, so every read returns it.
+        let start = if p.copies.len() < 2 || self.copies_may_differ(p) {
             0
         } else {
             unit as usize % p.copies.len()
@@ -212,15 +213,19 @@ impl Array {
         p.copies[start..].iter().chain(&p.copies[..start]).copied()
     }
 
-    /// The copy of `p` on spinning disks that a read goes to, as md
-    /// chooses (raid1.c `read_balance`): the one whose head is where the
-    /// read starts, so that a sequential reader stays on one disk and
-    /// reads it at full speed (taking turns by chunk, each disk would skip
-    /// every other chunk, and two readers would seek between each other's
-    /// pieces); else the one whose head is nearest. Its head then moves to
-    /// the end of the read. None where some copy is not on a spinning disk
-    /// (or not known to be one): reads take turns there, which gives one
-    /// reader the bandwidth of every copy on devices that do not seek.
+    /// The copy of `p` on spinning disks that a read goes to, as md's
+    /// RAID-10 chooses among near copies (raid10.c `read_balance`): a
+    /// copy whose disk has nothing under way, else any; among those, the
+    /// one whose head is nearest, so that a sequential reader's next piece
+    /// goes where its disk's head already is (taking turns by chunk, each
+    /// disk would skip every other chunk, and two readers would seek
+    /// between each other's pieces). Its head then moves to the end of the
+    /// read. md's RAID-1 keeps a sequential reader on its disk even when
+    /// another is idle; an idle copy is taken here too, which measured
+    /// better on simulated disks (docs/sweep/README.md). None where some
+    /// copy is not on a spinning disk (or not known to be one): reads take
+    /// turns there, which gives one reader the bandwidth of every copy on
+    /// devices that do not seek.
     fn nearest_head(&self, v: &View, p: &Piece) -> Option<usize> {
         if p.copies.len() < 2 {
             return None;
@@ -255,7 +260,7 @@ impl Array {
     /// truth there).
     fn read_order(&self, v: &View, p: &Piece, first: Option<usize>) -> Small<(usize, u64)> {
         let mut order: Small<(usize, u64)> = self.copy_order(p).collect();
-        if self.unsynced(p.logical / self.core.geom().chunk) {
+        if order.len() < 2 || self.copies_may_differ(p) {
             return order;
         }
         if let Some(role) = first.or_else(|| self.nearest_head(v, p)) {
