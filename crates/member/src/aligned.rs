@@ -119,6 +119,21 @@ impl AlignedVec {
     pub fn clear(&mut self) {
         self.len = 0;
     }
+
+    /// Make it `len` bytes long with unspecified contents (what it held
+    /// before, or zeroes): for a buffer about to be overwritten whole, no
+    /// fill and no copy of old contents into a larger allocation.
+    pub fn resize_for_overwrite(&mut self, len: usize) {
+        if len > self.capacity() {
+            self.buf = Some(AlignedBuf::zeroed(len));
+        }
+        self.len = len;
+    }
+
+    /// Bytes it holds without allocating.
+    pub fn capacity(&self) -> usize {
+        self.buf.as_ref().map_or(0, |b| b.len())
+    }
 }
 
 impl Deref for AlignedVec {

@@ -341,6 +341,34 @@ impl Member for DirectMember {
         })
     }
 
+    /// Aligned runs are asked of the device in one system call
+    /// (io_uring), so that its queue holds them all at once; others, or
+    /// where io_uring cannot be had, one after the other.
+    fn read_runs(&self, runs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        let together = runs.len() > 1
+            && runs
+                .iter()
+                .all(|(offset, buf)| self.aligned(buf.as_ptr(), *offset, buf.len()));
+        if together {
+            for (offset, buf) in runs.iter() {
+                let len = buf.len() as u64;
+                self.size
+                    .access(&self.file, &self.name, Op::Read, *offset, len)?;
+            }
+            if let Some(r) = crate::uring::read_runs(&self.file, runs) {
+                let lo = runs.iter().map(|r| r.0).min().unwrap_or(0);
+                let hi = runs.iter().map(|r| r.0 + r.1.len() as u64).max();
+                let len = hi.unwrap_or(lo) - lo;
+                return r.map_err(|e| {
+                    self.size
+                        .explain_short_read(&self.file, &self.name, lo, len, e)
+                });
+            }
+        }
+        runs.iter_mut()
+            .try_for_each(|(offset, buf)| self.read_at(buf, *offset))
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.write_checked(buf, offset, false)
     }

@@ -33,6 +33,7 @@ pub mod readahead;
 pub mod sim;
 mod sys;
 pub mod units;
+mod uring;
 mod watch;
 pub mod writebehind;
 
@@ -48,6 +49,7 @@ pub use powercut::{CutRng, PowerCutMember};
 pub use readahead::ReadAhead;
 pub use sim::{SimConfig, SimDisk};
 pub use sys::InUse;
+pub use uring::{available as uring_available, reads_asked_together};
 pub use writebehind::{BehindCounts, WriteBehind};
 
 use std::fmt;
@@ -145,6 +147,18 @@ pub trait Member: Send + Sync + fmt::Debug {
     }
     /// Read exactly `buf.len()` bytes at `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+    /// Read several ranges, each exactly: the pieces one request needs
+    /// from this member that do not lie one after the other (a parity
+    /// chunk or the other copy's chunk between them). Asked of a disk one
+    /// after the other, they let another reader's requests in between,
+    /// and the head seeks back and forth; asked together, the disk's
+    /// queue holds them all and takes them in order. Members that wait
+    /// for a device ask them at once; the default reads them one after
+    /// the other. On an error, the ranges' contents are unspecified.
+    fn read_runs(&self, runs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        runs.iter_mut()
+            .try_for_each(|(offset, buf)| self.read_at(buf, *offset))
+    }
     /// Write all of `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
     /// Make every completed write durable.

@@ -751,6 +751,29 @@ impl Member for Checked {
         self.fail_read(&bad)
     }
 
+    /// Runs of whole blocks of the data area are asked of the member
+    /// together, then checked as `read_at` checks them; others are read
+    /// one after the other.
+    fn read_runs(&self, runs: &mut [(u64, &mut [u8])]) -> Result<(), MemberError> {
+        let whole = runs.iter().all(|(off, buf)| {
+            let len = buf.len() as u64;
+            self.data_part(*off, len) == Some((*off, *off + len))
+                && off.is_multiple_of(BLOCK)
+                && len.is_multiple_of(BLOCK)
+        });
+        if !whole {
+            return runs
+                .iter_mut()
+                .try_for_each(|(off, buf)| self.read_at(buf, *off));
+        }
+        self.inner.read_runs(runs)?;
+        let mut bad = Vec::new();
+        for (off, buf) in runs.iter_mut() {
+            bad.append(&mut self.check_read(buf, *off)?);
+        }
+        self.fail_read(&bad)
+    }
+
     fn write_at(&self, buf: &[u8], off: u64) -> Result<(), MemberError> {
         let Some((lo, hi)) = self.data_part(off, buf.len() as u64) else {
             return self.inner.write_at(buf, off);

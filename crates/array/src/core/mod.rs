@@ -517,6 +517,34 @@ impl Core {
         Some(self.disk_read(d, buf, dev))
     }
 
+    /// Read the runs `(dev, buf)` from `role` together (see
+    /// [`Member::read_runs`]). None where they cannot be read so: the role
+    /// cannot serve one of them, one lies in a crash window, or the read
+    /// failed; nothing is counted then, and the caller reads them as any
+    /// read (which counts, heals, reconstructs and fails members).
+    pub(crate) fn member_read_runs(
+        &self,
+        v: &View,
+        role: usize,
+        runs: &mut [(u64, &mut [u8])],
+    ) -> Option<()> {
+        let d = Self::readable(v, role, runs.first()?.0, 0)?;
+        for (dev, buf) in runs.iter() {
+            let len = buf.len() as u64;
+            let same = Self::readable(v, role, *dev, len).is_some_and(|x| Arc::ptr_eq(x, d));
+            if !same || (d.checked.is_some() && self.window.covers(*dev, len)) {
+                return None;
+            }
+        }
+        let mut at: crate::engine::Small<(u64, &mut [u8])> = runs
+            .iter_mut()
+            .map(|(dev, buf)| (d.data_offset + *dev, &mut **buf))
+            .collect();
+        self.timed(d, || d.member.read_runs(&mut at)).ok()?;
+        d.io.read(at.iter().map(|r| r.1.len()).sum());
+        Some(())
+    }
+
     /// Read from a member's data area at `dev`: checked against its
     /// checksums (adopting them within a crash window), timed, and its
     /// I/O errors counted.

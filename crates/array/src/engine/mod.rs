@@ -548,11 +548,66 @@ impl Array {
             }
             runs.push(run);
         }
-        // One run after the other: asked for at once, a disk idle at the
-        // time may take the later one first and seek back for the earlier
-        // (one reader of a RAID-5 of simulated disks: 234 MB/s against 440).
+        // The runs asked of the member together, so that a disk's queue
+        // holds them all and takes them in order: asked one after the
+        // other, a second reader's runs come in between and the head seeks
+        // back and forth. (Asked at once from several threads, an idle disk
+        // took whichever came first: one reader of a RAID-5 of simulated
+        // disks fell from 440 to 234 MB/s.)
+        if runs.len() > 1 && self.read_runs_together(v, role, &mut runs) {
+            return Ok(());
+        }
         runs.into_iter()
             .try_for_each(|run| self.read_one_run(v, role, run))
+    }
+
+    /// Read `runs` of member `role` with one [`Member::read_runs`]: a run
+    /// of one piece straight into its buffer, longer ones through a
+    /// scratch buffer. False where that cannot be done (nothing is filled
+    /// in for sure then; the caller reads them run by run).
+    fn read_runs_together(
+        &self,
+        v: &View,
+        role: usize,
+        runs: &mut [Vec<(&Piece, &mut [u8])>],
+    ) -> bool {
+        let dev_of = |p: &Piece| p.copies.iter().find(|c| c.0 == role).map(|c| c.1);
+        let Some(starts) = runs
+            .iter()
+            .map(|run| dev_of(run[0].0))
+            .collect::<Option<Small<u64>>>()
+        else {
+            return false;
+        };
+        let mut joined: Small<raidkit_member::AlignedVec> = runs
+            .iter()
+            .filter(|run| run.len() > 1)
+            .map(|run| scratch::take_aligned(run.iter().map(|(q, _)| q.len as usize).sum()))
+            .collect();
+        let mut spare = joined.iter_mut();
+        let mut reqs: Small<(u64, &mut [u8])> = runs
+            .iter_mut()
+            .zip(&starts)
+            .map(|(run, &dev)| match run.as_mut_slice() {
+                [(_, dst)] => (dev, &mut **dst),
+                _ => (dev, &mut **spare.next().expect("a buffer per run")),
+            })
+            .collect();
+        let read = self.core.member_read_runs(v, role, &mut reqs).is_some();
+        drop(reqs);
+        let mut filled = joined.iter();
+        for run in runs.iter_mut().filter(|run| run.len() > 1) {
+            let buf = filled.next().expect("a buffer per run");
+            if read {
+                let mut at = 0;
+                for (q, dst) in run.iter_mut() {
+                    dst.copy_from_slice(&buf[at..at + q.len as usize]);
+                    at += q.len as usize;
+                }
+            }
+        }
+        joined.into_iter().for_each(scratch::give_aligned);
+        read
     }
 
     /// Pieces that lie one after the other on member `role`: one read.
@@ -561,7 +616,7 @@ impl Array {
             let dev_of = |p: &Piece| p.copies.iter().find(|c| c.0 == role).map(|c| c.1);
             let start = dev_of(run[0].0).expect("a run is on its member");
             let end = start + run.iter().map(|(q, _)| q.len).sum::<u64>();
-            let mut buf = scratch::take((end - start) as usize);
+            let mut buf = scratch::take_aligned((end - start) as usize);
             let read = self.core.member_read(v, role, &mut buf, start);
             if let Some(Ok(())) = read {
                 let mut at = 0;
@@ -570,7 +625,7 @@ impl Array {
                     at += q.len as usize;
                 }
             }
-            scratch::give(buf);
+            scratch::give_aligned(buf);
         }
         for (q, dst) in run {
             self.level().read_piece_on(self, v, q, dst, role)?;

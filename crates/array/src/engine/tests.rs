@@ -210,6 +210,8 @@ struct Spinning {
     inner: FileMember,
     spins: bool,
     reads: Mutex<Vec<u64>>,
+    /// The runs of each `read_runs` call, as (offset, length).
+    batches: Mutex<Vec<Vec<(u64, usize)>>>,
 }
 
 impl Member for Spinning {
@@ -222,6 +224,11 @@ impl Member for Spinning {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> raidkit_member::Result<()> {
         self.reads.lock().unwrap().push(offset);
         self.inner.read_at(buf, offset)
+    }
+    fn read_runs(&self, runs: &mut [(u64, &mut [u8])]) -> raidkit_member::Result<()> {
+        let asked = runs.iter().map(|r| (r.0, r.1.len())).collect();
+        self.batches.lock().unwrap().push(asked);
+        self.inner.read_runs(runs)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> raidkit_member::Result<()> {
         self.inner.write_at(buf, offset)
@@ -237,8 +244,19 @@ impl Member for Spinning {
 /// A RAID-1 of two members holding a pattern, opened again over
 /// `Spinning` members: the array, the members, the pattern.
 fn mirror_of(dir: &std::path::Path, spins: bool) -> (Array, Vec<Arc<Spinning>>, Vec<u8>) {
+    spinning_array(dir, Level::Raid1, 2, spins)
+}
+
+/// An array of `level` over `n` members holding a pattern, opened again
+/// over `Spinning` members (chunks of 16 KiB).
+fn spinning_array(
+    dir: &std::path::Path,
+    level: Level,
+    n: usize,
+    spins: bool,
+) -> (Array, Vec<Arc<Spinning>>, Vec<u8>) {
     let chunk = 16u64 << 10;
-    let (a, paths, model) = file_array(dir, Level::Raid1, 2, chunk, 4 << 20, Policy::Bitmap);
+    let (a, paths, model) = file_array(dir, level, n, chunk, 4 << 20, Policy::Bitmap);
     a.close().unwrap();
     drop(a);
     let ms: Vec<Arc<Spinning>> = paths
@@ -248,6 +266,7 @@ fn mirror_of(dir: &std::path::Path, spins: bool) -> (Array, Vec<Arc<Spinning>>, 
                 inner: FileMember::open(p, false).unwrap(),
                 spins,
                 reads: Mutex::new(Vec::new()),
+                batches: Mutex::new(Vec::new()),
             })
         })
         .collect();
@@ -257,6 +276,36 @@ fn mirror_of(dir: &std::path::Path, spins: bool) -> (Array, Vec<Arc<Spinning>>, 
         m.reads.lock().unwrap().clear();
     }
     (a, ms, model)
+}
+
+#[test]
+fn a_members_pieces_of_a_large_read_are_asked_of_it_together() {
+    // RAID-5 and RAID-6 place parity chunks between a member's data
+    // chunks, RAID-10 the chunks the other copy serves: a read of whole
+    // stripes needs several runs of each member, asked in one call so that
+    // a disk's queue holds them all. (The RAID-10's members do not spin,
+    // so that its copies take turns by chunk and each serves some.)
+    for (level, n) in [(Level::Raid5, 4), (Level::Raid6, 5), (Level::Raid10, 3)] {
+        let dir = tempfile::tempdir().unwrap();
+        let spins = level != Level::Raid10;
+        let (a, ms, model) = spinning_array(dir.path(), level, n, spins);
+        let len = 1 << 20;
+        let off = 3 * (16 << 10);
+        let mut got = vec![0u8; len];
+        a.read(&mut got, off as u64).unwrap();
+        assert!(got == model[off..off + len], "{level:?}: the read is wrong");
+        for (i, m) in ms.iter().enumerate() {
+            let batches = m.batches.lock().unwrap();
+            assert_eq!(batches.len(), 1, "{level:?} member {i}: {batches:?}");
+            let runs = &batches[0];
+            assert!(runs.len() > 1, "{level:?} member {i}: {runs:?}");
+            assert!(
+                runs.windows(2).all(|w| w[0].0 + (w[0].1 as u64) < w[1].0),
+                "{level:?} member {i}: runs apart and in order: {runs:?}"
+            );
+        }
+        a.close().unwrap();
+    }
 }
 
 #[test]
