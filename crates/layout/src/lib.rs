@@ -396,6 +396,14 @@ pub struct Piece {
     pub copies: Copies,
 }
 
+impl Piece {
+    /// Where member `role` holds this piece (its data-area offset), if it
+    /// holds a copy.
+    pub fn dev_on(&self, role: usize) -> Option<u64> {
+        self.copies.iter().find(|c| c.0 == role).map(|c| c.1)
+    }
+}
+
 /// The shape of an array: level, layout, chunk and per-member data sizes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Geometry {

@@ -531,7 +531,7 @@ impl Array {
     /// there, a read error) is read piece by piece, which reconstructs,
     /// repairs and fails members as any read does.
     fn read_member_run(&self, v: &View, role: usize, g: Vec<(&Piece, &mut [u8])>) -> Result<()> {
-        let dev_of = |p: &Piece| p.copies.iter().find(|c| c.0 == role).map(|c| c.1);
+        let dev_of = |p: &Piece| p.dev_on(role);
         let mut runs: Vec<Vec<(&Piece, &mut [u8])>> = Vec::new();
         let mut rest = g.into_iter().peekable();
         while let Some((p, dst)) = rest.next() {
@@ -571,7 +571,7 @@ impl Array {
         role: usize,
         runs: &mut [Vec<(&Piece, &mut [u8])>],
     ) -> bool {
-        let dev_of = |p: &Piece| p.copies.iter().find(|c| c.0 == role).map(|c| c.1);
+        let dev_of = |p: &Piece| p.dev_on(role);
         let Some(starts) = runs
             .iter()
             .map(|run| dev_of(run[0].0))
@@ -613,7 +613,7 @@ impl Array {
     /// Pieces that lie one after the other on member `role`: one read.
     fn read_one_run(&self, v: &View, role: usize, mut run: Vec<(&Piece, &mut [u8])>) -> Result<()> {
         if run.len() > 1 {
-            let dev_of = |p: &Piece| p.copies.iter().find(|c| c.0 == role).map(|c| c.1);
+            let dev_of = |p: &Piece| p.dev_on(role);
             let start = dev_of(run[0].0).expect("a run is on its member");
             let end = start + run.iter().map(|(q, _)| q.len).sum::<u64>();
             let mut buf = scratch::take_aligned((end - start) as usize);

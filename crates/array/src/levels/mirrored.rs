@@ -246,7 +246,7 @@ impl Array {
             }
         }
         let (_, d, role) = best?;
-        let dev = p.copies.iter().find(|c| c.0 == role).expect("a copy").1;
+        let dev = p.dev_on(role).expect("a copy");
         d.read_head.store(dev + p.len, Ordering::Relaxed);
         Some(role)
     }
