@@ -28,11 +28,17 @@ pub fn reads_asked_together() -> u64 {
 /// Entries of a thread's ring: more runs are asked in batches of this many.
 const ENTRIES: usize = 32;
 
+/// Refused submissions after which a thread stops setting up new rings
+/// (a kernel that keeps refusing, not one briefly short of memory).
+const REFUSALS_KEPT: u32 = 8;
+
 thread_local! {
     /// This thread's ring; None once setting one up failed (no io_uring
     /// in this kernel, or refused by a sandbox): the caller reads the
     /// runs one after the other from then on.
     static RING: RefCell<Option<Option<IoUring>>> = const { RefCell::new(None) };
+    /// Submissions this thread's rings had refused.
+    static REFUSED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// Read every run of `file` (`(offset, buffer)`, each buffer filled
@@ -63,8 +69,11 @@ pub(crate) fn read_runs(file: &File, runs: &mut [(u64, &mut [u8])]) -> Option<io
                 }
                 Some(Ok(())) => {}
                 None => {
-                    // The kernel took none of them, so none is in flight:
-                    // this ring is given up, and its runs read by pread.
+                    // The kernel took none of them, so none is in flight;
+                    // they are still queued in this ring, which is
+                    // therefore dropped (reused, it would submit them
+                    // later, into buffers gone by then). The runs are read
+                    // by pread.
                     refused = true;
                     for (offset, buf) in batch.iter_mut() {
                         if let Err(e) = file.read_exact_at(buf, *offset) {
@@ -81,7 +90,12 @@ pub(crate) fn read_runs(file: &File, runs: &mut [(u64, &mut [u8])]) -> Option<io
             }
         }
         if refused {
-            *cell = Some(None);
+            // A refusal is usually passing (EAGAIN, EBUSY: the kernel
+            // short of memory for requests): the next call sets up a new
+            // ring, until this thread has seen a few.
+            let n = REFUSED.get() + 1;
+            REFUSED.set(n);
+            *cell = if n < REFUSALS_KEPT { None } else { Some(None) };
         }
         Some(first_error.map_or(Ok(()), Err))
     })
@@ -125,11 +139,17 @@ fn read_batch(
     let mut results: Vec<Option<i32>> = vec![None; batch.len()];
     let mut left = batch.len();
     while left > 0 {
+        #[cfg(test)]
+        if tests::REFUSE.get() {
+            tests::REFUSE.set(false);
+            return None;
+        }
         match ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             // Refused with every entry still queued: none is in flight.
-            Err(_) if left == batch.len() && ring.submission().len() == batch.len() => {
+            Err(e) if left == batch.len() && ring.submission().len() == batch.len() => {
+                tracing::debug!("io_uring refused member reads: {e}; read by pread");
                 return None;
             }
             // Requests may be in flight into these buffers: this thread
@@ -168,4 +188,66 @@ fn read_batch(
         }
     }
     Some(first_error.map_or(Ok(()), Err))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    thread_local! {
+        /// The next submission on this thread is refused, as a kernel
+        /// short of memory refuses one.
+        pub(super) static REFUSE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    fn asked(file: &File, runs: &mut [(u64, &mut [u8])]) -> Option<io::Result<()>> {
+        read_runs(file, runs)
+    }
+
+    #[test]
+    fn a_refused_submission_reads_by_pread_and_a_new_ring_is_set_up_until_refusals_repeat() {
+        if !available() {
+            eprintln!("no io_uring here: nothing to test");
+            return;
+        }
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 8192]);
+        let check = |a: &[u8], b: &[u8]| {
+            assert_eq!(a, &data[4096..8192]);
+            assert_eq!(b, &data[32768..40960]);
+        };
+        for refusal in 1..=REFUSALS_KEPT {
+            REFUSE.set(true);
+            let before = reads_asked_together();
+            a.fill(0);
+            b.fill(0);
+            asked(&f, &mut [(4096, &mut a[..]), (32768, &mut b[..])])
+                .expect("a ring was set up")
+                .unwrap();
+            check(&a, &b);
+            assert_eq!(reads_asked_together(), before, "refused: read by pread");
+            assert_eq!(
+                available(),
+                refusal < REFUSALS_KEPT,
+                "after refusal {refusal}: a new ring unless refusals repeat"
+            );
+            if refusal < REFUSALS_KEPT {
+                a.fill(0);
+                b.fill(0);
+                let before = reads_asked_together();
+                asked(&f, &mut [(4096, &mut a[..]), (32768, &mut b[..])])
+                    .expect("a new ring")
+                    .unwrap();
+                check(&a, &b);
+                assert!(
+                    reads_asked_together() >= before + 2,
+                    "asked through the new ring"
+                );
+            }
+        }
+        assert!(asked(&f, &mut [(0, &mut a[..])]).is_none(), "given up");
+    }
 }
