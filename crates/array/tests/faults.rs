@@ -328,6 +328,42 @@ fn read_errors_are_cured_or_fail_the_member() {
 }
 
 #[test]
+fn a_sector_that_reads_on_a_retry_is_counted_once_and_the_member_kept() {
+    let d = tmp();
+    for level in [Level::Raid5, Level::Raid6] {
+        let members = make(d.path(), level, 4, 0);
+        let a = open(&members);
+        let mut model = Vec::new();
+        fill(&a, &mut model, 21);
+        done(a);
+        // Member 1's first read of a block in the middle fails; a large
+        // read asks it for several runs at once, and reads them again
+        // one by one when that fails: the retry succeeds, the error is
+        // still the disk's, counted once.
+        let off = 1 << 20; // the data offset of these members
+        let mut specs = members.clone();
+        specs[1] = format!("fault:{}?flaky-at={}", members[1], off + 9 * CHUNK + 512);
+        let a = open(&specs);
+        check(&a, &model);
+        let read_errors = |a: &Array| {
+            a.members_status()
+                .into_iter()
+                .find(|m| m.role == Some(1))
+                .and_then(|m| m.errors)
+                .map(|e| e.read)
+        };
+        assert_eq!(read_errors(&a), Some(1), "{level}");
+        assert_eq!(a.health(), Health::Optimal, "{level}: the member was kept");
+        check(&a, &model);
+        assert_eq!(read_errors(&a), Some(1), "{level}: read at the retry");
+        done(a);
+        for m in &members {
+            std::fs::remove_file(m).unwrap();
+        }
+    }
+}
+
+#[test]
 fn a_bad_sector_is_rewritten_from_redundancy_and_the_member_kept() {
     let d = tmp();
     for level in [Level::Raid5, Level::Raid6, Level::Raid1, Level::Raid10] {

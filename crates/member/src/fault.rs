@@ -14,6 +14,7 @@
 //! | `delay=DUR` | every read and write first sleeps DUR (`5ms`, `1s`, `200us`) |
 //! | `write-delay=DUR` | every write first sleeps DUR (a disk slow to write: its writes land after those of the others) |
 //! | `vanish-after=N` | after N operations every operation fails (ENODEV), as a pulled cable |
+//! | `flaky-at=OFF[,OFF...]` | the first read that covers each of these member offsets fails (EIO), later ones succeed: a marginal sector that reads on a retry |
 //! | `corrupt-at=OFF[,OFF...]` | silent corruption: a read that covers any of these member offsets returns that byte with bits flipped (and no error), until a write covers the offset (the disk then holds what was written) |
 //!
 //! Offsets take K/M/G/T suffixes.
@@ -37,6 +38,7 @@ pub struct FaultConfig {
     pub write_delay_from: u64,
     pub vanish_after: Option<u64>,
     pub corrupt_at: Vec<u64>,
+    pub flaky_at: Vec<u64>,
 }
 
 fn parse_u64_size(s: &str) -> std::result::Result<u64, String> {
@@ -100,9 +102,14 @@ impl FaultConfig {
                         c.corrupt_at.push(parse_u64_size(o)?);
                     }
                 }
+                "flaky-at" => {
+                    for o in v.split(',') {
+                        c.flaky_at.push(parse_u64_size(o)?);
+                    }
+                }
                 other => {
                     return Err(format!(
-                        "unknown fault '{other}' (read-error-at, bad-sector-at, fail-writes-after, delay, write-delay, write-delay-from, vanish-after, corrupt-at)"
+                        "unknown fault '{other}' (read-error-at, bad-sector-at, fail-writes-after, delay, write-delay, write-delay-from, vanish-after, corrupt-at, flaky-at)"
                     ))
                 }
             }
@@ -123,6 +130,8 @@ pub struct FaultMember {
     pending: std::sync::Mutex<Vec<u64>>,
     /// Silently corrupt bytes not yet rewritten.
     corrupt: std::sync::Mutex<Vec<u64>>,
+    /// Marginal sectors not yet read.
+    flaky: std::sync::Mutex<Vec<u64>>,
 }
 
 impl FaultMember {
@@ -132,6 +141,7 @@ impl FaultMember {
             inner,
             pending: std::sync::Mutex::new(config.bad_sector_at.clone()),
             corrupt: std::sync::Mutex::new(config.corrupt_at.clone()),
+            flaky: std::sync::Mutex::new(config.flaky_at.clone()),
             config,
             name,
             ops: AtomicU64::new(0),
@@ -218,6 +228,14 @@ impl Member for FaultMember {
                 .any(|&o| o >= offset && o < offset + len)
         {
             return Err(self.err(Op::Read, offset, len, 5)); // EIO
+        }
+        {
+            let mut flaky = self.flaky.lock().expect("marginal sectors");
+            let before = flaky.len();
+            flaky.retain(|&o| !(o >= offset && o < offset + len));
+            if flaky.len() < before {
+                return Err(self.err(Op::Read, offset, len, 5)); // EIO, once
+            }
         }
         self.inner.read_at(buf, offset)?;
         for &o in self.corrupt.lock().expect("corrupt bytes").iter() {
@@ -350,5 +368,23 @@ mod tests {
         f.write_at(&[9u8; 4096], 4096).unwrap();
         f.read_at(&mut b, 4096).unwrap();
         assert!(b.iter().all(|&x| x == 9), "rewritten: read as written");
+    }
+
+    #[test]
+    fn a_flaky_sector_fails_its_first_read_only() {
+        let inner: Arc<dyn Member> = Arc::new(MemMember::new("m", 1 << 20));
+        inner.write_at(&[7u8; 8192], 4096).unwrap();
+        let f = FaultMember::new(inner, FaultConfig::parse("flaky-at=5000,64K").unwrap());
+        let mut b = [0u8; 4096];
+        f.read_at(&mut b, 0).unwrap();
+        assert!(b.iter().all(|&x| x == 0), "elsewhere read");
+        assert!(f.read_at(&mut b, 4096).is_err(), "first read of 5000");
+        f.read_at(&mut b, 4096).unwrap();
+        assert!(b.iter().all(|&x| x == 7), "the retry reads it");
+        assert!(
+            f.read_at(&mut b, 64 << 10).is_err(),
+            "64K: its own first read"
+        );
+        f.read_at(&mut b, 64 << 10).unwrap();
     }
 }

@@ -518,31 +518,41 @@ impl Core {
     }
 
     /// Read the runs `(dev, buf)` from `role` together (see
-    /// [`Member::read_runs`]). None where they cannot be read so: the role
-    /// cannot serve one of them, one lies in a crash window, or the read
-    /// failed; nothing is counted then, and the caller reads them as any
-    /// read (which counts, heals, reconstructs and fails members).
+    /// [`Member::read_runs`]). Not read where they cannot be read so: the
+    /// role cannot serve one of them, one lies in a crash window, or the
+    /// read failed; nothing is counted then, and the caller reads them as
+    /// any read (which counts, heals, reconstructs and fails members).
+    /// Checksum mismatches the read found are counted by the checksum
+    /// layer, once per block whoever reads it again.
     pub(crate) fn member_read_runs(
         &self,
         v: &View,
         role: usize,
         runs: &mut [(u64, &mut [u8])],
-    ) -> Option<()> {
-        let d = v.roles[role].disk.as_ref()?;
+    ) -> RunsRead {
+        let Some(d) = v.roles[role].disk.as_ref() else {
+            return RunsRead::Not;
+        };
         for (dev, buf) in runs.iter() {
             let len = buf.len() as u64;
-            Self::readable(v, role, *dev, len)?;
-            if d.checked.is_some() && self.window.covers(*dev, len) {
-                return None;
+            if Self::readable(v, role, *dev, len).is_none()
+                || (d.checked.is_some() && self.window.covers(*dev, len))
+            {
+                return RunsRead::Not;
             }
         }
         let mut at: crate::engine::Small<(u64, &mut [u8])> = runs
             .iter_mut()
             .map(|(dev, buf)| (d.data_offset + *dev, &mut **buf))
             .collect();
-        self.timed(d, || d.member.read_runs(&mut at)).ok()?;
-        d.io.read(at.iter().map(|r| r.1.len()).sum());
-        Some(())
+        match self.timed(d, || d.member.read_runs(&mut at)) {
+            Ok(()) => {
+                d.io.read(at.iter().map(|r| r.1.len()).sum());
+                RunsRead::Read
+            }
+            Err(e) if checked::is_mismatch(&e) => RunsRead::Not,
+            Err(_) => RunsRead::IoError(d.clone()),
+        }
     }
 
     /// Read from a member's data area at `dev`: checked against its
@@ -828,4 +838,17 @@ impl Core {
         self.write_ready.store(true, Ordering::Release);
         Ok(())
     }
+}
+
+/// What [`Core::member_read_runs`] did.
+pub(crate) enum RunsRead {
+    /// Every run read.
+    Read,
+    /// Not read that way; nothing to count.
+    Not,
+    /// The member returned an I/O error: the caller reads the runs as any
+    /// read, and counts this error if those reads meet none (a sector that
+    /// reads on a retry is still a disk's error, as a pool's status counts
+    /// it).
+    IoError(Arc<Disk>),
 }

@@ -23,7 +23,7 @@ use crate::assemble::{Absence, Assembly, Health};
 use crate::background::Recovery;
 use crate::bitmap::{Bitmap, RegionSet};
 use crate::core::DEFAULT_MEMBER_TIMEOUT;
-use crate::core::{Added, Core, MemberStatus, RoleView};
+use crate::core::{Added, Core, MemberStatus, RoleView, RunsRead};
 use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::levels::parity::DataFrom;
@@ -554,30 +554,42 @@ impl Array {
         // back and forth. (Asked at once from several threads, an idle disk
         // took whichever came first: one reader of a RAID-5 of simulated
         // disks fell from 440 to 234 MB/s.)
-        if runs.len() > 1 && self.read_runs_together(v, role, &mut runs) {
-            return Ok(());
+        let failed = match runs.len() > 1 {
+            true => match self.read_runs_together(v, role, &mut runs) {
+                RunsRead::Read => return Ok(()),
+                RunsRead::Not => None,
+                RunsRead::IoError(d) => Some((d.read_errors.load(Ordering::Relaxed), d)),
+            },
+            false => None,
+        };
+        let r = runs
+            .into_iter()
+            .try_for_each(|run| self.read_one_run(v, role, run));
+        if let Some((before, d)) = failed {
+            if d.read_errors.load(Ordering::Relaxed) == before {
+                d.read_errors.fetch_add(1, Ordering::Relaxed);
+            }
         }
-        runs.into_iter()
-            .try_for_each(|run| self.read_one_run(v, role, run))
+        r
     }
 
     /// Read `runs` of member `role` with one [`Member::read_runs`]: a run
     /// of one piece straight into its buffer, longer ones through a
-    /// scratch buffer. False where that cannot be done (nothing is filled
-    /// in for sure then; the caller reads them run by run).
+    /// scratch buffer. Where that cannot be done nothing is filled in for
+    /// sure; the caller reads them run by run.
     fn read_runs_together(
         &self,
         v: &View,
         role: usize,
         runs: &mut [Vec<(&Piece, &mut [u8])>],
-    ) -> bool {
+    ) -> RunsRead {
         let dev_of = |p: &Piece| p.dev_on(role);
         let Some(starts) = runs
             .iter()
             .map(|run| dev_of(run[0].0))
             .collect::<Option<Small<u64>>>()
         else {
-            return false;
+            return RunsRead::Not;
         };
         let mut joined: Small<raidkit_member::AlignedVec> = runs
             .iter()
@@ -593,7 +605,8 @@ impl Array {
                 _ => (dev, &mut **spare.next().expect("a buffer per run")),
             })
             .collect();
-        let read = self.core.member_read_runs(v, role, &mut reqs).is_some();
+        let outcome = self.core.member_read_runs(v, role, &mut reqs);
+        let read = matches!(outcome, RunsRead::Read);
         drop(reqs);
         let mut filled = joined.iter();
         for run in runs.iter_mut().filter(|run| run.len() > 1) {
@@ -607,7 +620,7 @@ impl Array {
             }
         }
         joined.into_iter().for_each(scratch::give_aligned);
-        read
+        outcome
     }
 
     /// Pieces that lie one after the other on member `role`: one read.
