@@ -191,6 +191,15 @@ pub fn create(
             opts.name.len()
         )));
     }
+    if opts.name.is_empty() || opts.name.chars().any(char::is_control) {
+        return Err(Error::Invalid(format!(
+            "array name {:?}: a name must be non-empty and printable (it names the export and the control socket)",
+            opts.name
+        )));
+    }
+    // Before any size is worked out from it (a chunk of 0 would divide by
+    // zero, a huge one would be reported as members too small).
+    raidkit_layout::check_chunk(opts.chunk)?;
     let n_roles = members.len();
     if opts.bitmap_region != 0 && !opts.bitmap_region.is_power_of_two() {
         return Err(Error::Invalid(format!(

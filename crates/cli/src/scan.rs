@@ -48,6 +48,20 @@ pub fn candidates(given: &[PathBuf]) -> Result<Vec<PathBuf>> {
             out.push(p.clone());
         }
     }
+    // One path per file or device: a directory such as /dev/disk/by-id
+    // holds several links to each disk (ata-..., wwn-...), and a member
+    // listed twice would be opened twice (the second open refused by the
+    // first's lock).
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|p| {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        std::fs::metadata(p).map_or(true, |m| {
+            seen.insert(match m.file_type().is_block_device() {
+                true => (0, m.rdev()),
+                false => (m.dev(), m.ino()),
+            })
+        })
+    });
     Ok(out)
 }
 

@@ -141,6 +141,24 @@ fn bad_input_is_refused_and_overwrites_nothing() {
         &args(&["create", "--level", "5", "--chunk", "2K"], &ms),
         "at least 4 KiB",
     );
+    // A chunk of 0 once divided by zero; one too large was reported as
+    // members too small.
+    fails(
+        &args(&["create", "--level", "0", "--chunk", "0"], &ms),
+        "power of two",
+    );
+    fails(
+        &args(&["create", "--level", "0", "--chunk", "1T"], &ms),
+        "at most 1 GiB",
+    );
+    fails(
+        &args(&["create", "--level", "5", "--name", ""], &ms),
+        "non-empty and printable",
+    );
+    fails(
+        &args(&["create", "--level", "5", "--name", "x\ny"], &ms),
+        "non-empty and printable",
+    );
     fails(
         &args(&["create", "--level", "6"], &ms),
         "at least 4 members",
@@ -189,6 +207,20 @@ fn bad_input_is_refused_and_overwrites_nothing() {
         ],
         &other,
     ));
+    // A member named twice (here through a link) is said to be, not
+    // blamed on this process's own lock.
+    let link = dir.path().join("link.img");
+    std::os::unix::fs::symlink(&ms[0], &link).unwrap();
+    let twice = vec![
+        ms[0].clone(),
+        link.display().to_string(),
+        ms[1].clone(),
+        ms[2].clone(),
+    ];
+    fails(
+        &args(&["serve", "--listen", "127.0.0.1:0"], &twice),
+        "same member",
+    );
     let first = digest(&ms);
     let second = digest(&other);
     let steal = vec![other[0].clone(), other[1].clone(), ms[2].clone()];

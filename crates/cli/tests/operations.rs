@@ -700,6 +700,10 @@ fn scan_finds_two_arrays_among_mixed_files() {
         .unwrap()
         .set_len(4 << 20)
         .unwrap();
+    // Links to members, as /dev/disk/by-id holds several per disk: each
+    // member is found once.
+    std::os::unix::fs::symlink(&a[0], p("wwn-a0")).unwrap();
+    std::os::unix::fs::symlink(&b[1], p("wwn-b1")).unwrap();
     // a2 misses a write: stale.
     let mut s = Served::start(dir.path(), &a[..2], &["--run"]);
     qemu(&s.uri, &["write -P 1 0 1M"]);

@@ -142,8 +142,12 @@ pub fn grow(array: &Array, specs: &[String], force: bool) -> Result<raidkit_layo
     let mut opened = Vec::new();
     let mut created = Vec::new();
     let r = (|| {
-        for text in specs {
-            let s = Spec::parse(text)?;
+        let parsed = specs
+            .iter()
+            .map(|t| Spec::parse(t))
+            .collect::<Result<Vec<_>>>()?;
+        check_distinct(&parsed)?;
+        for (text, s) in specs.iter().zip(parsed) {
             array.check_not_in_service(text, s.path())?;
             let (m, c) = open_or_create(array, &s)?;
             created.extend(c);
@@ -222,6 +226,16 @@ pub fn replace_member(array: &Array, who: &str, with_text: &str, force: bool) ->
 
 /// The same file named twice (directly, through a link, or inside a nested spec).
 fn check_distinct(specs: &[Spec]) -> Result<()> {
+    match first_repeat(specs) {
+        Some((first, p)) => Err(Error::Invalid(format!(
+            "{p} is given more than once (also as {first})"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The first file `specs` name twice: the first name, and the second.
+pub(crate) fn first_repeat(specs: &[Spec]) -> Option<(String, String)> {
     let all: Vec<&str> = specs
         .iter()
         .flat_map(|s| s.files())
@@ -235,11 +249,9 @@ fn check_distinct(specs: &[Spec]) -> Result<()> {
             .iter()
             .find(|(q, qid)| q == p || (id.is_some() && *qid == id))
         {
-            return Err(Error::Invalid(format!(
-                "{p} is given more than once (also as {first})"
-            )));
+            return Some((first.clone(), p.to_string()));
         }
         seen.push((p.to_string(), id));
     }
-    Ok(())
+    None
 }

@@ -212,6 +212,13 @@ pub fn open_array(spec: &Spec, read_only: bool) -> Result<Array> {
 
 /// Open every spec in a list.
 pub fn open_all(specs: &[Spec], read_only: bool) -> Result<Vec<Arc<dyn Member>>> {
+    // Named twice, the second open would find the file locked by the
+    // first and blame this very process.
+    if let Some((first, p)) = crate::first_repeat(specs) {
+        return Err(Error::Invalid(format!(
+            "{first} and {p} are the same member; give each member once"
+        )));
+    }
     specs.iter().map(|s| open(s, read_only)).collect()
 }
 
