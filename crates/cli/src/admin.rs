@@ -415,10 +415,13 @@ fn live_servers() -> Result<Vec<PathBuf>> {
             && name.ends_with(".ctl")
             && std::os::unix::net::UnixStream::connect(&p).is_ok()
         {
-            live.push(p);
+            // A link to a socket put elsewhere (`serve --control PATH`)
+            // stands for it.
+            live.push(std::fs::canonicalize(&p).unwrap_or(p));
         }
     }
     live.sort();
+    live.dedup();
     Ok(live)
 }
 
@@ -432,7 +435,13 @@ fn status_of(path: &Path) -> Result<Value> {
 pub fn find_control(given: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = given {
         let text = p.to_string_lossy();
-        if p.exists() {
+        // A file of that name that is no socket (a member named like its
+        // array, in the current directory) does not hide the array's name.
+        let socket = |p: &Path| {
+            use std::os::unix::fs::FileTypeExt;
+            std::fs::metadata(p).is_ok_and(|m| m.file_type().is_socket())
+        };
+        if socket(p) {
             return Ok(p.to_path_buf());
         }
         // A name or a UUID: ask every running server.
@@ -450,6 +459,9 @@ pub fn find_control(given: Option<&Path>) -> Result<PathBuf> {
         }
         return match found.len() {
             1 => Ok(found.remove(0)),
+            0 if p.exists() => bail!(
+                "{text} is not a control socket, and no running raidkit server has an array of that name or UUID"
+            ),
             0 => bail!(
                 "no running raidkit server has an array named '{text}' or with that UUID, and there is no such control socket{}",
                 if names.is_empty() {

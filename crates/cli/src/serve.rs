@@ -75,6 +75,44 @@ fn default_control(uuid: &str) -> PathBuf {
     std::env::temp_dir().join(format!("raidkit-{uuid}.ctl"))
 }
 
+/// A link at an array's default control path to the socket `--control`
+/// (or a config file) put elsewhere: `raidkit list` and names given to
+/// `--control` find running servers by the default paths. Removed when
+/// the server stops; one left by a killed server leads nowhere, and is
+/// replaced by the next.
+struct ControlLink(PathBuf);
+
+impl ControlLink {
+    fn new(uuid: &str, control: &std::path::Path) -> Option<ControlLink> {
+        let link = default_control(uuid);
+        let target = std::path::absolute(control).ok()?;
+        if link == target {
+            return None;
+        }
+        if let Ok(m) = std::fs::symlink_metadata(&link) {
+            // A live server's socket, or a file that is not ours: kept.
+            if !m.file_type().is_symlink() || std::os::unix::net::UnixStream::connect(&link).is_ok()
+            {
+                return None;
+            }
+            std::fs::remove_file(&link).ok()?;
+        }
+        match std::os::unix::fs::symlink(&target, &link) {
+            Ok(()) => Some(ControlLink(link)),
+            Err(e) => {
+                tracing::debug!("no link to the control socket at {}: {e}", link.display());
+                None
+            }
+        }
+    }
+}
+
+impl Drop for ControlLink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Set in the environment of the server a `serve --daemon` starts.
 const DAEMON_CHILD: &str = "RAIDKIT_SERVE_DAEMON_CHILD";
 /// The last line of a daemon's start-up report: its parent may go.
@@ -633,6 +671,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     // writes answered early landed, arrays closed and marked clean.
     let mut servers = Vec::new();
     let mut controls = Vec::new();
+    let mut links = Vec::new();
     let mut recovery = Vec::new();
     let stop = Arc::new(AtomicBool::new(false));
     let up = (|| -> Result<()> {
@@ -712,6 +751,10 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             let stats = s.stats.clone().expect("served");
             let handler = control_handler(s.array.clone(), stats.clone(), served.clone());
             controls.push(ControlServer::start(&s.control, handler)?);
+            links.extend(ControlLink::new(
+                &s.array.superblock().array_uuid.to_string(),
+                &s.control,
+            ));
             let arr = s.array.clone();
             let st = stats.clone();
             site.push(crate::http::SiteArray {

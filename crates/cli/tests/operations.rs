@@ -957,3 +957,51 @@ fn the_systemd_units_verify() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success() && err.trim().is_empty(), "{err}");
 }
+
+/// A server whose control socket is put elsewhere (`--control PATH`, as
+/// the README's systemd and config set-ups do) is found by `list` and by
+/// its array's name, also from a directory holding a file of that name
+/// (a member named like its array): `stop NAME` stops it.
+#[test]
+fn a_server_with_its_own_control_path_is_found_by_list_and_by_name() {
+    let dir = tmp();
+    let ms: Vec<String> = ["disk1", "disk2"]
+        .iter()
+        .map(|n| dir.path().join(n).display().to_string())
+        .collect();
+    create("1", &ms, "8M");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let run = |a: &[&str]| {
+        output_within(
+            Command::new(BIN)
+                .args(a)
+                .env("TMPDIR", dir.path())
+                .current_dir(dir.path()),
+            REFUSAL,
+        )
+    };
+    let list = run(&["list", "--json"]);
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
+    let v: Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert!(
+        v.to_string().contains("disk1"),
+        "list shows the server: {v}"
+    );
+    let st = run(&["stop", "disk1"]);
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    assert_eq!(s.stop().code(), Some(0));
+    let links: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("raidkit-"))
+        .collect();
+    assert!(links.is_empty(), "the link is removed at the stop");
+}
