@@ -122,6 +122,41 @@ fn state(a: &Array, role: usize) -> &'static str {
         .unwrap_or("none")
 }
 
+/// A new member still rebuilding holds no redundancy: failing it (a bad
+/// new disk) is allowed without --force. A role failed twice, its first
+/// member never removed, shows its latest member, and the first one
+/// without a role.
+#[test]
+fn a_rebuilding_member_can_be_failed_and_status_shows_the_roles_latest_member() {
+    let d = tmp();
+    let members = make(d.path(), Level::Raid5, 4, 0);
+    let a = open(&members);
+    let mut model = Vec::new();
+    fill(&a, &mut model, 31);
+    a.fail_member(&members[0], false).unwrap();
+    let fresh = path(d.path(), "new.img");
+    std::fs::File::create(&fresh)
+        .unwrap()
+        .set_len(MEMBER)
+        .unwrap();
+    raidkit_open::add_member(&a, &fresh, false).unwrap();
+    assert_eq!(state(&a, 0), "rebuilding");
+    a.fail_member(&fresh, false).unwrap();
+    assert_eq!(a.health(), Health::Degraded);
+    let st = a.members_status();
+    let line = |p: &str| {
+        st.iter()
+            .find(|m| m.path.as_deref().is_some_and(|x| x.ends_with(p)))
+            .map(|m| (m.role, m.state))
+    };
+    assert_eq!(line("new.img"), Some((Some(0), "faulty")), "{st:?}");
+    assert_eq!(line("m0.img"), Some((None, "faulty")), "{st:?}");
+    let e = a.fail_member("0", false).unwrap_err().to_string();
+    assert!(e.contains("new.img"), "role 0 is new.img's now: {e}");
+    check(&a, &model);
+    done(a);
+}
+
 #[test]
 fn raid6_fail_spare_rebuild_fail_again_add_rebuild() {
     let d = tmp();

@@ -344,7 +344,9 @@ impl Core {
             if v.roles[r].disk.is_some() {
                 return Ok(Place::Role(r));
             }
-            if let Some(i) = v.failed.iter().position(|f| f.1 == Some(r)) {
+            // The role's most recent member (a role failed twice, its
+            // first member never removed, has two).
+            if let Some(i) = v.failed.iter().rposition(|f| f.1 == Some(r)) {
                 return Ok(Place::Failed(i));
             }
             return Err(Error::Invalid(format!("role {r} has no member")));
@@ -379,8 +381,12 @@ impl Core {
         let v = self.view.load_full();
         let d = match self.find(&v, who)? {
             Place::Role(r) => {
+                // A member still rebuilding holds no redundancy yet: its
+                // role is already counted as gone.
                 let mut gone = v.degraded_roles();
-                gone.push(r);
+                if !gone.contains(&r) {
+                    gone.push(r);
+                }
                 if !force && !self.geom().survives(&gone) {
                     return Err(Error::Invalid(format!(
                         "failing role {r} would leave {} unable to serve (too many members gone); use --force to fail it anyway",

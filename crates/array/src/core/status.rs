@@ -81,8 +81,9 @@ impl Core {
                     rotational: d.rotational,
                 },
                 (None, absence) => {
-                    // A failed member still open speaks for its role.
-                    if let Some((d, _, why)) = v.failed.iter().find(|f| f.1 == Some(role)) {
+                    // A failed member still open speaks for its role: the
+                    // most recent, if the role has failed more than once.
+                    if let Some((d, _, why)) = v.failed.iter().rev().find(|f| f.1 == Some(role)) {
                         MemberStatus {
                             path: Some(d.name().to_string()),
                             role: Some(role),
@@ -149,8 +150,12 @@ impl Core {
             io: Some(d.io.report()),
             rotational: d.rotational,
         }));
-        for (d, role, why) in &v.failed {
-            if role.is_some_and(|r| v.roles[r].disk.is_none()) {
+        for (i, (d, role, why)) in v.failed.iter().enumerate() {
+            let speaks_for_role = role.is_some_and(|r| {
+                v.roles[r].disk.is_none()
+                    && v.failed.iter().rposition(|f| f.1 == Some(r)) == Some(i)
+            });
+            if speaks_for_role {
                 continue; // shown in its role's line
             }
             out.push(MemberStatus {
