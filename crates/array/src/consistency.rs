@@ -276,6 +276,28 @@ impl Array {
         Ok(Some(held))
     }
 
+    /// Whether parity can be recomputed from data everywhere: every
+    /// member in service, or the members missing (or still being built)
+    /// hold parity only in every row (a RAID-5 made RAID-6 whose Q member
+    /// is being built, or a RAID-4's parity member), so no data of a
+    /// stripe written at a crash has to be rebuilt from parity that may
+    /// be torn. Not during a reshape (rows of two geometries).
+    fn parity_recomputable(&self, v: &View) -> bool {
+        let gone = v.degraded_roles();
+        if gone.is_empty() {
+            return true;
+        }
+        let g = &v.geom;
+        if !g.level.is_parity() || self.maybe_reshaping() {
+            return false;
+        }
+        // md's placements repeat every n rows (every n - 1 for the
+        // layouts with Q on the last member).
+        let n = g.members() as u64;
+        (0..(n * (n - 1)).min(g.stripes()))
+            .all(|s| g.stripe_map(s).data.iter().all(|d| !gone.contains(d)))
+    }
+
     /// Whether a reshape may be under way: a stripe number then means a
     /// row of one geometry or the other, and intents logged ahead of a
     /// stream are neither written nor relied on.
@@ -455,7 +477,7 @@ impl Array {
             ]);
         } else if unclean {
             let v = self.core.view.load_full();
-            if !v.degraded_roles().is_empty() {
+            if !self.parity_recomputable(&v) {
                 if force {
                     self.recovery.note(vec![
                         "not shut down cleanly and degraded: started by force; stripes being written at the crash may rebuild wrong".into(),
@@ -650,7 +672,7 @@ impl Array {
                     if process.stopped() {
                         return Ok("the array was stopped (resumed at the next start)".into());
                     }
-                    if !self.core.view.load().degraded_roles().is_empty() {
+                    if !self.parity_recomputable(&self.core.view.load()) {
                         return Ok("a member was lost: parity cannot be recomputed".into());
                     }
                     // During a reshape, by the geometry of the unit's row
