@@ -377,23 +377,32 @@ impl Journal {
         let quarter = (self.size / SEGMENTS as u64).max(1);
         let seg = |at: u64| ((at / quarter) as usize).min(SEGMENTS - 1);
         let mut st = self.state.locked();
-        let mut at = st.pos;
-        let wrapped = at + total > self.size;
-        if wrapped {
-            at = 0;
-        }
-        // The quarters the new records go into that this round has not
-        // entered yet: their old records must be checkpointed first.
-        let new_segments: Vec<usize> = (seg(at)..=seg(at + total - 1))
-            .filter(|&t| wrapped || t != st.segment)
-            .collect();
-        let need = new_segments.iter().map(|&t| st.last[t]).max().unwrap_or(0);
-        while st.applied < need {
+        // Where the records go, worked out again after every wait for a
+        // checkpoint: the lock is let go meanwhile, and other writers take
+        // the space (a place worked out before would be handed out twice,
+        // and the log's position moved back over records not yet
+        // checkpointed, which replay then finds overwritten).
+        let (mut at, new_segments) = loop {
+            let mut at = st.pos;
+            let wrapped = at + total > self.size;
+            if wrapped {
+                at = 0;
+            }
+            // The quarters the new records go into that this round has
+            // not entered yet: their old records must be checkpointed
+            // first.
+            let new_segments: Vec<usize> = (seg(at)..=seg(at + total - 1))
+                .filter(|&t| wrapped || t != st.segment)
+                .collect();
+            let need = new_segments.iter().map(|&t| st.last[t]).max().unwrap_or(0);
+            if st.applied >= need {
+                break (at, new_segments);
+            }
             st = self.make_checkpoint(st, need, wait, &mut checkpoint)?;
             if !wait && st.applied < need {
                 return Ok(None);
             }
-        }
+        };
         for &t in &new_segments {
             st.old[t] = st.last[t];
             st.last[t] = 0;
@@ -721,5 +730,40 @@ mod tests {
                 held.push_back(sl);
             }
         }
+    }
+
+    /// Two writers reach the end of the log while the checkpoint the wrap
+    /// needs is being made, outside the lock: each gets a place of its
+    /// own. (The second once kept the place it had worked out before
+    /// waiting, the first one's, and moved the log's position back over
+    /// records not yet checkpointed: records were lost to replay.)
+    #[test]
+    fn writers_that_wait_for_a_checkpoint_get_places_of_their_own() {
+        let j = Journal::new(0, 64 << 10, 4, 0);
+        // One round of done records: the next one wraps, and the first
+        // quarter's records must be checkpointed before it goes there (the
+        // checkpoints tried ahead of time fail).
+        for _ in 0..16 {
+            drop(j.reserve(4096, |_| Err::<(), ()>(())).unwrap());
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (a, b) = std::thread::scope(|sc| {
+            let a = sc.spawn(|| {
+                let s = j
+                    .reserve(8192, |_| {
+                        tx.send(()).ok();
+                        std::thread::sleep(std::time::Duration::from_millis(200));
+                        Ok::<(), ()>(())
+                    })
+                    .unwrap();
+                s.at
+            });
+            // The first writer is inside the checkpoint, the lock let go.
+            rx.recv_timeout(std::time::Duration::from_secs(10))
+                .expect("the first writer makes a checkpoint");
+            let b = sc.spawn(|| j.reserve(8192, |_| Ok::<(), ()>(())).unwrap().at);
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        assert!(a + 8192 <= b || b + 8192 <= a, "places {a} and {b} overlap");
     }
 }
