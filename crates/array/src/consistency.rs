@@ -292,10 +292,9 @@ impl Array {
             return false;
         }
         // md's placements repeat every n rows (every n - 1 for the
-        // layouts with Q on the last member).
+        // layouts with Q on the last member): n rows hold every placement.
         let n = g.members() as u64;
-        (0..(n * (n - 1)).min(g.stripes()))
-            .all(|s| g.stripe_map(s).data.iter().all(|d| !gone.contains(d)))
+        (0..n.min(g.stripes())).all(|s| g.stripe_map(s).data.iter().all(|d| !gone.contains(d)))
     }
 
     /// Whether a reshape may be under way: a stripe number then means a

@@ -90,9 +90,14 @@ impl ControlLink {
             return None;
         }
         if let Ok(m) = std::fs::symlink_metadata(&link) {
-            // A live server's socket, or a file that is not ours: kept.
-            if !m.file_type().is_symlink() || std::os::unix::net::UnixStream::connect(&link).is_ok()
-            {
+            use std::os::unix::fs::FileTypeExt;
+            // A link (left by a killed server: this array cannot be served
+            // twice) or a socket nobody answers is replaced; a live
+            // server's socket, or a file that is no socket, is kept.
+            let kind = m.file_type();
+            let stale = kind.is_symlink()
+                || (kind.is_socket() && std::os::unix::net::UnixStream::connect(&link).is_err());
+            if !stale {
                 return None;
             }
             std::fs::remove_file(&link).ok()?;

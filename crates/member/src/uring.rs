@@ -174,6 +174,9 @@ fn read_batch(
         let res = res.expect("every request completed");
         let done = match usize::try_from(res) {
             Ok(n) => n.min(buf.len()),
+            // Passing refusals of the request, not the disk's errors: the
+            // whole run is read again by pread below.
+            Err(_) if [libc::EAGAIN, libc::EINTR, libc::ECANCELED].contains(&-res) => 0,
             Err(_) => {
                 first_error.get_or_insert(io::Error::from_raw_os_error(-res));
                 continue;

@@ -243,8 +243,15 @@ pub(crate) fn first_repeat(specs: &[Spec]) -> Option<(String, String)> {
         .collect();
     let mut seen: Vec<(String, Option<(u64, u64)>)> = Vec::new();
     for p in all {
-        use std::os::unix::fs::MetadataExt;
-        let id = std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        // A block device by its device number: two nodes of one disk are
+        // one member.
+        let id = std::fs::metadata(p)
+            .ok()
+            .map(|m| match m.file_type().is_block_device() {
+                true => (0, m.rdev()),
+                false => (m.dev(), m.ino()),
+            });
         if let Some((first, _)) = seen
             .iter()
             .find(|(q, qid)| q == p || (id.is_some() && *qid == id))

@@ -381,13 +381,7 @@ impl Core {
         let v = self.view.load_full();
         let d = match self.find(&v, who)? {
             Place::Role(r) => {
-                // A member still rebuilding holds no redundancy yet: its
-                // role is already counted as gone.
-                let mut gone = v.degraded_roles();
-                if !gone.contains(&r) {
-                    gone.push(r);
-                }
-                if !force && !self.geom().survives(&gone) {
+                if !force && !self.geom().survives(&v.gone_with(r)) {
                     return Err(Error::Invalid(format!(
                         "failing role {r} would leave {} unable to serve (too many members gone); use --force to fail it anyway",
                         self.geom().level

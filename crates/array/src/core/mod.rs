@@ -222,6 +222,16 @@ impl View {
             .collect()
     }
 
+    /// The roles gone if `role` went too: a role still rebuilding holds
+    /// no redundancy yet, and is counted once.
+    pub fn gone_with(&self, role: usize) -> Vec<usize> {
+        let mut gone = self.degraded_roles();
+        if !gone.contains(&role) {
+            gone.push(role);
+        }
+        gone
+    }
+
     /// Every member that takes writes: role disks and replacements.
     pub fn writable(&self) -> Vec<Arc<Disk>> {
         self.roles
@@ -650,9 +660,7 @@ impl Core {
         else {
             return;
         };
-        let mut gone = v.degraded_roles();
-        gone.push(role);
-        if self.geom().survives(&gone) {
+        if self.geom().survives(&v.gone_with(role)) {
             self.fail_disk_by_ptr(d, why);
         }
     }
