@@ -164,6 +164,11 @@ fn read_batch(
             let slot = results.get_mut(c.user_data() as usize);
             if let Some(slot) = slot.filter(|r| r.is_none()) {
                 *slot = Some(c.result());
+                #[cfg(test)]
+                if tests::AGAIN.get() {
+                    tests::AGAIN.set(false);
+                    *slot = Some(-libc::EAGAIN);
+                }
                 left -= 1;
             }
         }
@@ -202,7 +207,13 @@ mod tests {
         /// The next submission on this thread is refused, as a kernel
         /// short of memory refuses one.
         pub(super) static REFUSE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// The next request completes with EAGAIN, refused in passing.
+        pub(super) static AGAIN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
+
+    /// The counter of reads asked together is the process's: the tests
+    /// that look at it run one at a time.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     fn asked(file: &File, runs: &mut [(u64, &mut [u8])]) -> Option<io::Result<()>> {
         read_runs(file, runs)
@@ -210,6 +221,9 @@ mod tests {
 
     #[test]
     fn a_refused_submission_reads_by_pread_and_a_new_ring_is_set_up_until_refusals_repeat() {
+        let _one = SERIAL
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if !available() {
             eprintln!("no io_uring here: nothing to test");
             return;
@@ -252,5 +266,27 @@ mod tests {
             }
         }
         assert!(asked(&f, &mut [(0, &mut a[..])]).is_none(), "given up");
+    }
+
+    #[test]
+    fn a_request_refused_in_passing_is_read_again() {
+        let _one = SERIAL
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !available() {
+            eprintln!("no io_uring here: nothing to test");
+            return;
+        }
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i * 13 % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 8192]);
+        AGAIN.set(true);
+        asked(&f, &mut [(4096, &mut a[..]), (32768, &mut b[..])])
+            .expect("a ring")
+            .expect("EAGAIN is no error of the file's");
+        assert_eq!(a, &data[4096..8192]);
+        assert_eq!(b, &data[32768..40960]);
+        assert!(!AGAIN.get(), "the fault was planted");
     }
 }
