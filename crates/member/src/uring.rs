@@ -215,36 +215,47 @@ mod tests {
     /// that look at it run one at a time.
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    fn asked(file: &File, runs: &mut [(u64, &mut [u8])]) -> Option<io::Result<()>> {
-        read_runs(file, runs)
-    }
-
-    #[test]
-    fn a_refused_submission_reads_by_pread_and_a_new_ring_is_set_up_until_refusals_repeat() {
-        let _one = SERIAL
+    /// One at a time, where this thread can have a ring (None: nothing to
+    /// test).
+    fn serial() -> Option<std::sync::MutexGuard<'static, ()>> {
+        let one = SERIAL
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if !available() {
             eprintln!("no io_uring here: nothing to test");
-            return;
+            return None;
         }
+        Some(one)
+    }
+
+    /// A file of 64 KiB of a pattern, and the pattern.
+    fn patterned() -> (File, Vec<u8>) {
         let mut f = tempfile::tempfile().unwrap();
         let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
         f.write_all(&data).unwrap();
+        (f, data)
+    }
+
+    /// Two runs of `f` asked together, and read as `data` holds them.
+    /// None where no ring could be had.
+    fn ask_two(f: &File, data: &[u8]) -> Option<io::Result<()>> {
         let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 8192]);
-        let check = |a: &[u8], b: &[u8]| {
+        let r = read_runs(f, &mut [(4096, &mut a[..]), (32768, &mut b[..])])?;
+        if r.is_ok() {
             assert_eq!(a, &data[4096..8192]);
             assert_eq!(b, &data[32768..40960]);
-        };
+        }
+        Some(r)
+    }
+
+    #[test]
+    fn a_refused_submission_reads_by_pread_and_a_new_ring_is_set_up_until_refusals_repeat() {
+        let Some(_one) = serial() else { return };
+        let (f, data) = patterned();
         for refusal in 1..=REFUSALS_KEPT {
             REFUSE.set(true);
             let before = reads_asked_together();
-            a.fill(0);
-            b.fill(0);
-            asked(&f, &mut [(4096, &mut a[..]), (32768, &mut b[..])])
-                .expect("a ring was set up")
-                .unwrap();
-            check(&a, &b);
+            ask_two(&f, &data).expect("a ring was set up").unwrap();
             assert_eq!(reads_asked_together(), before, "refused: read by pread");
             assert_eq!(
                 available(),
@@ -252,41 +263,25 @@ mod tests {
                 "after refusal {refusal}: a new ring unless refusals repeat"
             );
             if refusal < REFUSALS_KEPT {
-                a.fill(0);
-                b.fill(0);
                 let before = reads_asked_together();
-                asked(&f, &mut [(4096, &mut a[..]), (32768, &mut b[..])])
-                    .expect("a new ring")
-                    .unwrap();
-                check(&a, &b);
+                ask_two(&f, &data).expect("a new ring").unwrap();
                 assert!(
                     reads_asked_together() >= before + 2,
                     "asked through the new ring"
                 );
             }
         }
-        assert!(asked(&f, &mut [(0, &mut a[..])]).is_none(), "given up");
+        assert!(ask_two(&f, &data).is_none(), "given up");
     }
 
     #[test]
     fn a_request_refused_in_passing_is_read_again() {
-        let _one = SERIAL
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !available() {
-            eprintln!("no io_uring here: nothing to test");
-            return;
-        }
-        let mut f = tempfile::tempfile().unwrap();
-        let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i * 13 % 251) as u8).collect();
-        f.write_all(&data).unwrap();
-        let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 8192]);
+        let Some(_one) = serial() else { return };
+        let (f, data) = patterned();
         AGAIN.set(true);
-        asked(&f, &mut [(4096, &mut a[..]), (32768, &mut b[..])])
+        ask_two(&f, &data)
             .expect("a ring")
             .expect("EAGAIN is no error of the file's");
-        assert_eq!(a, &data[4096..8192]);
-        assert_eq!(b, &data[32768..40960]);
         assert!(!AGAIN.get(), "the fault was planted");
     }
 }
