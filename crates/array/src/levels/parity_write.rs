@@ -297,7 +297,12 @@ impl Array {
         // Fully covered chunks are used in place, without a copy.
         let need: Small<bool> = (0..k).map(|d| !covers(d)).collect();
         let mut rows = if rcw_reads > 0 {
-            self.read_rows(v, stripe, c0, len as u64, &need)?
+            match self.read_rows(v, stripe, c0, len as u64, &need) {
+                Ok(rows) => rows,
+                Err(e) => self
+                    .rows_as_they_lie(v, &sm, dev, len as u64, &need)
+                    .ok_or(e)?,
+            }
         } else {
             vec![Vec::new(); k]
         };
@@ -340,6 +345,89 @@ impl Array {
         }
         rows.into_iter().for_each(scratch::give);
         written
+    }
+
+    /// The data rows `need` of a stripe window `[dev, dev + len)` as they
+    /// lie on their members, for a reconstruct-write that `read_rows`
+    /// could not serve because blocks there disagree with their checksums
+    /// beyond what redundancy rebuilds (a rebuild that met rot on RAID-5
+    /// leaves two such blocks in a column). Without it no write to such a
+    /// column could succeed, not even one over those blocks themselves.
+    /// A block that disagrees with its checksum is taken complemented,
+    /// bit by bit: rebuilt later through the parity made here, it comes
+    /// back as neither what its checksum recorded nor what lies on the
+    /// member, so it still reads as an error until written (parity made
+    /// from the bytes as they lie would rebuild exactly those, and a
+    /// rebuild equal to the member's bytes is taken as a rotten checksum
+    /// entry and adopted: wrong data served). Every other block of the
+    /// stripe, and those being written, are whole again.
+    /// None (the write fails as the read did) where a row's member cannot
+    /// be read (missing, not yet rebuilt there, an I/O error: its contents
+    /// could only come from parity, which the damage makes wrong), without
+    /// checksums, and in a crash window (blocks there are adopted, not bad).
+    fn rows_as_they_lie(
+        &self,
+        v: &View,
+        sm: &StripeMap,
+        dev: u64,
+        len: u64,
+        need: &[bool],
+    ) -> Option<Vec<Vec<u8>>> {
+        use crate::checksums::BLOCK;
+        if !self.core.checksums || self.core.window.covers(dev, len) {
+            return None;
+        }
+        // Whole checksum blocks, each checked: a part of one cannot be.
+        let (a, b) = (dev / BLOCK * BLOCK, (dev + len).next_multiple_of(BLOCK));
+        let row_of = |role: usize| -> Option<Vec<u8>> {
+            let d = Core::readable(v, role, a, b - a)?;
+            let c = d.checked.as_ref()?;
+            let mut whole = scratch::take((b - a) as usize);
+            let mut bad = 0;
+            let ok = self
+                .core
+                .timed(d, || c.read_raw(&mut whole, d.data_offset + a))
+                .is_ok()
+                && whole.chunks_mut(BLOCK as usize).zip(0..).all(|(blk, i)| {
+                    match c.agrees(blk, d.data_offset + a + i * BLOCK) {
+                        Ok(true) => true,
+                        Ok(false) => {
+                            bad += 1;
+                            blk.iter_mut().for_each(|x| *x = !*x);
+                            true
+                        }
+                        Err(_) => false,
+                    }
+                });
+            let row = ok.then(|| {
+                let mut row = scratch::take(len as usize);
+                row.copy_from_slice(&whole[(dev - a) as usize..(dev - a + len) as usize]);
+                if bad > 0 {
+                    tracing::warn!(
+                    member = d.name(),
+                    role,
+                    member_offset = d.data_offset + a,
+                    blocks = bad,
+                    "write over a stripe with blocks nothing can rebuild: they still read as errors until written"
+                );
+                }
+                row
+            });
+            scratch::give(whole);
+            row
+        };
+        let mut rows: Vec<Vec<u8>> = Vec::with_capacity(need.len());
+        for (dd, &n) in need.iter().enumerate() {
+            match n.then(|| row_of(sm.data[dd])) {
+                None => rows.push(Vec::new()),
+                Some(Some(row)) => rows.push(row),
+                Some(None) => {
+                    rows.into_iter().for_each(scratch::give);
+                    return None;
+                }
+            }
+        }
+        Some(rows)
     }
 
     /// A full-stripe write: parity computed by columns that stay in cache,

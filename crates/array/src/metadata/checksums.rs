@@ -126,6 +126,15 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_block_is_neither_zeroes_nor_their_complement() {
+        // A block nothing could rebuild holds zeroes, and a write over its
+        // stripe makes parity from it complemented (parity_write.rs):
+        // neither may agree with what it is marked with.
+        assert!(!matches(lost_sum(), &[0u8; BLOCK as usize]));
+        assert!(!matches(lost_sum(), &[0xffu8; BLOCK as usize]));
+    }
+
+    #[test]
     fn crc32c_is_castagnolis_crc_whole_or_in_parts() {
         // The catalogue's check value of CRC-32/ISCSI: members written with
         // any earlier build verify the same.
