@@ -52,6 +52,9 @@ pub struct Slot {
     pub stale: Option<(Arc<dyn Member>, Superblock)>,
     /// The stale member still holds this role in the role table.
     pub stale_is_ours: bool,
+    /// A member being built to replace this role's, which serves meanwhile
+    /// (`raidkit replace`): where it got is its `recovery_offset`.
+    pub replacement: Option<(Arc<dyn Member>, Superblock)>,
 }
 
 /// An assembled array description.
@@ -204,8 +207,10 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
             resume: None,
             stale: None,
             stale_is_ours: false,
+            replacement: None,
         })
         .collect();
+    let mut replacing = Vec::new();
     let mut spares = Vec::new();
     let mut dirty = false;
     // The update that starts a reshape changes the shape; a crash in the
@@ -260,6 +265,20 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
             Role::Active(r) => r as usize,
         };
         let entry = fresh.roles[role];
+        if sb.replacing {
+            // Placed once every role has its member (below). One that
+            // missed updates (a replacement dropped, or an old copy) or
+            // that the role already belongs to is not one: a spare.
+            if sb.events + 1 >= fresh.events
+                && sb.member_uuid != entry.member_uuid
+                && !shape_differs
+            {
+                replacing.push((role, m, sb));
+            } else {
+                spares.push((m, sb));
+            }
+            continue;
+        }
         // Every superblock update raises the event counter by one on every
         // member, so a crash in the middle of one leaves some members one
         // behind: those are current (md accepts them too, super_1_validate).
@@ -322,6 +341,31 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
     let mut fresh = fresh;
     if dirty {
         fresh.state = ArrayState::Dirty;
+    }
+    for (role, m, mut sb) in replacing {
+        let slot = &mut slots[role];
+        if slot.replacement.is_some() || slot.resume.is_some() {
+            // Two for one role, or a role itself being rebuilt: nothing to
+            // go on replacing.
+            spares.push((m, sb));
+        } else if slot.member.is_some() {
+            slot.replacement = Some((m, sb));
+        } else {
+            // The member it replaces is gone: it takes the role, rebuilt
+            // from where it got, as a replacement whose source fails does.
+            warnings.push(format!(
+                "{}: the member it was replacing in role {role} is not here; it takes the role and is rebuilt from where it got",
+                m.name()
+            ));
+            sb.replacing = false;
+            fresh.roles[role].member_uuid = sb.member_uuid;
+            fresh.roles[role].state = RoleState::Rebuilding;
+            slot.resume = Some(sb.recovery_offset.unwrap_or(0));
+            slot.member = Some(m);
+            slot.sb = Some(sb);
+            slot.absence = None;
+            slot.stale = None;
+        }
     }
     let sizes: Vec<u64> = fresh.roles.iter().map(|r| r.data_size).collect();
     let geometry = Geometry::new(fresh.level, fresh.layout, fresh.chunk, sizes).map_err(|e| {

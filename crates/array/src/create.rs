@@ -533,6 +533,7 @@ pub fn create(
             domain: opts.domains.get(i).cloned().unwrap_or_default(),
             reshape: None,
             converted_from: None,
+            replacing: false,
             roles: roles.clone(),
             md: opts.md.then(|| {
                 crate::metadata::md::new_v12(&crate::metadata::md::NewMember {

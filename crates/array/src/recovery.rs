@@ -274,8 +274,10 @@ impl Array {
 
     /// Record how far the rebuild got, once the member holds it durably.
     pub(crate) fn checkpoint(&self, job: &Job) -> Result<()> {
-        if job.replace {
-            return Ok(()); // a replacement restarts from scratch (it is a spare on disk)
+        if job.replace && job.target.sb.locked().md.is_some() {
+            // md's format of this version records no replacement: it is a
+            // spare on disk, rebuilt afresh after a restart.
+            return Ok(());
         }
         let at = job.sync.cursor.load(Ordering::Acquire);
         if job.target.member.flush().is_err() {

@@ -351,6 +351,7 @@ fn cmd_examine(a: ExamineArgs) -> Result<()> {
                 "ctime": sb.ctime,
                 "utime": sb.utime,
                 "recovery_offset": sb.recovery_offset,
+                "replacing": sb.replacing,
                 "consistency_policy": Policy::of(sb).name(),
                 "bitmap": (sb.bitmap.region > 0).then(|| json!({
                     "offset": sb.bitmap.offset,
@@ -381,6 +382,10 @@ fn cmd_examine(a: ExamineArgs) -> Result<()> {
     println!(
         "            Role : {}",
         match sb.role {
+            Role::Active(n) if sb.replacing => format!(
+                "{n} (replacing its member, {} bytes done)",
+                sb.recovery_offset.unwrap_or(0)
+            ),
             Role::Active(n) => n.to_string(),
             Role::Spare => "spare".into(),
         }
@@ -488,6 +493,17 @@ fn member_rows(asm: &Assembly) -> Vec<Value> {
             (None, _) => json!({"path": null, "role": role, "state": "missing", "domain": null}),
         })
         .collect();
+    // Replacements after the roles (as `status` lists them).
+    rows.extend(asm.slots.iter().enumerate().filter_map(|(role, s)| {
+        let (m, sb) = s.replacement.as_ref()?;
+        let at = sb.recovery_offset.unwrap_or(0);
+        Some(
+            json!({"path": m.name(), "role": role, "state": "rebuilding",
+               "domain": domain_of(&sb.domain, m.name()), "recovery_offset": at,
+               "reason": format!("replacing {}, rebuilt up to {at} bytes of its data area",
+                                 s.member.as_ref().map_or("-", |x| x.name()))}),
+        )
+    }));
     rows.extend(asm.spares.iter().map(|(m, sb)| {
         json!({"path": m.name(), "role": "spare", "state": "spare",
                "domain": domain_of(&sb.domain, m.name())})

@@ -646,3 +646,92 @@ fn a_member_truncated_under_fio_verify_is_failed_and_fio_sees_no_error() {
     assert_eq!(m["state"], "faulty", "{st}");
     assert!(s.stop().success());
 }
+
+/// `raidkit replace` cut short by kill -9: the new member says on disk
+/// what it replaces and how far it got, so the restart goes on with it
+/// from there (it was forgotten, the new member a spare, the order lost);
+/// and started without the member it replaces, it takes the role and is
+/// rebuilt from where it got. The data reads back as written either way.
+#[test]
+fn a_replacement_goes_on_after_a_restart() {
+    for without_old in [false, true] {
+        let dir = tmp();
+        let t = dir.path();
+        let ms = members(t, 3);
+        create("5", &ms, "64M");
+        let mut data = vec![0u8; 32 << 20];
+        rand::rngs::StdRng::seed_from_u64(7).fill_bytes(&mut data);
+        write_array(t, &ms, 0, &data, &[]);
+        let rep = t.join("r.img").display().to_string();
+        std::fs::File::create(&rep)
+            .unwrap()
+            .set_len(64 << 20)
+            .unwrap();
+        let mut s = Served::start(t, &ms, &["--rebuild-min", "4M", "--rebuild-max", "4M"]);
+        let ctl = s.control.display().to_string();
+        ok(&["replace", "--control", &ctl, &ms[0], "--with", &rep]);
+        wait_for("a replacement checkpoint", 30, || {
+            let e: Value =
+                serde_json::from_slice(&ok(&["examine", "--json", &rep]).stdout).unwrap();
+            e["replacing"] == true && e["recovery_offset"].as_u64().unwrap_or(0) >= 8 << 20
+        });
+        s.kill9();
+        let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &rep]).stdout).unwrap();
+        assert_eq!(e["role"], 0, "{e}");
+        let got = e["recovery_offset"].as_u64().unwrap();
+        let mut all: Vec<String> = ms.clone();
+        all.push(rep.clone());
+        if without_old {
+            all.remove(0);
+        }
+        let d = detail(&all);
+        let row = d["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["path"] == rep.as_str())
+            .unwrap_or_else(|| panic!("{d}"))
+            .clone();
+        assert_eq!(
+            (row["state"].as_str(), row["role"].as_u64()),
+            (Some("rebuilding"), Some(0)),
+            "{d}"
+        );
+        assert_eq!(row["recovery_offset"].as_u64(), Some(got), "{d}");
+        let mut s = Served::start(t, &all, &["--run"]);
+        let st = status(&s.control);
+        let m = st["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["path"] == rep.as_str())
+            .unwrap_or_else(|| panic!("{st}"))
+            .clone();
+        assert_eq!(m["role"], 0, "{st}");
+        assert_ne!(m["state"], "spare", "{st}");
+        assert!(
+            s.log().contains(&format!("from {got} bytes in"))
+                || s.log().contains("rebuilt from where it got"),
+            "the replacement started over: {}",
+            s.log()
+        );
+        settle(&s);
+        let st = status(&s.control);
+        assert_eq!(st["state"], "optimal", "{st}");
+        let m0 = st["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["role"] == 0)
+            .unwrap_or_else(|| panic!("{st}"))
+            .clone();
+        assert_eq!(m0["path"], rep.as_str(), "{st}");
+        assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+        // The old member out, the new one's data read back.
+        let mut rest: Vec<&str> = ms[1..].iter().map(String::as_str).collect();
+        rest.push(&rep);
+        let o = read_array(&rest, 0, data.len() as u64);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(o.stdout == data, "data differs after the replacement");
+    }
+}

@@ -65,6 +65,10 @@ impl Core {
                 sb.member_uuid = own.member_uuid;
                 sb.domain = own.domain.clone();
                 sb.role = Role::Active(role as u32);
+                sb.replacing = !v.roles[role]
+                    .disk
+                    .as_ref()
+                    .is_some_and(|x| Arc::ptr_eq(x, d));
                 sb.data_offset = own.data_offset;
                 sb.data_size = own.data_size;
                 sb.recovery_offset = rebuilding.then(|| own.recovery_offset.unwrap_or(0));
@@ -87,9 +91,19 @@ impl Core {
             let failed: Vec<(Arc<Disk>, crate::Error)> = std::thread::scope(|sc| {
                 let mut inline = Vec::new();
                 let mut handles = Vec::new();
-                for (role, rv) in v.roles.iter().enumerate() {
-                    let Some(d) = rv.disk.as_ref() else { continue };
-                    let (sb, rebuilding) = (meta.sb.clone(), rv.sync.is_some());
+                // A replacement too (raidkit's format: md's of this
+                // version keeps it a spare on disk, rebuilt afresh after a
+                // restart), so that a restart resumes it from where it got.
+                let replacing = v.roles.iter().enumerate().filter_map(|(role, rv)| {
+                    let d = &rv.replacement.as_ref()?.0;
+                    d.sb.locked().md.is_none().then_some((role, d, true))
+                });
+                let members =
+                    v.roles.iter().enumerate().filter_map(|(role, rv)| {
+                        Some((role, rv.disk.as_ref()?, rv.sync.is_some()))
+                    });
+                for (role, d, rebuilding) in members.chain(replacing) {
+                    let sb = meta.sb.clone();
                     let spawned = std::thread::Builder::new()
                         .name("superblock".into())
                         .spawn_scoped(sc, move || write(role, d, sb, rebuilding));
@@ -775,7 +789,7 @@ impl Core {
     /// role.
     pub fn replace_member(&self, who: &str, with: Arc<dyn Member>, force: bool) -> Result<usize> {
         self.check_writable()?;
-        let meta = self.meta.locked();
+        let mut meta = self.meta.locked();
         let mut v = View::clone(&self.view.load());
         let r = self.replaceable(&v, who)?;
         let (m, _) = self.prepare(&meta, &v, with, force)?;
@@ -792,6 +806,9 @@ impl Core {
         );
         v.roles[r].replacement = Some((disk, SyncState::new(0, None)));
         self.view.store(Arc::new(v));
+        // Recorded on every member (the new one says what it replaces), so
+        // that a restart goes on with it rather than forget it.
+        self.write_superblocks(&mut meta)?;
         drop(meta);
         self.wake.kick();
         Ok(r)

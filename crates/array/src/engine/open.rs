@@ -82,6 +82,18 @@ impl Array {
                     if let Some(at) = s.resume {
                         rv.sync = Some(SyncState::new(at, None));
                     }
+                    if let Some((m, rsb)) = &s.replacement {
+                        let at = rsb.recovery_offset.unwrap_or(0);
+                        notes.push(format!(
+                            "{}: goes on replacing {} in role {r}, from {at} bytes in",
+                            m.name(),
+                            rv.disk.as_ref().map_or("", |d| d.name())
+                        ));
+                        rv.replacement = Some((
+                            Arc::new(Disk::new(m.clone(), rsb.clone(), !opts.read_only)),
+                            SyncState::new(at, None),
+                        ));
+                    }
                 }
                 _ => rv.absence = s.absence.clone(),
             }

@@ -59,6 +59,10 @@
 //!     384: the shape before the last level takeover (`grow --level`, which
 //!     moves no data), so that a member one update behind with that shape
 //!     is known to be current
+//!     flag 32: this member is being built to replace the member that
+//!     holds its role (`raidkit replace`), which stays in service until it
+//!     is done; recovery_offset says how far it got (md's replacement
+//!     feature)
 //! 1024 role table: raid_disks entries of 32 bytes:
 //!      member uuid [16], state u32, reserved u32, data_size u64
 //! ```
@@ -204,6 +208,9 @@ pub struct Superblock {
     pub reshape: Option<ReshapePos>,
     /// The level, layout and chunk before the last level takeover.
     pub converted_from: Option<(Level, Layout, u64)>,
+    /// This member is being built to replace the one holding its role,
+    /// which serves meanwhile (`recovery_offset`: how far it got).
+    pub replacing: bool,
     pub roles: Vec<RoleEntry>,
     /// Read from md's own superblock of this version (see `md`), not
     /// from raidkit's: not written back by raidkit.
@@ -320,6 +327,8 @@ const FLAG_SCRUB_CHECK_ONLY: u32 = 4;
 const FLAG_RESHAPE: u32 = 8;
 /// Flag bit: `converted_from` is set.
 const FLAG_CONVERTED: u32 = 16;
+/// Flag bit: `replacing`.
+const FLAG_REPLACING: u32 = 32;
 
 pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
@@ -428,6 +437,9 @@ impl Superblock {
             put_u32(&mut b, 376, level.md_number() as u32);
             put_u32(&mut b, 380, layout.md_number());
             put_u64(&mut b, 384, chunk);
+        }
+        if self.replacing {
+            flags |= FLAG_REPLACING;
         }
         put_u32(&mut b, 20, flags);
         let domain = self.domain.as_bytes();
@@ -577,6 +589,7 @@ impl Superblock {
             } else {
                 None
             },
+            replacing: get_u32(b, 20) & FLAG_REPLACING != 0,
             roles,
             md: None,
         }))
@@ -730,6 +743,7 @@ mod tests {
                 old_chunk: 512 << 10,
             }),
             converted_from: Some((Level::Raid1, Layout::None, 65536)),
+            replacing: true,
             roles: (0..4)
                 .map(|i| RoleEntry {
                     member_uuid: Uuid::from_u128(i),

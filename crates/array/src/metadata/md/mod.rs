@@ -662,6 +662,7 @@ fn translated(t: Translated<'_>) -> Result<Superblock> {
         domain: String::new(),
         reshape: None,
         converted_from: None,
+        replacing: false,
         roles: t.roles,
         md: Some(t.meta),
     })
