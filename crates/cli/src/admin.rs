@@ -7,7 +7,7 @@ use crate::cli::{
 };
 use crate::units::human;
 use anyhow::{anyhow, bail, Context, Result};
-use raidkit_control::call;
+use raidkit_control::{call, ControlError};
 use serde_json::{json, Value};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -516,8 +516,12 @@ pub fn stop(a: StopArgs) -> Result<()> {
     )
     .map_err(|e| anyhow!("array '{name}': {e}"))?;
     let pid = v["pid"].as_u64().unwrap_or(0);
-    // The server removes its socket last, after marking the array clean.
+    // The server says how closing the array ended (members flushed, the
+    // array marked clean, no write answered early lost), then removes its
+    // socket last. A server that cannot say (its socket gone first) is
+    // taken at its socket's going, as before `closed` existed.
     let started = Instant::now();
+    let mut closed: Option<Value> = None;
     while std::os::unix::net::UnixStream::connect(&path).is_ok() {
         if started.elapsed() > Duration::from_secs(a.timeout) {
             bail!(
@@ -525,15 +529,32 @@ pub fn stop(a: StopArgs) -> Result<()> {
                 a.timeout
             );
         }
+        if closed.is_none() {
+            let ask = json!({"cmd": "closed", "wait_ms": 1000});
+            match call(&path, &ask, Duration::from_secs(5)) {
+                Ok(r) if r["closed"] == true => closed = Some(r),
+                Ok(_) => continue,
+                Err(ControlError::Refused(_)) => closed = Some(Value::Null),
+                Err(_) => {}
+            }
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
+    let error = closed
+        .as_ref()
+        .and_then(|c| c["error"].as_str())
+        .map(str::to_string);
     if a.json {
         println!(
             "{}",
-            json!({"stopped": true, "name": name, "pid": pid, "disconnected": v["disconnected"]})
+            json!({"stopped": true, "name": name, "pid": pid, "disconnected": v["disconnected"],
+                   "clean": closed.as_ref().map(|c| c["clean"] == true), "error": error})
         );
-    } else {
+    } else if error.is_none() {
         println!("raidkit: stopped array '{name}' (PID {pid})");
+    }
+    if let Some(e) = error {
+        bail!("array '{name}' (PID {pid}) stopped, but {e}");
     }
     Ok(())
 }

@@ -679,6 +679,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let mut links = Vec::new();
     let mut recovery = Vec::new();
     let stop = Arc::new(AtomicBool::new(false));
+    let closings: Vec<Arc<control::Closing>> = started.iter().map(|_| Arc::default()).collect();
     let up = (|| -> Result<()> {
         for g in groups {
             let exports = g
@@ -744,7 +745,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             .map(|s| s.stats.clone().expect("served"))
             .collect();
         let mut site = Vec::new();
-        for s in &started {
+        for (s, closing) in started.iter().zip(&closings) {
             let served = Served {
                 endpoints: s.endpoints.clone(),
                 control: s.control.display().to_string(),
@@ -752,6 +753,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 stop: stop.clone(),
                 all: all_stats.clone(),
                 behind: s.behind.clone(),
+                closing: closing.clone(),
             };
             let stats = s.stats.clone().expect("served");
             let handler = control_handler(s.array.clone(), stats.clone(), served.clone());
@@ -903,7 +905,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         server.shutdown();
     }
     let mut failed = None;
-    for s in &started {
+    let mut lost_writes: Vec<Option<String>> = vec![None; started.len()];
+    for (s, lost) in started.iter().zip(lost_writes.iter_mut()) {
         // Writes answered before they were done land before the array
         // closes. One that failed lost data a client was told was written:
         // the stop says so and fails (the array itself is consistent).
@@ -912,6 +915,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             crate::say::warning(&format!(
                 "array '{name}': a write answered before it was done failed: {e}"
             ));
+            *lost = Some(format!("a write answered before it was done was lost: {e}"));
             failed = Some(anyhow::Error::new(e).context(format!(
                 "array '{name}': a write answered before it was done was lost"
             )));
@@ -921,23 +925,29 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     for r in recovery {
         let _ = r.join();
     }
-    for s in &started {
+    for ((s, closing), lost) in started.iter().zip(&closings).zip(lost_writes) {
         if let Some(p) = &s.plan.socket {
             let _ = std::fs::remove_file(p);
         }
         let name = s.array.superblock().name;
         match s.array.close() {
-            Ok(()) => crate::say::note(&format!("stopped; array '{name}' is clean")),
+            Ok(()) => {
+                crate::say::note(&format!("stopped; array '{name}' is clean"));
+                closing.set(lost.map_or(Ok(()), Err));
+            }
             Err(e) => {
-                crate::say::warning(&format!(
-                    "array '{name}': flushing members and marking the array clean: {e}"
-                ));
+                let why = format!("flushing members and marking the array clean: {e}");
+                crate::say::warning(&format!("array '{name}': {why}"));
+                closing.set(Err(why));
                 failed = Some(
                     anyhow::Error::new(e)
                         .context(format!("flushing members and marking array '{name}' clean")),
                 );
             }
         }
+    }
+    for c in &closings {
+        c.let_waiters_answer();
     }
     // The control sockets go last: `raidkit stop` waits for them to, and
     // then finds the arrays closed and marked clean.

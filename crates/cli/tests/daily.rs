@@ -1028,3 +1028,47 @@ fn data_offset_sets_the_metadata_area_and_members_joining_keep_it() {
     assert_eq!(s.stop().code(), Some(0));
     ok(&["check", &ms[0], &ms[2], &new]);
 }
+
+/// `raidkit stop` reports how the server's close ended: an array whose
+/// members all failed cannot be marked clean, and the stop says so and
+/// fails (it took the socket's going as success, exit 0); a close that
+/// works is reported as clean.
+#[test]
+fn stop_fails_when_the_array_cannot_be_closed_cleanly() {
+    for broken in [true, false] {
+        let dir = tmp();
+        let t = dir.path();
+        let ms = members(t, 2);
+        create("1", &ms, "16M");
+        // Both members refuse writes from their 12th on: the client's
+        // writes fail both and the array fails.
+        let given: Vec<String> = ms
+            .iter()
+            .map(|m| match broken {
+                true => format!("fault:{m}?fail-writes-after=12"),
+                false => m.clone(),
+            })
+            .collect();
+        let (mut g, uri) = serve(t, &given);
+        for _ in 0..20 {
+            try_tool("qemu-io", &["-f", "raw", "-c", "write 0 64k", &uri]);
+        }
+        let o = rk(t, &["stop", "--json"]);
+        let v = json(&String::from_utf8_lossy(&o.stdout));
+        assert_eq!(v["stopped"], true, "{v}");
+        if broken {
+            assert_eq!(o.status.code(), Some(1), "{v}");
+            assert_eq!(v["clean"], false, "{v}");
+            assert!(v["error"].is_string(), "{v}");
+        } else {
+            assert_eq!(o.status.code(), Some(0), "{v}");
+            assert_eq!(
+                (v["clean"].as_bool(), v["error"].as_str()),
+                (Some(true), None),
+                "{v}"
+            );
+        }
+        let st = g.wait_within(Duration::from_secs(30));
+        assert_eq!(st.success(), !broken, "the server's own exit status");
+    }
+}

@@ -16,6 +16,56 @@ pub(super) struct Served {
     pub(super) all: Vec<Arc<Stats>>,
     /// The write-behind in front of this array, if any.
     pub(super) behind: Option<Arc<raidkit_member::WriteBehind>>,
+    /// How closing the array ended, once it has.
+    pub(super) closing: Arc<Closing>,
+}
+
+/// How closing an array at the stop ended (its members flushed and the
+/// array marked clean, or why not), kept for `raidkit stop`: the control
+/// socket outlives the close, and the command asks (`closed`) rather than
+/// take the socket's going as success.
+#[derive(Default)]
+pub(super) struct Closing {
+    outcome: std::sync::Mutex<Option<Result<(), String>>>,
+    done: std::sync::Condvar,
+    /// `closed` requests waiting for the outcome.
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl Closing {
+    pub(super) fn set(&self, r: Result<(), String>) {
+        *self.outcome.locked() = Some(r);
+        self.done.notify_all();
+    }
+
+    /// The outcome, waiting up to `limit` for it.
+    fn wait(&self, limit: Duration) -> Option<Result<(), String>> {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let g = self.outcome.locked();
+        let (g, _) = self
+            .done
+            .wait_timeout_while(g, limit, |o| o.is_none())
+            .unwrap_or_else(|e| e.into_inner());
+        let r = g.clone();
+        drop(g);
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        r
+    }
+
+    /// Let `closed` requests waiting when the outcome was set take it
+    /// before the socket goes (at most a second).
+    pub(super) fn let_waiters_answer(&self) {
+        let t = Instant::now();
+        let mut any = false;
+        while self.waiting.load(Ordering::Acquire) > 0 && t.elapsed() < Duration::from_secs(1) {
+            any = true;
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if any {
+            // Their answers are written after the handler returns.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 pub(super) fn control_handler(
@@ -49,6 +99,18 @@ pub(super) fn control_handler(
                 );
                 let mut m = one("events", json!(list));
                 m.insert("last".into(), json!(last));
+                Ok(m)
+            }
+            // How closing the array ended, waiting up to `wait_ms` (at
+            // most 30 s) for it: `raidkit stop` reports it.
+            "closed" => {
+                let wait = args.get("wait_ms").and_then(Value::as_u64).unwrap_or(0);
+                let r = served
+                    .closing
+                    .wait(Duration::from_millis(wait.min(30_000)));
+                let mut m = one("closed", json!(r.is_some()));
+                m.insert("clean".into(), json!(matches!(r, Some(Ok(())))));
+                m.insert("error".into(), json!(r.and_then(Result::err)));
                 Ok(m)
             }
             "test-event" => {
@@ -224,7 +286,7 @@ pub(super) fn control_handler(
                     .map_err(|e| e.to_string())
             }
             other => Err(format!(
-                "unknown command '{other}' (this server knows: status, stop, fail, remove, add, replace, grow, speed, scrub)"
+                "unknown command '{other}' (this server knows: status, stop, closed, fail, remove, add, replace, grow, speed, scrub)"
             )),
         }
     })
