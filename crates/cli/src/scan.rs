@@ -146,7 +146,8 @@ pub fn scan(a: ScanArgs) -> Result<()> {
             let stale = f.sb.events < newest;
             let role = match f.sb.role {
                 Role::Active(r) => {
-                    if !stale && (r as usize) < n {
+                    // A replacement does not hold its role yet.
+                    if !stale && !f.sb.replacing && (r as usize) < n {
                         held[r as usize] = true;
                     }
                     json!(r)
@@ -159,9 +160,19 @@ pub fn scan(a: ScanArgs) -> Result<()> {
                 "member_uuid": f.sb.member_uuid.to_string(),
                 "events": f.sb.events,
                 "stale": stale,
+                "replacing": f.sb.replacing,
             }));
         }
         let missing: Vec<usize> = (0..n).filter(|&r| !held[r]).collect();
+        // Whether what was found can serve at all (degraded included):
+        // more roles missing than the level survives cannot.
+        let startable = raidkit_layout::Geometry::new(
+            sb.level,
+            sb.layout,
+            sb.chunk,
+            sb.roles.iter().map(|r| r.data_size).collect(),
+        )
+        .is_ok_and(|g| g.survives(&missing));
         let state = if missing.is_empty() {
             "complete"
         } else {
@@ -205,6 +216,7 @@ pub fn scan(a: ScanArgs) -> Result<()> {
             "size": sb.array_size,
             "state": state,
             "missing_roles": missing,
+            "startable": startable,
             "members": members,
             "serve": serve,
             "config": config,
@@ -262,6 +274,7 @@ pub fn scan(a: ScanArgs) -> Result<()> {
         );
         for m in arr["members"].as_array().into_iter().flatten() {
             let role = match m["role"].as_u64() {
+                Some(r) if m["replacing"] == true => format!("role {r} (replacement)"),
                 Some(r) => format!("role {r}"),
                 None => "spare".into(),
             };
@@ -278,6 +291,12 @@ pub fn scan(a: ScanArgs) -> Result<()> {
         }
         for r in arr["missing_roles"].as_array().into_iter().flatten() {
             println!("   role {r:>2}  (no up-to-date member found)");
+        }
+        if arr["startable"] == false {
+            println!(
+                "   cannot start: {} lacks more members than it survives (find the missing ones; `serve --force` takes stale ones back)",
+                arr["level"].as_str().unwrap_or("")
+            );
         }
         println!("   serve: {}", arr["serve"].as_str().unwrap_or(""));
         println!("   config: {}", arr["config"].as_str().unwrap_or(""));
@@ -314,6 +333,17 @@ fn print_config(given: &[PathBuf], list: &[Value]) {
     println!();
     println!("[arrays]");
     for arr in list {
+        if arr["startable"] == false {
+            // One array that cannot start would stop the whole server.
+            println!(
+                "# {}: cannot start (roles {} have no up-to-date member, more than {} survives)",
+                arr["name"].as_str().unwrap_or(""),
+                arr["missing_roles"],
+                arr["level"].as_str().unwrap_or("")
+            );
+            println!("# {}", arr["config"].as_str().unwrap_or(""));
+            continue;
+        }
         if arr["state"] != "complete" {
             println!(
                 "# {}: incomplete (roles {} have no up-to-date member); run = true starts it degraded",

@@ -698,6 +698,18 @@ fn a_replacement_goes_on_after_a_restart() {
             "{d}"
         );
         assert_eq!(row["recovery_offset"].as_u64(), Some(got), "{d}");
+        // scan: the replacement is one, not the holder of role 0.
+        let sc: Value =
+            serde_json::from_slice(&ok(&["scan", "--json", &t.display().to_string()]).stdout)
+                .unwrap();
+        let m = sc["arrays"][0]["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["path"] == rep.as_str())
+            .unwrap_or_else(|| panic!("{sc}"))
+            .clone();
+        assert_eq!(m["replacing"], true, "{sc}");
         let mut s = Served::start(t, &all, &["--run"]);
         let st = status(&s.control);
         let m = st["members"]

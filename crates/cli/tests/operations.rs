@@ -754,6 +754,37 @@ fn scan_finds_two_arrays_among_mixed_files() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("STALE") && text.contains(&a[2]), "{text}");
     assert_eq!(text.matches("ARRAY ").count(), 2, "{text}");
+    assert!(!text.contains("cannot start"), "{text}");
+    assert_eq!(
+        (r5["startable"].as_bool(), r1["startable"].as_bool()),
+        (Some(true), Some(true))
+    );
+    // One more RAID-5 member gone: what is left cannot start, and scan
+    // says so rather than propose `--run`; its config entry is left out
+    // (it would stop the whole server).
+    std::fs::rename(&a[1], dir.path().join("away.img")).unwrap();
+    let o = ok(&["scan", "--json", &disks.display().to_string()]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r5 = v["arrays"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["level"] == "raid5")
+        .unwrap()
+        .clone();
+    assert_eq!(r5["startable"], false, "{r5:#}");
+    let o = ok(&["scan", &disks.display().to_string()]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("cannot start"), "{text}");
+    let o = ok(&["scan", "--config", &disks.display().to_string()]);
+    let cfg = String::from_utf8_lossy(&o.stdout);
+    let live: Vec<&str> = cfg.lines().filter(|l| l.contains("uuid = ")).collect();
+    assert_eq!(live.len(), 2, "{cfg}");
+    assert_eq!(
+        live.iter().filter(|l| l.starts_with('#')).count(),
+        1,
+        "{cfg}"
+    );
 }
 
 /// `raidkit scan --config` makes a config file from the arrays it finds;
