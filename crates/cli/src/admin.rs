@@ -425,6 +425,21 @@ fn live_servers() -> Result<Vec<PathBuf>> {
     Ok(live)
 }
 
+/// The running server of the array with this UUID, if any: its PID and
+/// endpoints.
+pub fn server_of(uuid: &str) -> Option<(u64, Vec<String>)> {
+    live_servers().ok()?.iter().find_map(|p| {
+        let v = status_of(p).ok()?;
+        (v["array"]["uuid"] == uuid).then(|| {
+            let eps = v["endpoints"].as_array().into_iter().flatten();
+            (
+                v["pid"].as_u64().unwrap_or(0),
+                eps.filter_map(|e| e.as_str().map(str::to_string)).collect(),
+            )
+        })
+    })
+}
+
 fn status_of(path: &Path) -> Result<Value> {
     call(path, &json!({"cmd": "status"}), Duration::from_secs(10))
         .map_err(|e| anyhow!("{}: {e}", path.display()))

@@ -604,8 +604,29 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             }
             Err(e) => return Err(e),
         };
-        array.set_rebuild_speed(Some(set.rebuild_min), Some(set.rebuild_max));
         let sb = array.superblock();
+        if plan.read_only {
+            // Read-only opens take no lock (examining a member of a served
+            // array works), but a second server reading members that
+            // another one writes would serve torn data.
+            if let Some((pid, endpoints)) = crate::admin::server_of(&sb.array_uuid.to_string()) {
+                let why = format!(
+                    "array '{}' is already served by the raidkit server with PID {pid}{}: a read-only server beside it would read members that one is writing; read through its export, or stop it first",
+                    sb.name,
+                    match endpoints.first() {
+                        Some(e) => format!(" ({e})"),
+                        None => String::new(),
+                    }
+                );
+                if config.is_some() {
+                    crate::say::warning(&format!("{}: not served: {why}", plan.label));
+                    not_started += 1;
+                    continue;
+                }
+                bail!("{why}");
+            }
+        }
+        array.set_rebuild_speed(Some(set.rebuild_min), Some(set.rebuild_max));
         let export = plan.export.clone().unwrap_or_else(|| sb.name.clone());
         let control = plan
             .control

@@ -466,6 +466,20 @@ fn a_member_in_use_names_the_server_that_holds_it() {
     c.extend(a.iter().map(String::as_str));
     let err = rk_fails(t, &c);
     assert!(err.contains(&holder), "{err}");
+    // A read-only one (which takes no lock, and a control socket of its
+    // own): refused too, naming the server that writes the members.
+    let ro = t.join("ro.ctl").display().to_string();
+    let mut c = vec![
+        "serve",
+        "--read-only",
+        "--listen",
+        "127.0.0.1:0",
+        "--control",
+        &ro,
+    ];
+    c.extend(a.iter().map(String::as_str));
+    let err = rk_fails(t, &c);
+    assert!(err.contains(&format!("PID {}", sa.id())), "{err}");
     // Another array's server asked to take a member in use: the same.
     rk_ok(t, &["fail", "--control", "other", &b[1]]);
     rk_ok(t, &["remove", "--control", "other", &b[1]]);
