@@ -11,6 +11,7 @@ use crate::{scratch, seams};
 use raidkit_layout::{Piece, StripeMap};
 use raidkit_parity as parity;
 use smallvec::smallvec;
+use std::sync::Arc;
 
 impl Array {
     /// A write to a parity level: its pieces grouped by stripe, each stripe
@@ -379,8 +380,14 @@ impl Array {
         }
         // Whole checksum blocks, each checked: a part of one cannot be.
         let (a, b) = (dev / BLOCK * BLOCK, (dev + len).next_multiple_of(BLOCK));
+        // The members as they are now: one the failed read put out of
+        // service is not read from.
+        let now = self.core.view.load();
         let row_of = |role: usize| -> Option<Vec<u8>> {
             let d = Core::readable(v, role, a, b - a)?;
+            if !Core::readable(&now, role, a, b - a).is_some_and(|x| Arc::ptr_eq(x, d)) {
+                return None;
+            }
             let c = d.checked.as_ref()?;
             let mut whole = scratch::take((b - a) as usize);
             let mut bad = 0;
