@@ -267,12 +267,13 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
         let entry = fresh.roles[role];
         if sb.replacing {
             // Placed once every role has its member (below). One that
-            // missed updates (a replacement dropped, or an old copy) or
-            // that the role already belongs to is not one: a spare.
-            if sb.events + 1 >= fresh.events
-                && sb.member_uuid != entry.member_uuid
-                && !shape_differs
-            {
+            // missed an update (failed, which writes the others'
+            // superblocks without it; an old copy) or that the role
+            // already belongs to is not one: a spare. (No role table
+            // entry records a replacement, so a crash in the middle of an
+            // update, which leaves some members one behind, makes it a
+            // spare too: the replacement starts over, nothing is lost.)
+            if sb.events == fresh.events && sb.member_uuid != entry.member_uuid && !shape_differs {
                 replacing.push((role, m, sb));
             } else {
                 spares.push((m, sb));
