@@ -10,7 +10,7 @@ use crate::engine::{in_parallel_on, journal_pool, Small};
 use crate::error::{Error, Result};
 use crate::journal::{self, Record, Slot};
 use crate::levels::parity::DataFrom;
-use raidkit_layout::{Piece, StripeMap};
+use raidkit_layout::{Level, Piece, StripeMap};
 use raidkit_member::Locked;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -288,6 +288,12 @@ impl Array {
             return true;
         }
         let g = &v.geom;
+        if matches!(g.level, Level::Raid1 | Level::Raid10) {
+            // No parity: the copies still in service are made to agree
+            // with the first of them (what reads return meanwhile), and a
+            // set down to one copy has nothing to agree with.
+            return true;
+        }
         if !g.level.is_parity() || self.maybe_reshaping() {
             return false;
         }

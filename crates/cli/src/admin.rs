@@ -567,6 +567,11 @@ pub fn stop(a: StopArgs) -> Result<()> {
         );
     } else if error.is_none() {
         println!("raidkit: stopped array '{name}' (PID {pid})");
+        if closed.as_ref().is_some_and(|c| c["clean"] == false) {
+            println!(
+                "raidkit: array '{name}' is left dirty (a resync not finished): the next start resyncs what it must"
+            );
+        }
     }
     if let Some(e) = error {
         bail!("array '{name}' (PID {pid}) stopped, but {e}");

@@ -953,8 +953,16 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         let name = s.array.superblock().name;
         match s.array.close() {
             Ok(()) => {
-                crate::say::note(&format!("stopped; array '{name}' is clean"));
-                closing.set(lost.map_or(Ok(()), Err));
+                let clean =
+                    s.array.superblock().state == raidkit_array::superblock::ArrayState::Clean;
+                crate::say::note(&if clean {
+                    format!("stopped; array '{name}' is clean")
+                } else {
+                    format!(
+                        "stopped; array '{name}' is left dirty (a resync not finished): the next start resyncs what it must"
+                    )
+                });
+                closing.set(lost.map_or(Ok(clean), Err));
             }
             Err(e) => {
                 let why = format!("flushing members and marking the array clean: {e}");

@@ -83,8 +83,16 @@ impl LevelOps for Mirrored {
         // The first copy is the one reads return while unsynced.
         let chunk = a.core.geom().chunk;
         let p = &a.core.geom().pieces(u * chunk, chunk)[0];
-        let (r0, d0) = p.copies[0];
-        let src = v.roles[r0].disk.as_ref().expect("every member in service");
+        // The first copy that can be read there, as reads take it (a
+        // member lost during the resync leaves the others to agree).
+        let Some((src, r0, d0)) = p
+            .copies
+            .iter()
+            .find_map(|&(r, d)| Core::readable(v, r, d, p.len).map(|disk| (disk, r, d)))
+        else {
+            // No copy left: nothing to make agree (reads fail there).
+            return Ok(());
+        };
         let mut buf = scratch::take(chunk as usize);
         // In a crash window the read may put rotten blocks of the first
         // copy back from the others (`Core::window_heal`), in memory only:
@@ -94,8 +102,9 @@ impl LevelOps for Mirrored {
             .disk_read(src, &mut buf, d0)
             .map_err(Error::from)
             .and_then(|()| {
-                p.copies[1..]
+                p.copies
                     .iter()
+                    .filter(|&&(r, d)| (r, d) != (r0, d0))
                     .try_for_each(|&(r, d)| a.core.member_write(v, r, &buf, d))
             });
         scratch::give(buf);

@@ -26,20 +26,22 @@ pub(super) struct Served {
 /// take the socket's going as success.
 #[derive(Default)]
 pub(super) struct Closing {
-    outcome: std::sync::Mutex<Option<Result<(), String>>>,
+    /// Ok(whether the array was marked clean: a resync not finished
+    /// leaves it dirty on purpose), or why closing failed.
+    outcome: std::sync::Mutex<Option<Result<bool, String>>>,
     done: std::sync::Condvar,
     /// `closed` requests waiting for the outcome.
     waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl Closing {
-    pub(super) fn set(&self, r: Result<(), String>) {
+    pub(super) fn set(&self, r: Result<bool, String>) {
         *self.outcome.locked() = Some(r);
         self.done.notify_all();
     }
 
     /// The outcome, waiting up to `limit` for it.
-    fn wait(&self, limit: Duration) -> Option<Result<(), String>> {
+    fn wait(&self, limit: Duration) -> Option<Result<bool, String>> {
         self.waiting.fetch_add(1, Ordering::AcqRel);
         let g = self.outcome.locked();
         let (g, _) = self
@@ -109,7 +111,7 @@ pub(super) fn control_handler(
                     .closing
                     .wait(Duration::from_millis(wait.min(30_000)));
                 let mut m = one("closed", json!(r.is_some()));
-                m.insert("clean".into(), json!(matches!(r, Some(Ok(())))));
+                m.insert("clean".into(), json!(matches!(r, Some(Ok(true)))));
                 m.insert("error".into(), json!(r.and_then(Result::err)));
                 Ok(m)
             }
