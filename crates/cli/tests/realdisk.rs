@@ -677,3 +677,58 @@ fn kill9_torture_on_loop_devices_loses_nothing_flushed() {
     let (_, _, losses) = summary(&out).unwrap_or_else(|| panic!("{out}"));
     assert!(losses >= 1, "{out}");
 }
+
+/// A disk failed, removed and added straight back while a client writes:
+/// its last requests in flight keep it open a moment after `remove`, and
+/// the kernel refuses the exclusive open meanwhile; `add` waits for this
+/// process's own hold to go (it failed with "in use ... md, LVM or
+/// another program" in most rounds).
+#[test]
+fn a_disk_removed_under_load_is_added_back_at_once() {
+    let Some(mut rig) = Rig::new() else {
+        return;
+    };
+    let ms = rig.attach(4);
+    ok(&args(
+        &["create", "--io", "direct", "--level", "6", "--chunk", "64K"],
+        &ms,
+    ));
+    let mut s = Served::start(rig.path(), &ms, &["--io", "direct"]);
+    let ctl = s.control.display().to_string();
+    // fio bounds itself (--runtime) and is killed by its own PID.
+    let fio_secs = "--runtime=60";
+    let mut writer = Guarded::spawn(
+        std::process::Command::new("fio")
+            .args([
+                "--name=w",
+                "--ioengine=nbd",
+                &format!("--uri={}", s.uri),
+                "--rw=randwrite",
+                "--bs=64k",
+                "--iodepth=32",
+                "--size=60M",
+                "--time_based",
+                fio_secs,
+                "--output=/dev/null",
+            ])
+            .stderr(std::process::Stdio::null()),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    for round in 0..6 {
+        ok(&["fail", "--control", &ctl, &ms[3]]);
+        ok(&["remove", "--control", &ctl, &ms[3]]);
+        let o = raidkit(&["add", "--control", &ctl, &ms[3]]);
+        assert!(
+            o.status.success(),
+            "round {round}: add right after remove failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        ok(&["wait", "--timeout", "120", "--control", &ctl]);
+    }
+    writer.kill();
+    assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+    let o = raidkit(&args(&["check", "--json"], &ms));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    assert!(o.status.success(), "check: {v}");
+    assert_eq!(v["mismatches"], 0, "{v}");
+}

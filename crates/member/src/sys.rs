@@ -52,22 +52,38 @@ pub(crate) fn open_member_file(
         flags |= libc::O_EXCL;
     }
     let open_err = |e: io::Error| MemberError::new(name, Op::Open, 0, 0, e);
-    let file = OpenOptions::new()
-        .read(true)
-        .write(!read_only)
-        .custom_flags(flags)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::EBUSY) if !regular && !read_only => open_err(io::Error::new(
-                io::ErrorKind::ResourceBusy,
-                InUse::holding_device(path),
-            )),
-            Some(libc::EINVAL) if direct => open_err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "its file system does not allow direct I/O (O_DIRECT refused)",
-            )),
-            _ => open_err(e),
-        })?;
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .custom_flags(flags)
+            .open(path)
+    };
+    let mut opened = open();
+    // A device this process itself still holds (a member just removed,
+    // its last requests in flight keeping it open a moment): the claim
+    // goes with them, so it is waited for (at most 5 s), not refused.
+    let t = std::time::Instant::now();
+    while matches!(&opened, Err(e) if e.raw_os_error() == Some(libc::EBUSY))
+        && !regular
+        && !read_only
+        && t.elapsed() < std::time::Duration::from_secs(5)
+        && held_by_this_process(path)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        opened = open();
+    }
+    let file = opened.map_err(|e| match e.raw_os_error() {
+        Some(libc::EBUSY) if !regular && !read_only => open_err(io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            InUse::holding_device(path),
+        )),
+        Some(libc::EINVAL) if direct => open_err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "its file system does not allow direct I/O (O_DIRECT refused)",
+        )),
+        _ => open_err(e),
+    })?;
     if !read_only {
         lock(&file, name)?;
     }
@@ -83,6 +99,20 @@ pub(crate) fn open_member_file(
         regular,
         len,
         rotational,
+    })
+}
+
+/// Whether this process has block device `path` open.
+fn held_by_this_process(path: &Path) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(want) = std::fs::metadata(path) else {
+        return false;
+    };
+    std::fs::read_dir("/proc/self/fd").is_ok_and(|fds| {
+        fds.flatten().any(|fd| {
+            std::fs::metadata(fd.path())
+                .is_ok_and(|m| m.file_type().is_block_device() && m.rdev() == want.rdev())
+        })
     })
 }
 
@@ -217,6 +247,9 @@ impl InUse {
                     .then_some(pid)
             })
         });
+        // Nobody else: this process itself (a member removed but still
+        // held by its last requests).
+        let pid = pid.or_else(|| held_by_this_process(path).then_some(me));
         InUse::of(pid, true)
     }
 
