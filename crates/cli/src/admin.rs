@@ -217,13 +217,22 @@ pub fn replace(a: ReplaceArgs) -> Result<()> {
 
 pub fn scrub(a: ScrubArgs) -> Result<()> {
     let path = find_control(a.control.control.as_deref())?;
-    let before = request(Some(&path), json!({"cmd": "status"}))?["last_scrub"]["run"]
-        .as_u64()
-        .unwrap_or(0);
-    let v = request(
-        Some(&path),
-        json!({"cmd": "scrub", "check_only": a.check_only, "stop": a.stop}),
-    )?;
+    let st = request(Some(&path), json!({"cmd": "status"}))?;
+    let before = st["last_scrub"]["run"].as_u64().unwrap_or(0);
+    // `--wait` with a scrub already running (started by hand, by a timer,
+    // or resumed at the start) follows that one.
+    let follow = a.wait && !a.stop && st["scrub"].is_object();
+    if follow {
+        eprintln!("raidkit: a scrub is already running; following it");
+    }
+    let v = if follow {
+        Value::Null
+    } else {
+        request(
+            Some(&path),
+            json!({"cmd": "scrub", "check_only": a.check_only, "stop": a.stop}),
+        )?
+    };
     if a.stop {
         if a.json {
             println!("{}", json!({"stopped": v["stopped"]}));
@@ -285,16 +294,25 @@ pub fn scrub(a: ScrubArgs) -> Result<()> {
                 m["action"].as_str().unwrap_or("?")
             );
         }
-        println!(
-            "raidkit: scrub {}: {} in {:.1}s, {} repaired, {} unrepaired",
-            last["result"].as_str().unwrap_or("?"),
-            human(last["bytes"].as_u64().unwrap_or(0)),
-            last["seconds"].as_f64().unwrap_or(0.0),
-            last["repaired"],
-            unrepaired
-        );
+        if last["check_only"] == true {
+            println!(
+                "raidkit: scrub (check only) {}: {} in {:.1}s, {found} mismatch(es) found, nothing repaired",
+                last["result"].as_str().unwrap_or("?"),
+                human(last["bytes"].as_u64().unwrap_or(0)),
+                last["seconds"].as_f64().unwrap_or(0.0),
+            );
+        } else {
+            println!(
+                "raidkit: scrub {}: {} in {:.1}s, {} repaired, {} unrepaired",
+                last["result"].as_str().unwrap_or("?"),
+                human(last["bytes"].as_u64().unwrap_or(0)),
+                last["seconds"].as_f64().unwrap_or(0.0),
+                last["repaired"],
+                unrepaired
+            );
+        }
     }
-    if unrepaired > 0 || (a.check_only && found > 0) {
+    if unrepaired > 0 || (last["check_only"] == true && found > 0) {
         std::process::exit(1);
     }
     Ok(())

@@ -692,3 +692,27 @@ fn writes_placed_straight_into_member_files_record_the_checksums_of_their_data()
         drop(s);
     }
 }
+
+/// `scrub --wait` with a scrub already running (started by hand, by a
+/// timer, or resumed at a start) follows it to its end and reports it
+/// (it failed: "a scrub is already running").
+#[test]
+fn scrub_wait_follows_a_scrub_already_running() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "32M");
+    let mut s = Served::start(
+        dir.path(),
+        &ms,
+        &["--rebuild-min", "8M", "--rebuild-max", "8M"],
+    );
+    let ctl = s.control.display().to_string();
+    ok(&["scrub", "--control", &ctl]);
+    assert!(status(&s)["scrub"].is_object(), "no scrub running");
+    let (code, last) = scrub(&s);
+    assert_eq!(code, Some(0), "{last}");
+    assert_eq!(last["result"], "done", "{last}");
+    assert_eq!(last["run"], 1, "{last}");
+    assert!(status(&s)["scrub"].is_null());
+    assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+}
