@@ -316,11 +316,18 @@ pub fn create(
     let offsets: Vec<u64> = layouts.iter().map(|l| l.0).collect();
     for ((p, &s), &o) in prepared.iter().zip(&sizes).zip(&offsets) {
         if s < o + opts.chunk {
-            return Err(Error::Invalid(format!(
-                "{} is too small: {s} bytes, but {o} bytes of metadata plus one {}-byte chunk are needed",
-                prepared_name(p),
-                opts.chunk
-            )));
+            return Err(Error::Invalid(match opts.size {
+                // The size asked for, not the member, is what is short.
+                Some(want) => format!(
+                    "--size {want} is too small: each member needs {o} bytes of metadata plus at least one {}-byte chunk",
+                    opts.chunk
+                ),
+                None => format!(
+                    "{} is too small: {s} bytes, but {o} bytes of metadata plus one {}-byte chunk are needed",
+                    prepared_name(p),
+                    opts.chunk
+                ),
+            }));
         }
     }
     let n = n_roles;

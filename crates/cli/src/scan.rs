@@ -161,6 +161,9 @@ pub fn scan(a: ScanArgs) -> Result<()> {
                 "events": f.sb.events,
                 "stale": stale,
                 "replacing": f.sb.replacing,
+                // In its role but rebuilt only this far (a rebuild cut
+                // short): the array serves degraded until it is done.
+                "recovery_offset": f.sb.recovery_offset,
             }));
         }
         let missing: Vec<usize> = (0..n).filter(|&r| !held[r]).collect();
@@ -282,10 +285,10 @@ pub fn scan(a: ScanArgs) -> Result<()> {
                 "   {role:>7}  {}  events {}{}",
                 m["path"].as_str().unwrap_or(""),
                 m["events"],
-                if m["stale"] == true {
-                    "  STALE (behind the others: not used)"
-                } else {
-                    ""
+                match m["recovery_offset"].as_u64() {
+                    _ if m["stale"] == true => "  STALE (behind the others: not used)".to_string(),
+                    Some(at) => format!("  REBUILDING (in sync up to {at} bytes of its data)"),
+                    None => String::new(),
                 }
             );
         }

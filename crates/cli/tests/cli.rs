@@ -173,6 +173,12 @@ fn bad_input_is_refused_and_overwrites_nothing() {
     );
     let dup = vec![ms[0].clone(), ms[1].clone(), ms[0].clone()];
     fails(&args(&["create", "--level", "5"], &dup), "more than once");
+    // A --size too small for the metadata is named as such, not the
+    // members (which are large enough).
+    fails(
+        &args(&["create", "--level", "5", "--size", "1M"], &ms),
+        "--size 1048576 is too small",
+    );
     assert_eq!(digest(&ms), before);
 
     // Mismatched sizes.

@@ -314,6 +314,19 @@ fn detail_after_a_killed_rebuild_says_rebuilding() {
         .clone();
     assert_eq!(m["state"], "rebuilding", "{d}");
     assert!(m["recovery_offset"].as_u64().unwrap() > 0, "{d}");
+    // scan says so too (it listed the array as complete, nothing more).
+    let dir_s = dir.path().display().to_string();
+    let sc: Value = serde_json::from_slice(&ok(&["scan", "--json", &dir_s]).stdout).unwrap();
+    let m = sc["arrays"][0]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["path"] == ms[3].as_str())
+        .unwrap_or_else(|| panic!("{sc}"))
+        .clone();
+    assert!(m["recovery_offset"].as_u64().unwrap_or(0) > 0, "{sc}");
+    let text = String::from_utf8(ok(&["scan", &dir_s]).stdout).unwrap();
+    assert!(text.contains("REBUILDING"), "{text}");
 }
 
 #[test]
