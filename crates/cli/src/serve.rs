@@ -548,7 +548,20 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             None
         }
     };
-    let set = Settings::of(&a, config.as_ref());
+    let mut set = Settings::of(&a, config.as_ref());
+    if set.rebuild_max != 0 && set.rebuild_min > set.rebuild_max {
+        let min_given = a.given.iter().any(|g| g == "rebuild_min")
+            || config.as_ref().is_some_and(|c| c.rebuild_min.is_some());
+        if min_given {
+            bail!(
+                "--rebuild-min ({}) is above --rebuild-max ({}): the speed while clients are busy is at most the idle one",
+                set.rebuild_min,
+                set.rebuild_max
+            );
+        }
+        // The default floor comes down to a ceiling set below it.
+        set.rebuild_min = set.rebuild_max;
+    }
     if !(set.member_timeout > 0.0 && set.member_timeout.is_finite()) {
         bail!("--member-timeout must be a positive number of seconds");
     }

@@ -1086,3 +1086,39 @@ fn stop_fails_when_the_array_cannot_be_closed_cleanly() {
         assert_eq!(st.success(), !broken, "the server's own exit status");
     }
 }
+
+/// A rebuild floor above its ceiling is refused (the rebuild would go
+/// faster while clients are busy than when idle), at `serve` and by
+/// `speed`; a ceiling set alone below the floor brings the floor down.
+#[test]
+fn a_rebuild_floor_above_its_ceiling_is_refused() {
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 2);
+    create("1", &ms, "8M");
+    let mut c = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--rebuild-min",
+        "100M",
+        "--rebuild-max",
+        "1M",
+    ];
+    c.extend(ms.iter().map(String::as_str));
+    rk_fails(t, &c);
+    let (mut g, _) = serve(t, &ms);
+    rk_fails(
+        t,
+        &["speed", "--rebuild-min", "100M", "--rebuild-max", "1M"],
+    );
+    let v = json(&rk_ok(t, &["speed", "--rebuild-max", "2M", "--json"]));
+    assert_eq!(
+        (v["rebuild_min"].as_u64(), v["rebuild_max"].as_u64()),
+        (Some(2 << 20), Some(2 << 20)),
+        "{v}"
+    );
+    rk_fails(t, &["speed", "--rebuild-min", "3M"]);
+    rk_ok(t, &["stop"]);
+    assert!(g.wait_within(Duration::from_secs(30)).success());
+}

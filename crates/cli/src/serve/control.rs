@@ -269,7 +269,24 @@ pub(super) fn control_handler(
                             .ok_or_else(|| format!("\"{k}\" must be bytes per second")),
                     }
                 };
-                array.set_rebuild_speed(rate("rebuild_min")?, rate("rebuild_max")?);
+                let (lo, hi) = (rate("rebuild_min")?, rate("rebuild_max")?);
+                // The pair as it would be, checked before anything changes:
+                // a floor above the ceiling would rebuild faster while
+                // clients are busy than when they are idle.
+                // A ceiling alone below the floor brings the floor down
+                // with it (`speed --rebuild-max 4M` slows a rebuild).
+                let (cur_lo, cur_hi) = array.rebuild_speed();
+                let lo = match (lo, hi) {
+                    (None, Some(h)) if h != 0 && cur_lo > h => Some(h),
+                    _ => lo,
+                };
+                let (new_lo, new_hi) = (lo.unwrap_or(cur_lo), hi.unwrap_or(cur_hi));
+                if new_hi != 0 && new_lo > new_hi {
+                    return Err(format!(
+                        "--rebuild-min ({new_lo} bytes/s) would be above --rebuild-max ({new_hi} bytes/s): the speed while clients are busy is at most the idle one"
+                    ));
+                }
+                array.set_rebuild_speed(lo, hi);
                 let (min, max) = array.rebuild_speed();
                 let mut m = one("rebuild_min", json!(min));
                 m.insert("rebuild_max".into(), json!(max));
