@@ -216,7 +216,41 @@ impl Array {
     /// `[col, col + len)`, reconstructing any that are unavailable or fail
     /// to read; members that failed are cured from the result or failed.
     /// Rows not needed may come back empty. Call with the stripe locked.
+    /// With checksums, over whole checksum blocks: a rebuild of part of a
+    /// block cannot be checked against its checksum, and one from parity
+    /// made over blocks nothing could rebuild (see `rows_as_they_lie`), or
+    /// torn by a crash, would be served as it came out.
     pub(crate) fn read_rows(
+        &self,
+        v: &View,
+        stripe: u64,
+        col: u64,
+        len: u64,
+        need: &[bool],
+    ) -> Result<Vec<Vec<u8>>> {
+        let (a, b) = (col / BLOCK * BLOCK, (col + len).next_multiple_of(BLOCK));
+        if !self.core.checksums || !v.geom.chunk.is_multiple_of(BLOCK) || (a, b) == (col, col + len)
+        {
+            return self.read_rows_exact(v, stripe, col, len, need);
+        }
+        let whole = self.read_rows_exact(v, stripe, a, b - a, need)?;
+        let at = (col - a) as usize..(col - a + len) as usize;
+        Ok(whole
+            .into_iter()
+            .map(|row| {
+                if row.is_empty() {
+                    return row;
+                }
+                let mut part = scratch::take(len as usize);
+                part.copy_from_slice(&row[at.clone()]);
+                scratch::give(row);
+                part
+            })
+            .collect())
+    }
+
+    /// `read_rows` over exactly `[col, col + len)`.
+    fn read_rows_exact(
         &self,
         v: &View,
         stripe: u64,
