@@ -573,10 +573,15 @@ pub fn stop(a: StopArgs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let error = closed
-        .as_ref()
-        .and_then(|c| c["error"].as_str())
-        .map(str::to_string);
+    // Gone without saying (killed while closing, say): not taken as a
+    // clean stop.
+    let error = match &closed {
+        None => Some(
+            "it went away without saying whether it closed the array cleanly (see its log)"
+                .to_string(),
+        ),
+        Some(c) => c["error"].as_str().map(str::to_string),
+    };
     if a.json {
         println!(
             "{}",

@@ -713,7 +713,12 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let mut links = Vec::new();
     let mut recovery = Vec::new();
     let stop = Arc::new(AtomicBool::new(false));
-    let closings: Vec<Arc<control::Closing>> = started.iter().map(|_| Arc::default()).collect();
+    let closings: Arc<Vec<Arc<control::Closing>>> = Arc::new(
+        started
+            .iter()
+            .map(|s| Arc::new(control::Closing::new(s.array.superblock().name)))
+            .collect(),
+    );
     let up = (|| -> Result<()> {
         for g in groups {
             let exports = g
@@ -779,7 +784,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             .map(|s| s.stats.clone().expect("served"))
             .collect();
         let mut site = Vec::new();
-        for (s, closing) in started.iter().zip(&closings) {
+        for s in &started {
             let served = Served {
                 endpoints: s.endpoints.clone(),
                 control: s.control.display().to_string(),
@@ -787,7 +792,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 stop: stop.clone(),
                 all: all_stats.clone(),
                 behind: s.behind.clone(),
-                closing: closing.clone(),
+                closings: closings.clone(),
             };
             let stats = s.stats.clone().expect("served");
             let handler = control_handler(s.array.clone(), stats.clone(), served.clone());
@@ -959,12 +964,20 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     for r in recovery {
         let _ = r.join();
     }
-    for ((s, closing), lost) in started.iter().zip(&closings).zip(lost_writes) {
+    for ((s, closing), lost) in started.iter().zip(closings.iter()).zip(lost_writes) {
         if let Some(p) = &s.plan.socket {
             let _ = std::fs::remove_file(p);
         }
         let name = s.array.superblock().name;
         match s.array.close() {
+            // The close itself worked, but members failed on the way (the
+            // last superblock writes): the array did not survive it.
+            Ok(()) if s.array.health() == raidkit_array::Health::Failed => {
+                let why = "the array failed while closing: too many members lost (their superblocks could not be written)";
+                crate::say::warning(&format!("array '{name}': {why}"));
+                closing.set(Err(why.to_string()));
+                failed = Some(anyhow::anyhow!("array '{name}': {why}"));
+            }
             Ok(()) => {
                 let clean =
                     s.array.superblock().state == raidkit_array::superblock::ArrayState::Clean;
@@ -988,8 +1001,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             }
         }
     }
-    for c in &closings {
-        c.let_waiters_answer();
+    for c in closings.iter() {
+        c.let_followers_answer();
     }
     // The control sockets go last: `raidkit stop` waits for them to, and
     // then finds the arrays closed and marked clean.

@@ -1085,6 +1085,24 @@ fn stop_fails_when_the_array_cannot_be_closed_cleanly() {
         let st = g.wait_within(Duration::from_secs(30));
         assert_eq!(st.success(), !broken, "the server's own exit status");
     }
+    // Members that fail only at the close (the last superblock writes):
+    // the array fails there, after serving fine; the stop says so.
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 3);
+    create("5", &ms, "16M");
+    let given = vec![
+        ms[0].clone(),
+        format!("fault:{}?fail-writes-after=7", ms[1]),
+        format!("fault:{}?fail-writes-after=7", ms[2]),
+    ];
+    let (mut g, uri) = serve(t, &given);
+    tool("qemu-io", &["-f", "raw", "-c", "write 0 4k", &uri]);
+    let o = rk(t, &["stop", "--json"]);
+    let v = json(&String::from_utf8_lossy(&o.stdout));
+    assert_eq!(o.status.code(), Some(1), "{v}");
+    assert_eq!(v["clean"], false, "{v}");
+    assert!(!g.wait_within(Duration::from_secs(30)).success());
 }
 
 /// A rebuild floor above its ceiling is refused (the rebuild would go

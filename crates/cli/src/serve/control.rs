@@ -16,55 +16,69 @@ pub(super) struct Served {
     pub(super) all: Vec<Arc<Stats>>,
     /// The write-behind in front of this array, if any.
     pub(super) behind: Option<Arc<raidkit_member::WriteBehind>>,
-    /// How closing the array ended, once it has.
-    pub(super) closing: Arc<Closing>,
+    /// How closing each array of this process ended, once it has: a stop
+    /// through any one control socket stops them all.
+    pub(super) closings: Arc<Vec<Arc<Closing>>>,
 }
 
 /// How closing an array at the stop ended (its members flushed and the
 /// array marked clean, or why not), kept for `raidkit stop`: the control
 /// socket outlives the close, and the command asks (`closed`) rather than
 /// take the socket's going as success.
-#[derive(Default)]
 pub(super) struct Closing {
+    name: String,
     /// Ok(whether the array was marked clean: a resync not finished
     /// leaves it dirty on purpose), or why closing failed.
     outcome: std::sync::Mutex<Option<Result<bool, String>>>,
     done: std::sync::Condvar,
-    /// `closed` requests waiting for the outcome.
-    waiting: std::sync::atomic::AtomicUsize,
+    /// Someone follows the close (`raidkit stop` asked `closed`).
+    followed: AtomicBool,
+    /// A `closed` answer with the outcome went out.
+    taken: AtomicBool,
 }
 
 impl Closing {
+    pub(super) fn new(name: String) -> Closing {
+        Closing {
+            name,
+            outcome: Default::default(),
+            done: Default::default(),
+            followed: AtomicBool::new(false),
+            taken: AtomicBool::new(false),
+        }
+    }
+
     pub(super) fn set(&self, r: Result<bool, String>) {
         *self.outcome.locked() = Some(r);
         self.done.notify_all();
     }
 
-    /// The outcome, waiting up to `limit` for it.
-    fn wait(&self, limit: Duration) -> Option<Result<bool, String>> {
-        self.waiting.fetch_add(1, Ordering::AcqRel);
+    /// The outcome, waiting until `until` for it.
+    fn wait(&self, until: Instant) -> Option<Result<bool, String>> {
+        self.followed.store(true, Ordering::Release);
         let g = self.outcome.locked();
+        let left = until.saturating_duration_since(Instant::now());
         let (g, _) = self
             .done
-            .wait_timeout_while(g, limit, |o| o.is_none())
+            .wait_timeout_while(g, left, |o| o.is_none())
             .unwrap_or_else(|e| e.into_inner());
-        let r = g.clone();
-        drop(g);
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
-        r
+        g.clone()
     }
 
-    /// Let `closed` requests waiting when the outcome was set take it
-    /// before the socket goes (at most a second).
-    pub(super) fn let_waiters_answer(&self) {
+    /// When someone follows the close, let a `closed` answer carrying the
+    /// outcome go out before the socket goes (at most 2 s): between two
+    /// of its requests the follower would find the socket gone and never
+    /// learn how it ended.
+    pub(super) fn let_followers_answer(&self) {
         let t = Instant::now();
-        let mut any = false;
-        while self.waiting.load(Ordering::Acquire) > 0 && t.elapsed() < Duration::from_secs(1) {
-            any = true;
+        while self.followed.load(Ordering::Acquire)
+            && !self.taken.load(Ordering::Acquire)
+            && t.elapsed() < Duration::from_secs(2)
+        {
             std::thread::sleep(Duration::from_millis(5));
         }
-        if any {
-            // Their answers are written after the handler returns.
+        if self.taken.load(Ordering::Acquire) {
+            // The answer is written after the handler returns.
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -105,14 +119,31 @@ pub(super) fn control_handler(
             }
             // How closing the array ended, waiting up to `wait_ms` (at
             // most 30 s) for it: `raidkit stop` reports it.
+            // Every array of this process (a stop stops them all).
             "closed" => {
                 let wait = args.get("wait_ms").and_then(Value::as_u64).unwrap_or(0);
-                let r = served
-                    .closing
-                    .wait(Duration::from_millis(wait.min(30_000)));
-                let mut m = one("closed", json!(r.is_some()));
-                m.insert("clean".into(), json!(matches!(r, Some(Ok(true)))));
-                m.insert("error".into(), json!(r.and_then(Result::err)));
+                let until = Instant::now() + Duration::from_millis(wait.min(30_000));
+                let got: Vec<_> = served.closings.iter().map(|c| (c, c.wait(until))).collect();
+                let all = got.iter().all(|(_, r)| r.is_some());
+                let errors: Vec<String> = got
+                    .iter()
+                    .filter_map(|(c, r)| match r {
+                        Some(Err(e)) => Some(format!("array '{}': {e}", c.name)),
+                        _ => None,
+                    })
+                    .collect();
+                let clean = got.iter().all(|(_, r)| matches!(r, Some(Ok(true))));
+                if all {
+                    for (c, _) in &got {
+                        c.taken.store(true, Ordering::Release);
+                    }
+                }
+                let mut m = one("closed", json!(all));
+                m.insert("clean".into(), json!(all && clean));
+                m.insert(
+                    "error".into(),
+                    json!((all && !errors.is_empty()).then(|| errors.join("; "))),
+                );
                 Ok(m)
             }
             "test-event" => {
