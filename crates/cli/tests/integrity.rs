@@ -785,3 +785,56 @@ fn part_of_a_lost_block_is_never_served_from_parity() {
     );
     assert_eq!(s.stop().code(), Some(0), "{}", s.log());
 }
+
+/// A member that joins with another size (a larger disk in place of a
+/// failed one) has its checksum area where its own layout puts it; its
+/// superblock must keep that place, or at the next start its checksums
+/// are read from bytes that hold none, and a rotten block on it is served
+/// as it is. Here it is the only copy left: its rot must be an I/O error.
+#[test]
+fn a_larger_member_keeps_its_own_checksum_area_across_a_restart() {
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 2);
+    for m in &ms {
+        std::fs::File::create(m).unwrap().set_len(32 << 20).unwrap();
+    }
+    ok(&args(&["create", "--level", "1"], &ms));
+    let data = random(41, DATA);
+    let mut s = Served::start(t, &ms, &[]);
+    write_all(t, &s, &data);
+    let ctl = s.control.display().to_string();
+    ok(&["fail", "--control", &ctl, &ms[0]]);
+    ok(&["remove", "--control", &ctl, &ms[0]]);
+    let big = t.join("big.img").display().to_string();
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    ok(&["add", "--control", &ctl, &big]);
+    ok(&["wait", "--timeout", "120", "--control", &ctl]);
+    assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+    let now = vec![big.clone(), ms[1].clone()];
+    let off = data_offset(&big);
+    flip(&big, off + 3 * 4096 + 5);
+    let mut s = Served::start(t, &now, &[]);
+    let ctl = s.control.display().to_string();
+    ok(&["fail", "--control", &ctl, &ms[1]]);
+    let c = format!("read -v {} 4096", 3 * 4096);
+    let out = try_tool("qemu-io", &["-f", "raw", "-c", &c, &s.uri]);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    if !text.contains("Input/output error") {
+        assert!(
+            qemu_read(&s.uri, 3 * 4096, 4096) == data[3 * 4096..4 * 4096],
+            "a rotten block of the member that joined larger was served"
+        );
+    }
+    assert_eq!(
+        checksum_errors(&status(&s)).iter().sum::<u64>(),
+        1,
+        "{}",
+        status(&s)
+    );
+    assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+}

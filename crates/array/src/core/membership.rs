@@ -71,6 +71,11 @@ impl Core {
                     .is_some_and(|x| Arc::ptr_eq(x, d));
                 sb.data_offset = own.data_offset;
                 sb.data_size = own.data_size;
+                // Its own checksum area: a member that joined with another
+                // size has it elsewhere, sized for its length (with the
+                // array's, the next start read its checksums from a place
+                // that holds none, or other bytes).
+                sb.checksums = own.checksums;
                 sb.recovery_offset = rebuilding.then(|| own.recovery_offset.unwrap_or(0));
                 sb.seq = own.seq;
                 // md's superblock of this member (its device number, its
