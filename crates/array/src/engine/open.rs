@@ -83,7 +83,16 @@ impl Array {
                         rv.sync = Some(SyncState::new(at, None));
                     }
                     if let Some((m, rsb)) = &s.replacement {
-                        let at = rsb.recovery_offset.unwrap_or(0);
+                        // After an unclean stop the blocks being written at
+                        // the crash may differ between the member and its
+                        // replacement (and disagree with the replacement's
+                        // checksums, which were in memory): the copy starts
+                        // over. A resync makes the role's copies agree, not
+                        // the replacement with them.
+                        let at = match sb.state {
+                            ArrayState::Dirty => 0,
+                            ArrayState::Clean => rsb.recovery_offset.unwrap_or(0),
+                        };
                         notes.push(format!(
                             "{}: goes on replacing {} in role {r}, from {at} bytes in",
                             m.name(),
