@@ -247,9 +247,6 @@ impl InUse {
                     .then_some(pid)
             })
         });
-        // Nobody else: this process itself (a member removed but still
-        // held by its last requests).
-        let pid = pid.or_else(|| held_by_this_process(path).then_some(me));
         InUse::of(pid, true)
     }
 
