@@ -198,22 +198,7 @@ fn a_mirror_resync_goes_on_when_a_member_is_lost() {
             &ms,
         ));
         let mut s = Served::start(dir.path(), &ms, &[]);
-        let mut writer = Guarded::spawn(
-            Command::new("fio")
-                .args([
-                    "--name=w",
-                    "--ioengine=nbd",
-                    &format!("--uri={}", s.uri),
-                    "--rw=randwrite",
-                    "--bsrange=4k-256k",
-                    "--iodepth=32",
-                    "--size=60M",
-                    "--time_based",
-                    "--runtime=60",
-                    "--output=/dev/null",
-                ])
-                .stderr(Stdio::null()),
-        );
+        let mut writer = random_writer(&s.uri, "--bsrange=4k-256k", "--iodepth=32");
         std::thread::sleep(Duration::from_secs(3));
         s.kill9();
         writer.kill();
@@ -288,22 +273,7 @@ fn a_replacement_cut_by_a_crash_under_writes_agrees_with_its_copies() {
             serde_json::from_slice(&ok(&["examine", "--json", &new]).stdout).unwrap();
         e["recovery_offset"].as_u64().unwrap_or(0) >= 8 << 20
     });
-    let mut writer = Guarded::spawn(
-        Command::new("fio")
-            .args([
-                "--name=w",
-                "--ioengine=nbd",
-                &format!("--uri={}", s.uri),
-                "--rw=randwrite",
-                "--bs=4k",
-                "--iodepth=16",
-                "--size=60M",
-                "--time_based",
-                "--runtime=30",
-                "--output=/dev/null",
-            ])
-            .stderr(Stdio::null()),
-    );
+    let mut writer = random_writer(&s.uri, "--bs=4k", "--iodepth=16");
     std::thread::sleep(Duration::from_millis(1500));
     s.kill9();
     writer.kill();
@@ -324,4 +294,25 @@ fn a_replacement_cut_by_a_crash_under_writes_agrees_with_its_copies() {
     let o = ok(&args(&["check", "--json"], &[ms[1].clone(), new.clone()]));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["mismatches"], 0, "{v}");
+}
+
+/// fio writing at random over the first 60 MiB of `uri` (block sizes and
+/// depth as given) for at most a minute; killed by its own PID.
+fn random_writer(uri: &str, bs: &str, depth: &str) -> Guarded {
+    Guarded::spawn(
+        Command::new("fio")
+            .args([
+                "--name=w",
+                "--ioengine=nbd",
+                &format!("--uri={uri}"),
+                "--rw=randwrite",
+                bs,
+                depth,
+                "--size=60M",
+                "--time_based",
+                "--runtime=60",
+                "--output=/dev/null",
+            ])
+            .stderr(Stdio::null()),
+    )
 }
