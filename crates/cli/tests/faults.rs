@@ -9,7 +9,7 @@ use common::*;
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn status(s: &Served) -> Value {
     let ctl = s.control.display().to_string();
@@ -812,4 +812,79 @@ fn a_write_answered_early_that_fails_is_never_taken_as_flushed() {
             );
         }
     }
+}
+
+#[test]
+fn a_member_whose_writes_hang_hangs_neither_the_array_nor_its_status() {
+    // A disk stuck in its own retries: every write to member 1 takes a
+    // minute. Starting writes the superblocks; the write to member 1 is
+    // given up after the member timeout and the member failed, so the
+    // array starts degraded and serves (it used to wait for the disk, with
+    // the metadata lock held, which also stopped the stall watch).
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "32M");
+    let mut hung = ms.clone();
+    hung[1] = format!("fault:{}?write-delay=60s", ms[1]);
+    let t = Instant::now();
+    let mut s = Served::start(dir.path(), &hung, &["--member-timeout", "2"]);
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    let st = status(&s);
+    assert_eq!(st["state"], "degraded", "{st}");
+    let m1 = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == 1)
+        .unwrap()
+        .clone();
+    assert_eq!(m1["state"], "faulty", "{m1}");
+    let why = m1["reason"].as_str().unwrap();
+    assert!(
+        why.contains("superblock") && why.contains("member timeout"),
+        "{m1}"
+    );
+    let o = tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x3c 0 4M",
+            "-c",
+            "read -P 0x3c 0 4M",
+            &s.uri,
+        ],
+    );
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("verification failed"));
+    assert_eq!(s.stop().code(), Some(0));
+
+    // A disk slow but within the timeout (4 s a write): the first client
+    // write marks the array dirty, a superblock write that waits on it.
+    // Meanwhile `status` answers at once, from what was last written.
+    let sub = dir.path().join("slow");
+    std::fs::create_dir(&sub).unwrap();
+    let ms = members(&sub, 4);
+    create("5", &ms, "32M");
+    let mut slow = ms.clone();
+    slow[1] = format!("fault:{}?write-delay=4s", ms[1]);
+    let mut s = Served::start(&sub, &slow, &[]);
+    let mut writer = Guarded::spawn(
+        Command::new("qemu-io")
+            .args(["-f", "raw", "-c", "write -P 0x11 0 64k", &s.uri])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    let st = status(&s);
+    let took = t.elapsed();
+    assert!(
+        writer.try_wait().is_none(),
+        "the write did not wait on the slow member"
+    );
+    assert!(took < Duration::from_secs(1), "status took {took:?}");
+    assert_eq!(st["members"][1]["state"], "active", "{st}");
+    writer.kill();
+    s.kill9();
 }

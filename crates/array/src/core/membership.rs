@@ -14,8 +14,9 @@ use crate::superblock::{
 use raidkit_layout::Geometry;
 use raidkit_member::Locked;
 use raidkit_member::Member;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 /// What `add` did with a member.
@@ -48,9 +49,132 @@ enum Place {
     Failed(usize),
 }
 
+/// One member's copy of the array-wide superblock `sb`, with the fields
+/// that are its own. Kept as the member's once written, unless the writer
+/// gave up on it meanwhile: the member was failed then, and may have been
+/// added back with other fields since.
+fn write_one(
+    v: &View,
+    role: usize,
+    d: &Disk,
+    mut sb: Superblock,
+    rebuilding: bool,
+    abandoned: &AtomicBool,
+) -> Result<()> {
+    {
+        let own = d.sb.locked();
+        sb.member_uuid = own.member_uuid;
+        sb.domain = own.domain.clone();
+        // Its own checksum area: a member that joined with another size
+        // has it elsewhere, sized for its length (with the array's, the
+        // next start read its checksums from a place that holds none, or
+        // other bytes).
+        sb.checksums = own.checksums;
+        sb.recovery_offset = rebuilding.then(|| own.recovery_offset.unwrap_or(0));
+        sb.data_offset = own.data_offset;
+        sb.data_size = own.data_size;
+        sb.seq = own.seq;
+        // md's superblock of this member (its device number, its fields as
+        // md wrote them), not the template's.
+        sb.md = own.md.clone();
+    }
+    sb.role = Role::Active(role as u32);
+    sb.replacing = !v.roles[role]
+        .disk
+        .as_ref()
+        .is_some_and(|x| std::ptr::eq(Arc::as_ptr(x), d));
+    d.sb_tried.fetch_max(sb.events, Ordering::AcqRel);
+    // The member's own copy is not locked during the write: `status` reads
+    // it, and a hung disk must not hang that.
+    write_superblock(d.member.as_ref(), &mut sb)?;
+    let mut own = d.sb.locked();
+    if !abandoned.load(Ordering::Acquire) {
+        *own = sb;
+    }
+    Ok(())
+}
+
+/// Write `sb` to each of `writes` (role, member, whether it is being
+/// rebuilt) at once, on disks each costs seeks. Returns the members that
+/// failed to take it, and those that had not within `limit`.
+fn write_each(
+    v: &Arc<View>,
+    sb: &Superblock,
+    writes: Vec<(usize, Arc<Disk>, bool)>,
+    limit: Duration,
+) -> Vec<(Arc<Disk>, Error)> {
+    type Outcome = std::thread::Result<Result<()>>;
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Outcome)>();
+    let mut failed = Vec::new();
+    let mut waiting = Vec::new();
+    for (i, (role, d, rebuilding)) in writes.into_iter().enumerate() {
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let (v2, sb2, d2, ab2, tx2) = (
+            v.clone(),
+            sb.clone(),
+            d.clone(),
+            abandoned.clone(),
+            tx.clone(),
+        );
+        // Not a scoped thread: one that hangs in the kernel is left there.
+        let spawned = std::thread::Builder::new()
+            .name("superblock".into())
+            .spawn(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    write_one(&v2, role, &d2, sb2, rebuilding, &ab2)
+                }));
+                // The member let go before the answer: a caller that
+                // closes the array next finds its file no longer held.
+                drop((v2, d2));
+                let _ = tx2.send((i, r));
+            });
+        match spawned {
+            Ok(_) => waiting.push(Some((d, abandoned))),
+            Err(_) => {
+                // A thread that cannot be had (the process is at its
+                // limit) is no reason to stop: this copy is written here.
+                if let Err(e) = write_one(v, role, &d, sb.clone(), rebuilding, &abandoned) {
+                    failed.push((d, e));
+                }
+                waiting.push(None);
+            }
+        }
+    }
+    drop(tx);
+    let deadline = Instant::now() + limit;
+    let mut left = waiting.iter().flatten().count();
+    while left > 0 {
+        let Ok((i, r)) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
+            break;
+        };
+        left -= 1;
+        let (d, _) = waiting[i].take().expect("each writer answers once");
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failed.push((d, e)),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+    for (d, abandoned) in waiting.into_iter().flatten() {
+        abandoned.store(true, Ordering::Release);
+        failed.push((
+            d,
+            Error::Invalid(format!(
+                "not written within the member timeout ({:.1}s)",
+                limit.as_secs_f64()
+            )),
+        ));
+    }
+    failed
+}
+
 impl Core {
     /// Write every role member's superblock from the array-wide state. A
     /// member that cannot take it is failed, and the others written again.
+    /// A member that has not taken it within the member timeout is failed
+    /// too, its write left to finish (or never) on its own thread: the
+    /// meta lock is held meanwhile, and every writer, the stall watch
+    /// and `status` would otherwise wait on one hung disk for good.
     pub(crate) fn write_superblocks(&self, meta: &mut Meta) -> Result<()> {
         meta.sb.utime = super::unix_now();
         loop {
@@ -59,70 +183,26 @@ impl Core {
             // One update raises it by exactly one, so a crash in the middle
             // leaves members at most one behind, which assembly accepts.
             meta.sb.events += 1;
+            self.sb_seen.store(Arc::new(meta.sb.clone()));
             let v = self.view.load_full();
-            let write = |role: usize, d: &Arc<Disk>, mut sb: Superblock, rebuilding: bool| {
-                let mut own = d.sb.locked();
-                sb.member_uuid = own.member_uuid;
-                sb.domain = own.domain.clone();
-                sb.role = Role::Active(role as u32);
-                sb.replacing = !v.roles[role]
-                    .disk
-                    .as_ref()
-                    .is_some_and(|x| Arc::ptr_eq(x, d));
-                sb.data_offset = own.data_offset;
-                sb.data_size = own.data_size;
-                // Its own checksum area: a member that joined with another
-                // size has it elsewhere, sized for its length (with the
-                // array's, the next start read its checksums from a place
-                // that holds none, or other bytes).
-                sb.checksums = own.checksums;
-                sb.recovery_offset = rebuilding.then(|| own.recovery_offset.unwrap_or(0));
-                sb.seq = own.seq;
-                // md's superblock of this member (its device number, its
-                // fields as md wrote them), not the template's.
-                sb.md = own.md.clone();
-                d.sb_tried.fetch_max(sb.events, Ordering::AcqRel);
-                match write_superblock(d.member.as_ref(), &mut sb) {
-                    Ok(()) => {
-                        *own = sb;
-                        None
-                    }
-                    Err(e) => Some((d.clone(), e)),
-                }
-            };
-            // Every member's copy at once: on disks, each costs seeks. A
-            // thread that cannot be had (the process is at its limit) is
-            // no reason to stop: that member's copy is written here.
-            let failed: Vec<(Arc<Disk>, crate::Error)> = std::thread::scope(|sc| {
-                let mut inline = Vec::new();
-                let mut handles = Vec::new();
-                // A replacement too (raidkit's format: md's of this
-                // version keeps it a spare on disk, rebuilt afresh after a
-                // restart), so that a restart resumes it from where it got.
-                let replacing = v.roles.iter().enumerate().filter_map(|(role, rv)| {
-                    let d = &rv.replacement.as_ref()?.0;
-                    d.sb.locked().md.is_none().then_some((role, d, true))
-                });
-                let members =
-                    v.roles.iter().enumerate().filter_map(|(role, rv)| {
-                        Some((role, rv.disk.as_ref()?, rv.sync.is_some()))
-                    });
-                for (role, d, rebuilding) in members.chain(replacing) {
-                    let sb = meta.sb.clone();
-                    let spawned = std::thread::Builder::new()
-                        .name("superblock".into())
-                        .spawn_scoped(sc, move || write(role, d, sb, rebuilding));
-                    match spawned {
-                        Ok(h) => handles.push(h),
-                        Err(_) => inline.push(write(role, d, meta.sb.clone(), rebuilding)),
-                    }
-                }
-                let joined = handles.into_iter().map(|h| match h.join() {
-                    Ok(r) => r,
-                    Err(p) => std::panic::resume_unwind(p),
-                });
-                inline.into_iter().chain(joined).flatten().collect()
+            // A replacement too (raidkit's format: md's of this version
+            // keeps it a spare on disk, rebuilt afresh after a restart),
+            // so that a restart resumes it from where it got.
+            let replacing = v.roles.iter().enumerate().filter_map(|(role, rv)| {
+                let d = &rv.replacement.as_ref()?.0;
+                d.sb.locked()
+                    .md
+                    .is_none()
+                    .then_some((role, d.clone(), true))
             });
+            let members = v
+                .roles
+                .iter()
+                .enumerate()
+                .filter_map(|(role, rv)| Some((role, rv.disk.clone()?, rv.sync.is_some())));
+            let writes: Vec<(usize, Arc<Disk>, bool)> = members.chain(replacing).collect();
+            let limit = Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed));
+            let failed = write_each(&v, &meta.sb, writes, limit);
             if failed.is_empty() {
                 return Ok(());
             }

@@ -312,6 +312,10 @@ pub(crate) struct Core {
     size: AtomicU64,
     pub view: ArcSwap<View>,
     pub meta: Mutex<Meta>,
+    /// The superblock content last written (or being written): what
+    /// reports show while the meta lock is held, by a superblock write
+    /// waiting on a slow disk for instance.
+    pub sb_seen: ArcSwap<Superblock>,
     /// Set once the superblocks say dirty (and record missing members).
     pub write_ready: AtomicBool,
     pub read_only: bool,
@@ -352,6 +356,7 @@ impl Core {
             name: name.to_string(),
             size: AtomicU64::new(view.geom.capacity()),
             view: ArcSwap::from_pointee(view),
+            sb_seen: ArcSwap::from_pointee(sb.clone()),
             meta: Mutex::new(Meta { sb }),
             write_ready: AtomicBool::new(false),
             read_only,

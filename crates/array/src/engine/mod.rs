@@ -309,9 +309,17 @@ impl Array {
         self.core.members_status()
     }
 
-    /// The array's current superblock content.
+    /// The array's current superblock content; while a change holds it
+    /// (a superblock write waiting on a slow member), the content last
+    /// written: reports never wait on a disk.
     pub fn superblock(&self) -> Superblock {
-        self.core.meta.locked().sb.clone()
+        match self.core.meta.try_lock() {
+            Ok(m) => m.sb.clone(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().sb.clone(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                Superblock::clone(&self.core.sb_seen.load())
+            }
+        }
     }
 
     /// Whether the array keeps a checksum of every block.
