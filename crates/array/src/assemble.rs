@@ -152,6 +152,14 @@ impl Assembly {
 }
 
 /// Assemble the array that `members` belong to.
+/// What start-up says of a member given but left out: a stale one whose
+/// role another member holds (the one a `replace` retired, an old copy).
+fn not_used(member: &str, reason: &str, instead: &str) -> String {
+    format!("{member}: not used: stale ({reason}); {instead}")
+}
+
+const HELD: &str = "its role has a current member";
+
 pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
     if members.is_empty() {
         return Err(Error::Invalid("no members given".into()));
@@ -319,12 +327,19 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
                 None => true,
             };
             if slot.member.is_none() && newer {
+                if let Some(Absence::Stale { member, reason }) = &slot.absence {
+                    warnings.push(not_used(member, reason, "a more recent one was given"));
+                }
                 slot.absence = Some(Absence::Stale {
                     member: m.name().to_string(),
                     reason,
                 });
                 slot.stale_is_ours = sb.member_uuid == entry.member_uuid;
                 slot.stale = Some((m, sb));
+            } else if slot.member.is_some() {
+                warnings.push(not_used(m.name(), &reason, HELD));
+            } else {
+                warnings.push(not_used(m.name(), &reason, "a more recent one was given"));
             }
             continue;
         }
@@ -332,6 +347,9 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
             // An update from dirty to clean may have been cut short: the
             // array is clean only if every current member says so.
             dirty = true;
+        }
+        if let Some(Absence::Stale { member, reason }) = &slot.absence {
+            warnings.push(not_used(member, reason, HELD));
         }
         slot.member = Some(m);
         slot.absence = None;
@@ -362,6 +380,9 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
             fresh.roles[role].member_uuid = sb.member_uuid;
             fresh.roles[role].state = RoleState::Rebuilding;
             slot.resume = Some(sb.recovery_offset.unwrap_or(0));
+            if let Some(Absence::Stale { member, reason }) = &slot.absence {
+                warnings.push(not_used(member, reason, HELD));
+            }
             slot.member = Some(m);
             slot.sb = Some(sb);
             slot.absence = None;

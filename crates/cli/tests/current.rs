@@ -381,6 +381,78 @@ fn a_degraded_start_needs_run() {
     assert!(s.stop().success());
 }
 
+/// The member a finished `replace` retired still says it holds its role,
+/// at an older event count. Given in place of its replacement it does not
+/// stand for it: the start needs --run as for any member missing, nothing
+/// written when refused. Given with it, it is left out and start-up says so.
+#[test]
+fn a_member_a_replace_retired_does_not_stand_for_its_replacement() {
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 4);
+    create("5", &ms, "16M");
+    let rep = t.join("r.img").display().to_string();
+    std::fs::File::create(&rep)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let mut s = Served::start(t, &ms, &[]);
+    let ctl = s.control.display().to_string();
+    tool(
+        "timeout",
+        &[
+            "30",
+            "qemu-io",
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x2d 0 40M",
+            &s.uri,
+        ],
+    );
+    ok(&["replace", "--control", &ctl, &ms[1], "--with", &rep]);
+    ok(&["wait", "--control", &ctl, "--timeout", "60"]);
+    assert_eq!(status(&s.control)["state"], "optimal");
+    assert!(s.stop().success(), "{}", s.log());
+
+    let before = digest(&ms);
+    let o = raidkit_t(&args(&["serve", "--listen", "127.0.0.1:0"], &ms), 30);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        digest(&ms) == before,
+        "a refused start wrote to the members"
+    );
+
+    let mut all = ms.clone();
+    all.push(rep.clone());
+    let mut s = Served::start(t, &all, &[]);
+    assert_eq!(status(&s.control)["state"], "optimal");
+    let log = s.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&ms[1]) && l.contains("not used")),
+        "{log}"
+    );
+    tool(
+        "timeout",
+        &[
+            "30",
+            "qemu-io",
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x2d 0 40M",
+            &s.uri,
+        ],
+    );
+    assert!(s.stop().success());
+}
+
 #[test]
 fn check_refuses_members_a_server_holds_and_special_files_are_refused() {
     let dir = tmp();

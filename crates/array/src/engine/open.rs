@@ -191,23 +191,35 @@ impl Array {
         }
         if !opts.read_only && !opts.run {
             let unexpected: Vec<usize> = (0..view.roles.len())
+                // A stale member given in its place (the one a `replace`
+                // retired, an old copy of a disk) does not stand for it.
                 .filter(|&r| {
                     view.roles[r].disk.is_none()
-                        && view.roles[r].absence == Some(Absence::Missing)
+                        && view.roles[r].absence.is_some()
                         && sb.roles[r].state == RoleState::Active
                 })
                 .collect();
             if !unexpected.is_empty() {
+                let stale: Vec<String> = unexpected
+                    .iter()
+                    .filter_map(|&r| match &view.roles[r].absence {
+                        Some(Absence::Stale { member, reason }) => {
+                            Some(format!("; {member} is stale ({reason})"))
+                        }
+                        _ => None,
+                    })
+                    .collect();
                 return Err(Error::NotEnoughMembers {
                     name: asm.sb.name.clone(),
                     detail: format!(
-                        "role(s) {} missing (member {}), and the array was not degraded when it stopped; give every member, or --run to start it degraded (the missing members then need a rebuild)",
+                        "role(s) {} missing (member {}){}, and the array was not degraded when it stopped; give every member, or --run to start it degraded (the missing members then need a rebuild)",
                         roles_list(unexpected.iter().copied()),
                         unexpected
                             .iter()
                             .map(|&r| sb.roles[r].member_uuid.to_string())
                             .collect::<Vec<_>>()
-                            .join(", ")
+                            .join(", "),
+                        stale.concat()
                     ),
                 });
             }
