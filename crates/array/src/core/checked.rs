@@ -117,8 +117,9 @@ pub(crate) struct Checked {
     pub mismatches: AtomicU64,
     /// Blocks whose checksum was recomputed from their data in a crash window.
     pub adopted: AtomicU64,
-    /// When recent mismatches were found (for the failure threshold).
-    recent: Mutex<std::collections::VecDeque<Instant>>,
+    /// Recent incidents of rot (for the failure threshold): when each was
+    /// found and the member extent its bad blocks span.
+    recent: Mutex<std::collections::VecDeque<Incident>>,
     /// Whether a block read that has no checksum yet gets one (its
     /// contents as first read are its contents): off on read-only opens,
     /// which must not write.
@@ -129,6 +130,21 @@ pub(crate) struct Checked {
 /// failed (ZED's default for a checksum-degraded vdev).
 pub(crate) const MISMATCH_LIMIT: usize = 10;
 pub(crate) const MISMATCH_WINDOW: Duration = Duration::from_secs(600);
+/// Bad blocks this close to an incident's are part of it. ZED counts one
+/// error per I/O, so a scratch under one read is one error; counted per
+/// block, one rotten 64 KiB extent (16 blocks) failed a member at its
+/// first read, and counted per read, reading it 4 KiB at a time would.
+/// One defect is one incident however it is read; rot spread over the
+/// disk is many.
+pub(crate) const INCIDENT_SPAN: u64 = 1 << 20;
+
+/// Bad blocks close together, found within the window.
+#[derive(Debug)]
+struct Incident {
+    at: Instant,
+    lo: u64,
+    hi: u64,
+}
 
 fn invalid(name: &str, op: Op, offset: u64, len: u64, what: String) -> MemberError {
     MemberError::new(
@@ -492,7 +508,22 @@ impl Checked {
             for &off in bad {
                 if known.insert(off) {
                     self.mismatches.fetch_add(1, Ordering::Relaxed);
-                    recent.push_back(Instant::now());
+                    let near = recent.iter_mut().find(|i| {
+                        i.at.elapsed() <= MISMATCH_WINDOW
+                            && off + BLOCK + INCIDENT_SPAN > i.lo
+                            && off < i.hi + INCIDENT_SPAN
+                    });
+                    match near {
+                        Some(i) => {
+                            i.lo = i.lo.min(off);
+                            i.hi = i.hi.max(off + BLOCK);
+                        }
+                        None => recent.push_back(Incident {
+                            at: Instant::now(),
+                            lo: off,
+                            hi: off + BLOCK,
+                        }),
+                    }
                 }
             }
             while recent.len() > MISMATCH_LIMIT {
@@ -511,14 +542,15 @@ impl Checked {
         ))
     }
 
-    /// Whether the member has had `MISMATCH_LIMIT` checksum errors within
+    /// Whether the member has had `MISMATCH_LIMIT` incidents of rot (bad
+    /// blocks not within `INCIDENT_SPAN` of each other) within
     /// `MISMATCH_WINDOW`.
     pub fn past_limit(&self) -> bool {
         let recent = self.recent.locked();
         recent.len() >= MISMATCH_LIMIT
             && recent
                 .front()
-                .is_some_and(|t| t.elapsed() <= MISMATCH_WINDOW)
+                .is_some_and(|i| i.at.elapsed() <= MISMATCH_WINDOW)
     }
 
     /// Read, taking blocks that disagree with their checksum as they are

@@ -608,7 +608,7 @@ impl Core {
                 self.fail_if_survivable(
                     d,
                     &format!(
-                        "{} checksum errors within {} s",
+                        "checksum errors at {} places within {} s",
                         checked::MISMATCH_LIMIT,
                         checked::MISMATCH_WINDOW.as_secs()
                     ),

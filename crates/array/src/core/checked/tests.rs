@@ -216,3 +216,48 @@ fn writes_of_one_block_at_once_wait_for_each_other_and_all_finish() {
     c.read_at(&mut got, c.data_offset).unwrap();
     assert!((0..4).any(|t| got == block(t * 10_000 + 1999)));
 }
+
+#[test]
+fn one_rotten_extent_is_one_incident_and_rot_in_ten_places_is_ten() {
+    let (mem, c) = checked(16);
+    let at = |b: u64| c.data_offset + b * BLOCK;
+    for b in 0..(64 << 20) / BLOCK {
+        c.write_at(&block(b), at(b)).unwrap();
+    }
+    c.flush().unwrap();
+    let rot = |b: u64| {
+        let mut raw = block(b);
+        raw[7] ^= 0x40;
+        mem.write_at(&raw, at(b)).unwrap();
+    };
+    let read = |b: u64| {
+        let mut got = vec![0u8; BLOCK as usize];
+        c.read_at(&mut got, at(b))
+    };
+    // A 64 KiB extent read whole, another read 4 KiB at a time: 16
+    // blocks counted each, one place each.
+    for b in 0..16 {
+        rot(100 + b);
+    }
+    let mut whole = vec![0u8; 16 * BLOCK as usize];
+    assert!(c
+        .read_at(&mut whole, at(100))
+        .is_err_and(|e| is_mismatch(&e)));
+    for b in 0..16 {
+        rot(13000 + b);
+        assert!(read(13000 + b).is_err_and(|e| is_mismatch(&e)));
+    }
+    assert_eq!(c.mismatches.load(Ordering::Relaxed), 32);
+    assert!(!c.past_limit());
+    // Blocks 4 MiB apart: each a place of its own; ten places in all.
+    // (The member's data area is 64 MiB.)
+    for k in 1..8 {
+        let b = k * 1024 + 7;
+        rot(b);
+        assert!(read(b).is_err_and(|e| is_mismatch(&e)));
+        assert!(!c.past_limit(), "{k}");
+    }
+    rot(9000);
+    assert!(read(9000).is_err_and(|e| is_mismatch(&e)));
+    assert!(c.past_limit());
+}
