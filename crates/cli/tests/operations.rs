@@ -897,6 +897,25 @@ fn a_config_file_made_by_scan_serves_both_arrays_from_one_server() {
         1,
         "one family for both arrays"
     );
+    // A stop asked of alpha stops beta too: refused while beta has a
+    // client, it names beta as the one the client is on.
+    let mut client = Guarded::spawn(
+        Command::new("timeout")
+            .args(["60", "qemu-io", "-f", "raw", "-c", "sleep 50000", &beta])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    wait_for("the client on beta", 30, || {
+        status(&ctl_of("beta"))["connections"]["active"] == 1
+    });
+    let o = raidkit(&["stop", "--control", &ctl_of("alpha")]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("on array 'beta'"), "{err}");
+    client.kill();
+    wait_for("the client gone", 30, || {
+        status(&ctl_of("beta"))["connections"]["active"] == 0
+    });
     assert_eq!(s.stop().code(), Some(0));
     let log = s.log();
     assert!(

@@ -161,10 +161,30 @@ pub(super) fn control_handler(
                     .flat_map(|s| s.peers.locked().clone())
                     .collect();
                 if !peers.is_empty() && !flag("force") {
+                    // A stop stops every array of the process: name the
+                    // one each client is on when there are several (the
+                    // command is refused in the name of the one asked).
+                    let many = served.all.len() > 1;
+                    let on: Vec<String> = served
+                        .all
+                        .iter()
+                        .zip(served.closings.iter())
+                        .flat_map(|(s, c)| {
+                            s.peers
+                                .locked()
+                                .iter()
+                                .map(|p| match many {
+                                    true => format!("{p} on array '{}'", c.name),
+                                    false => p.clone(),
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                        .collect();
                     return Err(format!(
-                        "{} client(s) connected ({}): disconnect them first, or stop with --force to disconnect them",
+                        "{} client(s) connected ({}): disconnect them first, or stop with --force to disconnect them{}",
                         peers.len(),
-                        peers.join(", ")
+                        on.join(", "),
+                        if many { " (a stop stops every array this server serves)" } else { "" }
                     ));
                 }
                 served.stop.store(true, Ordering::Release);
