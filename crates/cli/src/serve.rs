@@ -18,7 +18,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod control;
+mod plan;
+mod shutdown;
 use control::{control_handler, status_fields, Served};
+pub(crate) use plan::listen_of;
+use plan::{plan_of_args, plans_of_config, Plan, Settings};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 
@@ -123,98 +127,6 @@ const DAEMON_CHILD: &str = "RAIDKIT_SERVE_DAEMON_CHILD";
 /// The last line of a daemon's start-up report: its parent may go.
 const DAEMON_READY: &str = "raidkit: serving in the background";
 
-/// One array to serve: where its members are, how to start it and how to
-/// export it.
-struct Plan {
-    /// Says which array it is in messages about one that cannot start.
-    label: String,
-    members: Vec<String>,
-    read_only: bool,
-    run: bool,
-    force: bool,
-    export: Option<String>,
-    control: Option<PathBuf>,
-    listen: Option<String>,
-    socket: Option<PathBuf>,
-}
-
-/// The server-wide settings: the command line's, or a config file's where
-/// it sets them.
-struct Settings {
-    http: Option<String>,
-    program: Option<PathBuf>,
-    program_timeout: f64,
-    events_log: Option<PathBuf>,
-    member_timeout: f64,
-    rejoin_timeout: f64,
-    rebuild_min: u64,
-    rebuild_max: u64,
-    io: raidkit_open::IoMode,
-    max_connections: u32,
-}
-
-impl Settings {
-    /// The command line's settings where given there, else the file's
-    /// where it sets them, else the command line's defaults.
-    fn of(a: &ServeArgs, c: Option<&crate::config::Config>) -> Settings {
-        let cli = |id: &str| a.given.iter().any(|g| g == id);
-        fn pick<T>(cli: bool, arg: T, file: Option<T>) -> T {
-            match file {
-                Some(f) if !cli => f,
-                _ => arg,
-            }
-        }
-        Settings {
-            http: pick(
-                cli("http"),
-                a.http.clone(),
-                c.and_then(|c| c.http.clone()).map(Some),
-            ),
-            program: pick(
-                cli("program"),
-                a.program.clone(),
-                c.and_then(|c| c.program.clone()).map(Some),
-            ),
-            program_timeout: pick(
-                cli("program_timeout"),
-                a.program_timeout,
-                c.and_then(|c| c.program_timeout),
-            ),
-            events_log: pick(
-                cli("events_log"),
-                a.events_log.clone(),
-                c.and_then(|c| c.events_log.clone()).map(Some),
-            ),
-            member_timeout: pick(
-                cli("member_timeout"),
-                a.member_timeout,
-                c.and_then(|c| c.member_timeout),
-            ),
-            rejoin_timeout: pick(
-                cli("rejoin_timeout"),
-                a.rejoin_timeout,
-                c.and_then(|c| c.rejoin_timeout),
-            ),
-            rebuild_min: pick(
-                cli("rebuild_min"),
-                a.rebuild_min,
-                c.and_then(|c| c.rebuild_min),
-            ),
-            rebuild_max: pick(
-                cli("rebuild_max"),
-                a.rebuild_max,
-                c.and_then(|c| c.rebuild_max),
-            ),
-            io: pick(cli("io"), a.io.io, c.and_then(|c| c.io)),
-            max_connections: pick(
-                cli("max_connections"),
-                a.max_connections,
-                c.and_then(|c| c.max_connections),
-            ),
-        }
-    }
-}
-
 /// The URI scheme of this server's endpoints: `nbds` when every client
 /// must use TLS (the scheme libnbd and qemu take as "TLS required"),
 /// `nbd` otherwise; `+unix` is added for a Unix socket.
@@ -281,104 +193,6 @@ pub(crate) fn secure(
         .secure(raidkit_nbd::Security { tls, allow })
         .context("setting up the server's access")?;
     Ok(())
-}
-
-/// The TCP address to listen on, if any: the one given, else the default
-/// unless only a Unix socket is.
-pub(crate) fn listen_of(listen: Option<&String>, socket: Option<&PathBuf>) -> Option<String> {
-    match (listen, socket) {
-        (Some(l), _) => Some(l.clone()),
-        (None, Some(_)) => None,
-        (None, None) => Some(DEFAULT_LISTEN.to_string()),
-    }
-}
-
-/// The one array of the command line.
-fn plan_of_args(a: &ServeArgs) -> Result<Vec<Plan>> {
-    // A server names its members by absolute path (status, logs), whatever
-    // directory the command that asks about them runs in.
-    let members = crate::arrays::parse_specs(&a.members.members)?
-        .into_iter()
-        .map(|s| s.absolute().to_string())
-        .collect::<Vec<_>>();
-    Ok(vec![Plan {
-        label: "the array".into(),
-        members,
-        read_only: a.read_only,
-        run: a.run,
-        force: a.force,
-        export: a.export.clone(),
-        control: a.control.clone(),
-        listen: listen_of(a.listen.as_ref(), a.socket.as_ref()),
-        socket: a.socket.clone(),
-    }])
-}
-
-/// The arrays of a config file, their members found by UUID. An array
-/// none of whose members is found is reported and left out.
-fn plans_of_config(a: &ServeArgs, c: &crate::config::Config) -> Result<Vec<Plan>> {
-    if !a.members.members.is_empty() {
-        bail!("--config serves the arrays its file names: give no members");
-    }
-    for (flag, given) in [
-        ("--export", a.export.is_some()),
-        ("--control", a.control.is_some()),
-    ] {
-        if given {
-            bail!("{flag} names one array's; with --config set it per array in the file");
-        }
-    }
-    let found = crate::scan::find(&c.search)?;
-    for (p, e) in &found.unreadable {
-        tracing::debug!("looking for members: skipped {p}: {e}");
-    }
-    let mut plans = Vec::new();
-    for (export, e) in &c.arrays {
-        let members: Vec<String> = found
-            .arrays
-            .get(&e.uuid)
-            .map(|f| f.iter().map(|f| f.path.clone()).collect())
-            .unwrap_or_default();
-        let label = format!("array {} ({export})", e.uuid);
-        if members.is_empty() {
-            crate::say::warning(&format!(
-                "{label}: no member found among {} path(s) looked at ({}): not served",
-                found.scanned,
-                if c.search.is_empty() {
-                    "every block device".to_string()
-                } else {
-                    c.search
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                }
-            ));
-            continue;
-        }
-        let listen = e
-            .listen
-            .clone()
-            .or_else(|| a.listen.clone())
-            .or(c.listen.clone());
-        let socket = e
-            .socket
-            .clone()
-            .or_else(|| a.socket.clone())
-            .or(c.socket.clone());
-        plans.push(Plan {
-            label,
-            members,
-            read_only: e.read_only || a.read_only,
-            run: e.run || a.run,
-            force: e.force || a.force,
-            export: Some(export.clone()),
-            control: e.control.clone(),
-            listen: listen_of(listen.as_ref(), socket.as_ref()),
-            socket,
-        });
-    }
-    Ok(plans)
 }
 
 /// An array started and about to be served.
@@ -935,90 +749,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         }
         Ok(())
     })();
-    match &up {
-        Ok(()) => crate::say::note("stopping: finishing requests in flight"),
-        Err(_) => crate::say::note("the start failed: stopping what was started"),
-    }
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-    for server in &servers {
-        server.shutdown();
-    }
-    let mut failed = None;
-    let mut lost_writes: Vec<Option<String>> = vec![None; started.len()];
-    for (s, lost) in started.iter().zip(lost_writes.iter_mut()) {
-        // Writes answered before they were done land before the array
-        // closes. One that failed lost data a client was told was written:
-        // the stop says so and fails (the array itself is consistent).
-        if let Some(Err(e)) = s.behind.as_ref().map(|b| b.drain()) {
-            let name = s.array.superblock().name;
-            crate::say::warning(&format!(
-                "array '{name}': a write answered before it was done failed: {e}"
-            ));
-            *lost = Some(format!("a write answered before it was done was lost: {e}"));
-            failed = Some(anyhow::Error::new(e).context(format!(
-                "array '{name}': a write answered before it was done was lost"
-            )));
-        }
-        s.array.stop_background();
-    }
-    for r in recovery {
-        let _ = r.join();
-    }
-    for ((s, closing), lost) in started.iter().zip(closings.iter()).zip(lost_writes) {
-        if let Some(p) = &s.plan.socket {
-            let _ = std::fs::remove_file(p);
-        }
-        let name = s.array.superblock().name;
-        match s.array.close() {
-            // The close itself worked, but members failed on the way (the
-            // last superblock writes): the array did not survive it.
-            Ok(()) if s.array.health() == raidkit_array::Health::Failed => {
-                let why = "the array failed while closing: too many members lost (their superblocks could not be written)";
-                crate::say::warning(&format!("array '{name}': {why}"));
-                closing.set(Err(why.to_string()));
-                failed = Some(anyhow::anyhow!("array '{name}': {why}"));
-            }
-            Ok(()) => {
-                let clean =
-                    s.array.superblock().state == raidkit_array::superblock::ArrayState::Clean;
-                crate::say::note(&if clean {
-                    format!("stopped; array '{name}' is clean")
-                } else {
-                    format!(
-                        "stopped; array '{name}' is left dirty (a resync not finished): the next start resyncs what it must"
-                    )
-                });
-                closing.set(lost.map_or(Ok(clean), Err));
-            }
-            Err(e) => {
-                let why = format!("flushing members and marking the array clean: {e}");
-                crate::say::warning(&format!("array '{name}': {why}"));
-                closing.set(Err(why));
-                failed = Some(
-                    anyhow::Error::new(e)
-                        .context(format!("flushing members and marking array '{name}' clean")),
-                );
-            }
-        }
-    }
-    for c in closings.iter() {
-        c.let_followers_answer();
-    }
-    // The control sockets go last: `raidkit stop` waits for them to, and
-    // then finds the arrays closed and marked clean.
-    for mut c in controls {
-        c.stop();
-    }
-    match (up, failed) {
-        // A write lost outweighs the start's failure (said above).
-        (Err(start), Some(lost)) => {
-            crate::say::warning(&format!("{start:#}"));
-            Err(lost)
-        }
-        (Err(start), None) => Err(start),
-        (Ok(()), Some(lost)) => Err(lost),
-        (Ok(()), None) => Ok(()),
-    }
+    shutdown::stop_all(up, &servers, &started, &closings, recovery, controls)
 }
 
 /// The request size to tell clients (NBD_INFO_BLOCK_SIZE): a whole stripe
