@@ -533,6 +533,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             .map(|s| Arc::new(control::Closing::new(s.array.superblock().name)))
             .collect(),
     );
+    // The stall watch (every 200 ms) runs until the arrays are closed: a
+    // member that hangs while they close is failed too.
+    let watch = StallWatch::start(started.iter().map(|s| s.array.clone()).collect());
     let up = (|| -> Result<()> {
         for g in groups {
             let exports = g
@@ -731,25 +734,71 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                     .context("starting the link watch thread")?,
             );
         }
-        // Housekeeping: stalled members every 200 ms, bitmap bits of idle
-        // regions every 2 s.
-        let mut ticks = 0u64;
+        // Housekeeping (bitmap bits of idle regions, every 2 s) flushes
+        // members: on a thread of its own, so that a disk that hangs in it
+        // holds neither the stall watch nor the stop.
+        let arrays: Vec<Arc<Array>> = started.iter().map(|s| s.array.clone()).collect();
+        let keep_stop = stop.clone();
+        recovery.push(
+            std::thread::Builder::new()
+                .name("housekeeping".into())
+                .spawn(move || {
+                    let mut ticks = 0u64;
+                    while !keep_stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(50));
+                        ticks += 1;
+                        if ticks.is_multiple_of(40) {
+                            for a in &arrays {
+                                a.housekeeping();
+                            }
+                        }
+                    }
+                })
+                .context("starting the housekeeping thread")?,
+        );
         while !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
-            ticks += 1;
-            for s in &started {
-                if ticks.is_multiple_of(4) {
-                    s.array.check_stalls();
-                }
-
-                if ticks.is_multiple_of(40) {
-                    s.array.housekeeping();
-                }
-            }
         }
         Ok(())
     })();
-    shutdown::stop_all(up, &servers, &started, &closings, recovery, controls)
+    let r = shutdown::stop_all(up, &servers, &started, &closings, recovery, controls);
+    drop(watch);
+    r
+}
+
+/// A thread that fails members with an operation outstanding past the
+/// member timeout, whatever the other threads are waiting on; stopped
+/// when dropped.
+struct StallWatch(Arc<AtomicBool>, Option<std::thread::JoinHandle<()>>);
+
+impl StallWatch {
+    fn start(arrays: Vec<Arc<Array>>) -> StallWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        // Without the thread (the process at its limit), members are
+        // still failed when their operation returns, past the timeout.
+        let h = std::thread::Builder::new()
+            .name("stall-watch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(200));
+                    for a in &arrays {
+                        a.check_stalls();
+                    }
+                }
+            })
+            .ok();
+        StallWatch(stop, h)
+    }
+}
+
+impl Drop for StallWatch {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+        if let Some(h) = self.1.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 /// The request size to tell clients (NBD_INFO_BLOCK_SIZE): a whole stripe

@@ -844,6 +844,7 @@ fn a_member_whose_writes_hang_hangs_neither_the_array_nor_its_status() {
         why.contains("superblock") && why.contains("member timeout"),
         "{m1}"
     );
+    assert_eq!(m1["errors"]["timeout"], 1, "{m1}");
     let o = tool(
         "qemu-io",
         &[
@@ -886,5 +887,79 @@ fn a_member_whose_writes_hang_hangs_neither_the_array_nor_its_status() {
     assert!(took < Duration::from_secs(1), "status took {took:?}");
     assert_eq!(st["members"][1]["state"], "active", "{st}");
     writer.kill();
+    s.kill9();
+}
+
+#[test]
+fn a_member_that_hangs_while_idle_is_failed_by_the_stall_watch() {
+    // A mirror whose second disk hangs (every operation waits ten
+    // minutes, no error) a few seconds after the start, while the bitmap
+    // has bits set: the housekeeping's flush is the first to wait on it.
+    // The stall watch, on a thread of its own, fails the member past the
+    // member timeout (it ran on the thread the flush held, and never
+    // again); the array serves degraded.
+    let dir = tmp();
+    let ms = members(dir.path(), 2);
+    ok(&args(
+        &[
+            "create",
+            "--level",
+            "1",
+            "--size",
+            "16M",
+            "--consistency-policy",
+            "bitmap",
+        ],
+        &ms,
+    ));
+    let hung = [ms[0].clone(), format!("fault:{}?hang-after=8s", ms[1])];
+    let t = Instant::now();
+    let mut s = Served::start(dir.path(), &hung, &["--member-timeout", "3"]);
+    let write = |at: &str| {
+        tool(
+            "timeout",
+            &[
+                "30",
+                "qemu-io",
+                "-f",
+                "raw",
+                "-c",
+                &format!("write -P 0x21 {at} 64k"),
+                &s.uri,
+            ],
+        )
+    };
+    write("0");
+    std::thread::sleep(Duration::from_secs(6).saturating_sub(t.elapsed()));
+    write("1M");
+    wait_for("the hung member to be failed", 40, || {
+        member_state(&status(&s), 1).is_empty()
+    });
+    let st = status(&s);
+    assert_eq!(st["state"], "degraded", "{st}");
+    let m1 = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == 1)
+        .unwrap()
+        .clone();
+    assert!(
+        m1["reason"].as_str().unwrap().contains("member timeout"),
+        "{m1}"
+    );
+    let o = tool(
+        "timeout",
+        &[
+            "30",
+            "qemu-io",
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x21 1M 64k",
+            &s.uri,
+        ],
+    );
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("verification failed"));
     s.kill9();
 }

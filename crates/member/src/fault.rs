@@ -14,6 +14,7 @@
 //! | `delay=DUR` | every read and write first sleeps DUR (`5ms`, `1s`, `200us`) |
 //! | `write-delay=DUR` | every write first sleeps DUR (a disk slow to write: its writes land after those of the others) |
 //! | `vanish-after=N` | after N operations every operation fails (ENODEV), as a pulled cable |
+//! | `hang-after=DUR` | from DUR after it is opened, every operation waits 10 minutes before it is done: a disk hung in its firmware's retries, answering nothing and reporting no error |
 //! | `flaky-at=OFF[,OFF...]` | the first read that covers each of these member offsets fails (EIO), later ones succeed: a marginal sector that reads on a retry |
 //! | `corrupt-at=OFF[,OFF...]` | silent corruption: a read that covers any of these member offsets returns that byte with bits flipped (and no error), until a write covers the offset (the disk then holds what was written) |
 //!
@@ -37,6 +38,7 @@ pub struct FaultConfig {
     /// area under quick metadata writes).
     pub write_delay_from: u64,
     pub vanish_after: Option<u64>,
+    pub hang_after: Option<Duration>,
     pub corrupt_at: Vec<u64>,
     pub flaky_at: Vec<u64>,
 }
@@ -97,6 +99,7 @@ impl FaultConfig {
                 "write-delay" => c.write_delay = Some(parse_duration(v)?),
                 "write-delay-from" => c.write_delay_from = parse_u64_size(v)?,
                 "vanish-after" => c.vanish_after = Some(parse_u64_size(v)?),
+                "hang-after" => c.hang_after = Some(parse_duration(v)?),
                 "corrupt-at" => {
                     for o in v.split(',') {
                         c.corrupt_at.push(parse_u64_size(o)?);
@@ -109,7 +112,7 @@ impl FaultConfig {
                 }
                 other => {
                     return Err(format!(
-                        "unknown fault '{other}' (read-error-at, bad-sector-at, fail-writes-after, delay, write-delay, write-delay-from, vanish-after, corrupt-at, flaky-at)"
+                        "unknown fault '{other}' (read-error-at, bad-sector-at, fail-writes-after, delay, write-delay, write-delay-from, vanish-after, hang-after, corrupt-at, flaky-at)"
                     ))
                 }
             }
@@ -132,6 +135,7 @@ pub struct FaultMember {
     corrupt: std::sync::Mutex<Vec<u64>>,
     /// Marginal sectors not yet read.
     flaky: std::sync::Mutex<Vec<u64>>,
+    opened: std::time::Instant,
 }
 
 impl FaultMember {
@@ -146,6 +150,7 @@ impl FaultMember {
             name,
             ops: AtomicU64::new(0),
             writes: AtomicU64::new(0),
+            opened: std::time::Instant::now(),
         }
     }
 
@@ -167,6 +172,13 @@ impl FaultMember {
         }
         if let Some(d) = self.config.delay {
             std::thread::sleep(d);
+        }
+        if self
+            .config
+            .hang_after
+            .is_some_and(|h| self.opened.elapsed() >= h)
+        {
+            std::thread::sleep(Duration::from_secs(600));
         }
         Ok(())
     }

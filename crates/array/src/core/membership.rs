@@ -157,6 +157,7 @@ fn write_each(
     }
     for (d, abandoned) in waiting.into_iter().flatten() {
         abandoned.store(true, Ordering::Release);
+        d.io.timeouts.fetch_add(1, Ordering::Relaxed);
         failed.push((
             d,
             Error::Invalid(format!(
