@@ -79,8 +79,9 @@ impl Array {
             if let Some(c) = &d.checked {
                 if !c.covers(new_size) {
                     return Err(Error::Invalid(format!(
-                        "the checksum area of {} has entries for less than {new_size} bytes of data (it was sized for the member as it was made, and lies before the data, where it cannot grow online); at most the member's size when the array was made can be used",
-                        d.member.name()
+                        "the checksum area of {} has entries for {} bytes of data, less than the {new_size} the members' room would give each (it was sized for the member as it was made, in steps of 64 KiB that cover 64 MiB, and lies before the data, where it cannot grow online)",
+                        d.member.name(),
+                        c.covered()
                     )));
                 }
             }

@@ -963,3 +963,52 @@ fn a_member_that_hangs_while_idle_is_failed_by_the_stall_watch() {
     assert!(!String::from_utf8_lossy(&o.stdout).contains("verification failed"));
     s.kill9();
 }
+
+#[test]
+fn a_replacement_that_stalls_is_written_no_more_once_failed() {
+    // `replace` onto a disk whose data writes take 10 s: the stall watch
+    // fails it after the member timeout, and the replace stops there. It
+    // used to go on sending the failed disk the writes it had queued, each
+    // another 10 s (and another timeout counted), for half a minute.
+    let dir = tmp();
+    let ms = members(dir.path(), 6);
+    create("6", &ms[..5], "32M");
+    let mut s = Served::start(
+        dir.path(),
+        &ms[..5],
+        &[
+            "--member-timeout",
+            "3",
+            "--rebuild-min",
+            "8M",
+            "--rebuild-max",
+            "8M",
+        ],
+    );
+    let ctl = s.control.display().to_string();
+    std::fs::File::create(&ms[5])
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let slow = format!("fault:{}?write-delay=10s&write-delay-from=1M", ms[5]);
+    ok(&["replace", "--control", &ctl, &ms[0], "--with", &slow]);
+    wait_for("the replace to end", 60, || {
+        status(&s)["last_recovery"]["kind"] == "replace"
+    });
+    let st = status(&s);
+    assert_eq!(st["state"], "optimal", "{st}");
+    let t = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["path"] == ms[5].as_str())
+        .unwrap_or_else(|| panic!("{st}"))
+        .clone();
+    assert_eq!(t["state"], "faulty", "{t}");
+    let timeouts = t["errors"]["timeout"].as_u64().unwrap();
+    assert!(
+        timeouts <= 2,
+        "{timeouts} writes timed out on the failed target: {t}"
+    );
+    assert_eq!(s.stop().code(), Some(0));
+}

@@ -672,3 +672,73 @@ fn the_chunk_changes_while_fio_verifies_and_a_member_fails_midway() {
         );
     }
 }
+
+#[test]
+fn a_member_added_after_a_size_max_keeps_its_checksums_out_of_the_journal() {
+    // A RAID-5 whose members grew (`--size max`) gets a member as large as
+    // they now are: an area sized for all of it is larger than theirs. Carved from the end of its metadata area as on a new array,
+    // it reached down into the journal, which lies at the same offsets on
+    // every member: partial-stripe writes (journaled) overwrote the new
+    // member's checksums, and after a restart its blocks read as rotten.
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 4);
+    ok(&args(
+        &["create", "--level", "5", "--chunk", "64K", "--size", "32M"],
+        &ms[..3],
+    ));
+    for m in &ms {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(m)
+            .unwrap()
+            .set_len(65 << 20)
+            .unwrap();
+    }
+    let mut s = Served::start(t, &ms[..3], &[]);
+    let ctl = s.control.display().to_string();
+    ok(&["grow", "--control", &ctl, "--size", "max"]);
+    ok(&["wait", "--control", &ctl, "--timeout", "120"]);
+    ok(&["grow", "--control", &ctl, "--add", &ms[3]]);
+    ok(&["wait", "--control", &ctl, "--timeout", "120"]);
+    // Writes of part of a stripe, each a journal record: the journal
+    // wraps several times.
+    let mut a = vec![
+        "60".to_string(),
+        "qemu-io".into(),
+        "-f".into(),
+        "raw".into(),
+    ];
+    for i in 0..400u64 {
+        a.push("-c".into());
+        a.push(format!(
+            "write -P {} {} 9000",
+            i % 251,
+            i * (192 << 10) + 512
+        ));
+    }
+    a.push(s.uri.clone());
+    tool("timeout", &a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(s.stop().success(), "{}", s.log());
+    let c: serde_json::Value =
+        serde_json::from_slice(&ok(&args(&["check", "--json"], &ms)).stdout).unwrap();
+    assert!(
+        c["findings"].as_array().is_some_and(|f| f.is_empty()) && c["mismatches"] == 0,
+        "{c}"
+    );
+    let area = |m: &str| {
+        let e: serde_json::Value =
+            serde_json::from_slice(&ok(&["examine", "--json", m]).stdout).unwrap();
+        e["checksums"]["offset"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{e}"))
+    };
+    assert!(
+        area(&ms[3]) >= area(&ms[0]),
+        "{} {}",
+        area(&ms[3]),
+        area(&ms[0])
+    );
+}

@@ -663,7 +663,12 @@ impl Checked {
 
     /// Whether the checksum area has entries for a data area of `bytes`.
     pub fn covers(&self, bytes: u64) -> bool {
-        self.entries() * BLOCK >= bytes
+        self.covered() >= bytes
+    }
+
+    /// Bytes of data the area has entries for.
+    pub fn covered(&self) -> u64 {
+        self.entries() * BLOCK
     }
 
     /// Clear the checksums of the blocks of `[lo, hi)` (member offsets in

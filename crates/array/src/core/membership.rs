@@ -912,5 +912,29 @@ fn joining_layout(sb: &Superblock, len: u64) -> (u64, crate::superblock::Checksu
         sb.data_offset
     };
     let meta = data_offset_for(len).max(end.next_multiple_of(1 << 20));
-    member_layout_with(len, sb.checksums.enabled(), meta)
+    let (data, area) = member_layout_with(len, sb.checksums.enabled(), meta);
+    if !area.enabled() || area.offset >= end {
+        return (data, area);
+    }
+    // A member larger than those the array was made of gets a larger
+    // checksum area, which carved from the end of the metadata area would
+    // reach down into the journal (at the same offsets on every member):
+    // each journal record overwrote checksums of the new member. An area
+    // for the data the array holds per member fits where the others' are
+    // (a later `--size max` that needs more is refused); failing that, it
+    // goes after what the members share, the data later.
+    let held = sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
+    let size = crate::metadata::checksums::area_size(held);
+    let data = if meta >= end + size {
+        meta
+    } else {
+        (end + size).next_multiple_of(1 << 20)
+    };
+    (
+        data,
+        crate::superblock::ChecksumArea {
+            offset: data - size,
+            size,
+        },
+    )
 }

@@ -152,6 +152,21 @@ impl Array {
             let (ack_tx, ack_rx) = std::sync::mpsc::channel();
             let spawned = std::thread::Builder::new().spawn_scoped(sc, move || {
                 for (i, a, out, lost) in wrx {
+                    // A target failed meanwhile (a timeout, say) is written
+                    // no more: each write to a stalled disk takes as long.
+                    if !job.current(&self.core.view.load()) {
+                        let gone = raidkit_member::MemberError::new(
+                            t.name(),
+                            raidkit_member::Op::Write,
+                            a * chunk,
+                            out.len() as u64,
+                            std::io::Error::other("left the array before this write"),
+                        );
+                        if ack_tx.send((i, Err(gone))).is_err() {
+                            return;
+                        }
+                        continue;
+                    }
                     let r = self
                         .core
                         .disk_write(t, &out, a * chunk)
@@ -234,7 +249,11 @@ impl Array {
                         match ack_rx.recv() {
                             Ok(x) => x,
                             Err(_) => {
+                                // The writer has stopped (a write failed):
+                                // what it had not taken is never written,
+                                // and no answer comes for it.
                                 halt = true;
+                                sent = acked;
                                 break;
                             }
                         }
