@@ -143,7 +143,10 @@ pub fn scan(a: ScanArgs) -> Result<()> {
         let mut members = Vec::new();
         let mut held = vec![false; n];
         for f in &found {
-            let stale = f.sb.events < newest;
+            // A spare's superblock is written when it joins, not at every
+            // update after: behind the others, and still the array's spare
+            // (a start takes it as one).
+            let stale = f.sb.events < newest && f.sb.role != Role::Spare;
             let role = match f.sb.role {
                 Role::Active(r) => {
                     // A replacement does not hold its role yet.
@@ -183,7 +186,7 @@ pub fn scan(a: ScanArgs) -> Result<()> {
         };
         let paths: Vec<&str> = found
             .iter()
-            .filter(|f| f.sb.events == newest)
+            .filter(|f| f.sb.events == newest || f.sb.role == Role::Spare)
             .map(|f| f.path.as_str())
             .collect();
         let serve = format!(

@@ -1055,3 +1055,44 @@ fn a_server_with_its_own_control_path_is_found_by_list_and_by_name() {
         .collect();
     assert!(links.is_empty(), "the link is removed at the stop");
 }
+
+/// A hot spare's superblock is written when it joins, not at every update
+/// after: `scan` took it for a stale member and left it out of the
+/// command it prints, so following it lost the spare.
+#[test]
+fn scan_keeps_a_hot_spare_in_the_array_and_its_command() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    ok(&args(
+        &["create", "--level", "1", "--size", "8M", "--spare", &ms[2]],
+        &ms[..2],
+    ));
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    qemu(&s.uri, &["write -P 1 0 1M"]);
+    assert_eq!(s.stop().code(), Some(0));
+    drop(s);
+    let o = ok(&["scan", "--json", &dir.path().display().to_string()]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let arr = &v["arrays"][0];
+    let spare = arr["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["path"] == ms[2].as_str())
+        .unwrap_or_else(|| panic!("{v:#}"))
+        .clone();
+    assert_eq!(spare["stale"], false, "{v:#}");
+    assert_eq!(arr["state"], "complete", "{v:#}");
+    let cmd = arr["serve"].as_str().unwrap();
+    assert!(cmd.contains(&ms[2]), "{cmd}");
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let st = status(&s.control.display().to_string());
+    let spares = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["state"] == "spare")
+        .count();
+    assert_eq!(spares, 1, "{st:#}");
+    assert_eq!(s.stop().code(), Some(0));
+}
