@@ -1012,3 +1012,50 @@ fn a_replacement_that_stalls_is_written_no_more_once_failed() {
     );
     assert_eq!(s.stop().code(), Some(0));
 }
+
+#[test]
+fn a_member_failed_because_it_hung_does_not_hold_the_stop() {
+    // The second disk of a mirror hangs (every operation waits ten
+    // minutes) three seconds after the start and is failed for it. The
+    // stop closes members out of service for at most the member timeout:
+    // it used to flush the hung one too, and wait with it.
+    let dir = tmp();
+    let ms = members(dir.path(), 2);
+    create("1", &ms, "16M");
+    let hung = [ms[0].clone(), format!("fault:{}?hang-after=3s", ms[1])];
+    let mut s = Served::start(dir.path(), &hung, &["--member-timeout", "2"]);
+    std::thread::sleep(Duration::from_secs(4));
+    tool(
+        "timeout",
+        &[
+            "30",
+            "qemu-io",
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x44 0 1M",
+            &s.uri,
+        ],
+    );
+    wait_for("the hung member to be failed", 30, || {
+        member_state(&status(&s), 1).is_empty()
+    });
+    // (Served::stop gives up after 60 s.)
+    assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+    // The data is there, the failed member stale and resynced.
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let o = tool(
+        "timeout",
+        &[
+            "30",
+            "qemu-io",
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x44 0 1M",
+            &s.uri,
+        ],
+    );
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("verification failed"));
+    assert_eq!(s.stop().code(), Some(0));
+}

@@ -417,6 +417,10 @@ impl Core {
         }
     }
 
+    pub fn member_timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+    }
+
     pub fn set_member_timeout(&self, t: Duration) {
         self.timeout_ns
             .store(t.as_nanos() as u64, Ordering::Relaxed);

@@ -834,13 +834,42 @@ impl Array {
         }
         drop(meta);
         let v = self.core.view.load();
-        for d in v
-            .writable()
-            .iter()
-            .chain(&v.spares)
-            .chain(v.failed.iter().map(|f| &f.0))
-        {
+        for d in v.writable() {
             let _ = d.member.close();
+        }
+        // Spares and failed members are closed too (their cached checksum
+        // pages written back), each on a thread of its own and for at most
+        // the member timeout altogether: a member failed because it hung
+        // would hold the stop for as long as it hangs.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut waiting = 0;
+        for d in v.spares.iter().chain(v.failed.iter().map(|f| &f.0)) {
+            let (d2, tx) = (d.clone(), tx.clone());
+            let spawned = std::thread::Builder::new()
+                .name("close".into())
+                .spawn(move || {
+                    let _ = d2.member.close();
+                    drop(d2);
+                    let _ = tx.send(());
+                });
+            match spawned {
+                Ok(_) => waiting += 1,
+                Err(_) => {
+                    let _ = d.member.close();
+                }
+            }
+        }
+        drop(tx);
+        let until = std::time::Instant::now() + self.core.member_timeout();
+        while waiting > 0 {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if rx.recv_timeout(left).is_err() {
+                tracing::warn!(
+                    "{waiting} member(s) out of service did not close within the member timeout: left as they are"
+                );
+                break;
+            }
+            waiting -= 1;
         }
         flushed
     }
