@@ -33,6 +33,17 @@ fn member_state(st: &Value, role: u64) -> String {
         .unwrap_or_default()
 }
 
+/// The entry of the member in `role` (the first listed for it).
+fn member(st: &Value, role: u64) -> Value {
+    st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == role)
+        .unwrap_or_else(|| panic!("no member in role {role}: {st}"))
+        .clone()
+}
+
 fn blank(dir: &Path, name: &str, size: u64) -> String {
     let p = dir.join(name);
     std::fs::File::create(&p).unwrap().set_len(size).unwrap();
@@ -831,13 +842,7 @@ fn a_member_whose_writes_hang_hangs_neither_the_array_nor_its_status() {
     assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
     let st = status(&s);
     assert_eq!(st["state"], "degraded", "{st}");
-    let m1 = st["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["role"] == 1)
-        .unwrap()
-        .clone();
+    let m1 = member(&st, 1);
     assert_eq!(m1["state"], "faulty", "{m1}");
     let why = m1["reason"].as_str().unwrap();
     assert!(
@@ -937,13 +942,7 @@ fn a_member_that_hangs_while_idle_is_failed_by_the_stall_watch() {
     });
     let st = status(&s);
     assert_eq!(st["state"], "degraded", "{st}");
-    let m1 = st["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["role"] == 1)
-        .unwrap()
-        .clone();
+    let m1 = member(&st, 1);
     assert!(
         m1["reason"].as_str().unwrap().contains("member timeout"),
         "{m1}"
