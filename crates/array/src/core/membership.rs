@@ -141,10 +141,22 @@ fn write_each(
         }
     }
     drop(tx);
+    // A remote member's write is bounded by its connection's own request
+    // timeout (the member timeout), which fails it as disconnected, to be
+    // resynced by bitmap when it comes back: only local ones are given up.
+    let local_left = |w: &[Option<(Arc<Disk>, Arc<AtomicBool>)>]| {
+        w.iter().flatten().any(|(d, _)| d.member.remote().is_none())
+    };
     let deadline = Instant::now() + limit;
     let mut left = waiting.iter().flatten().count();
     while left > 0 {
-        let Ok((i, r)) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
+        let got = if local_left(&waiting) {
+            rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .ok()
+        } else {
+            rx.recv().ok()
+        };
+        let Some((i, r)) = got else {
             break;
         };
         left -= 1;
@@ -155,7 +167,10 @@ fn write_each(
             Err(panic) => std::panic::resume_unwind(panic),
         }
     }
-    for (d, abandoned) in waiting.into_iter().flatten() {
+    for w in waiting.iter_mut() {
+        let Some((d, abandoned)) = w.take_if(|(d, _)| d.member.remote().is_none()) else {
+            continue;
+        };
         abandoned.store(true, Ordering::Release);
         d.io.timeouts.fetch_add(1, Ordering::Relaxed);
         failed.push((
@@ -165,6 +180,18 @@ fn write_each(
                 limit.as_secs_f64()
             )),
         ));
+    }
+    // The remote ones left, as long as their connections take.
+    while waiting.iter().any(Option::is_some) {
+        let Ok((i, r)) = rx.recv() else {
+            break;
+        };
+        let (d, _) = waiting[i].take().expect("each writer answers once");
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failed.push((d, e)),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     }
     failed
 }
