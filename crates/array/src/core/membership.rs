@@ -147,6 +147,20 @@ fn write_each(
     let local_left = |w: &[Option<(Arc<Disk>, Arc<AtomicBool>)>]| {
         w.iter().flatten().any(|(d, _)| d.member.remote().is_none())
     };
+    // An answer: the member off the waiting list, failed if it failed.
+    fn take(
+        waiting: &mut [Option<(Arc<Disk>, Arc<AtomicBool>)>],
+        failed: &mut Vec<(Arc<Disk>, Error)>,
+        i: usize,
+        r: Outcome,
+    ) {
+        let (d, _) = waiting[i].take().expect("each writer answers once");
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failed.push((d, e)),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
     let deadline = Instant::now() + limit;
     let mut left = waiting.iter().flatten().count();
     while left > 0 {
@@ -160,12 +174,7 @@ fn write_each(
             break;
         };
         left -= 1;
-        let (d, _) = waiting[i].take().expect("each writer answers once");
-        match r {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => failed.push((d, e)),
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
+        take(&mut waiting, &mut failed, i, r);
     }
     for w in waiting.iter_mut() {
         let Some((d, abandoned)) = w.take_if(|(d, _)| d.member.remote().is_none()) else {
@@ -186,12 +195,7 @@ fn write_each(
         let Ok((i, r)) = rx.recv() else {
             break;
         };
-        let (d, _) = waiting[i].take().expect("each writer answers once");
-        match r {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => failed.push((d, e)),
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
+        take(&mut waiting, &mut failed, i, r);
     }
     failed
 }
