@@ -264,7 +264,11 @@ pub fn scrub(a: ScrubArgs) -> Result<()> {
     });
     let last = loop {
         std::thread::sleep(Duration::from_millis(200));
-        let st = request(Some(&path), json!({"cmd": "status"}))?;
+        // The server gone while the scrub ran: nothing was found to be
+        // wrong, and nothing was verified either.
+        let st = request(Some(&path), json!({"cmd": "status"})).map_err(|e| {
+            crate::say::Unfinished(e.context("lost the server while waiting for the scrub"))
+        })?;
         if let (Some(b), Some(s)) = (&bar, st["scrub"].as_object()) {
             let total = s["bytes_total"].as_u64().unwrap_or(0);
             b.set_length(total.max(1));
@@ -314,6 +318,13 @@ pub fn scrub(a: ScrubArgs) -> Result<()> {
     }
     if unrepaired > 0 || (last["check_only"] == true && found > 0) {
         std::process::exit(1);
+    }
+    let result = last["result"].as_str().unwrap_or("?");
+    if result != "done" {
+        return Err(crate::say::Unfinished(anyhow!(
+            "the scrub did not finish ({result}): the array was not wholly verified"
+        ))
+        .into());
     }
     Ok(())
 }

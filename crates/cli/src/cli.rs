@@ -63,7 +63,8 @@ pub enum Command {
     Stop(StopArgs),
     /// Check, offline, that redundancy agrees with the data: P and Q
     /// recomputed from the data by plain reference code, mirrors compared.
-    /// Exits 1 if anything disagrees.
+    /// Exits 1 if anything disagrees, 2 if it could not check (a member
+    /// missing or in use).
     Check(CheckArgs),
     /// Mark a member of a running array faulty, as if it had failed.
     Fail(FailArgs),
@@ -732,7 +733,8 @@ pub struct ScrubArgs {
     pub stop: bool,
     /// Wait until the scrub ends (a progress bar on a terminal), print
     /// what it found, and exit 1 if anything was left unrepaired (or,
-    /// with --check-only, found at all).
+    /// with --check-only, found at all), 2 if the scrub did not run to its
+    /// end (stopped, a member lost, the server gone).
     #[arg(long, conflicts_with = "stop")]
     pub wait: bool,
     /// Print JSON.

@@ -184,6 +184,16 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
 
 /// Recompute redundancy from the data, offline, and count disagreements.
 fn cmd_check(a: crate::cli::CheckArgs) -> Result<()> {
+    match check_members(a).map_err(crate::say::Unfinished)? {
+        Some(bad) => bail!("{bad}"),
+        None => Ok(()),
+    }
+}
+
+/// Check and print the findings; `Some` says what disagrees. An error is a
+/// check that could not be made (a member missing or in use, unreadable
+/// metadata), not a finding.
+fn check_members(a: crate::cli::CheckArgs) -> Result<Option<String>> {
     // Members a server holds change under the check: writes in flight
     // would be counted as mismatches.
     for spec in parse_specs(&a.members.members)? {
@@ -302,10 +312,7 @@ fn cmd_check(a: crate::cli::CheckArgs) -> Result<()> {
             total
         );
     }
-    if bad > 0 {
-        bail!("{bad} {unit} have inconsistent redundancy");
-    }
-    Ok(())
+    Ok((bad > 0).then(|| format!("{bad} {unit} have inconsistent redundancy")))
 }
 
 fn role_str(r: Role) -> Value {

@@ -93,6 +93,12 @@ fn main() {
         }
     }
     if let Err(e) = commands::run(args) {
+        // A check that could not finish exits 2, so that a script tells it
+        // from one that found something wrong (1).
+        let (unfinished, e) = match e.downcast::<say::Unfinished>() {
+            Ok(u) => (true, u.0),
+            Err(e) => (false, e),
+        };
         // One clear message: the error and its causes, outermost first.
         let mut msg = e.to_string();
         let in_use = admin::in_use_message(e.as_ref());
@@ -112,6 +118,12 @@ fn main() {
         let failed_requirements = e
             .downcast_ref::<bench::storage::require::Failed>()
             .is_some();
-        std::process::exit(if failed_requirements { 3 } else { 1 });
+        std::process::exit(if failed_requirements {
+            3
+        } else if unfinished {
+            2
+        } else {
+            1
+        });
     }
 }

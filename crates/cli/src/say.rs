@@ -36,6 +36,22 @@ pub fn error(msg: &str) {
     }
 }
 
+/// The error of a command that checks something (`check`, `scrub --wait`)
+/// and could not finish: the process exits 2, where 1 means that it
+/// finished and found something wrong. A script that repairs on 1 must not
+/// take "could not tell" (a member missing, the server gone, the scrub
+/// stopped) for either answer.
+#[derive(Debug)]
+pub struct Unfinished(pub anyhow::Error);
+
+impl std::fmt::Display for Unfinished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for Unfinished {}
+
 /// A line to stdout that may fail unseen: a server's reader may have gone
 /// (`raidkit serve ... | grep -m1 listening`, a supervisor's closed pipe),
 /// and a server that lost its reader keeps serving; `println!` would panic.

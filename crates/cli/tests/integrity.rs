@@ -13,6 +13,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use serde_json::Value;
 use std::path::Path;
+use std::process::{Command, Stdio};
 
 const DATA: usize = 4 << 20;
 
@@ -723,6 +724,67 @@ fn scrub_wait_follows_a_scrub_already_running() {
     assert_eq!(last["run"], 1, "{last}");
     assert!(status(&s)["scrub"].is_null());
     assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+}
+
+/// A script tells "found something wrong" (exit 1) from "could not tell"
+/// (exit 2): a scrub stopped before its end, or a check of an array with a
+/// member missing, verified nothing; both exited as a clean array does
+/// (scrub, 0) or as a damaged one does (check, 1).
+#[test]
+fn check_and_scrub_tell_an_unfinished_run_from_a_finding() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "32M");
+    let mut s = Served::start(
+        dir.path(),
+        &ms,
+        &["--rebuild-min", "1M", "--rebuild-max", "1M"],
+    );
+    let ctl = s.control.display().to_string();
+    let waiter = Guarded::spawn(
+        Command::new(BIN)
+            .args(["scrub", "--wait", "--json", "--control", &ctl])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let t = std::time::Instant::now();
+    while status(&s)["scrub"].is_null() {
+        assert!(t.elapsed().as_secs() < 30, "no scrub started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    ok(&["scrub", "--stop", "--control", &ctl]);
+    let o = waiter.output_within(std::time::Duration::from_secs(60));
+    let last: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    assert_eq!(last["result"], "stopped", "{last}");
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "a stopped scrub: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // A scrub run to its end still exits 0.
+    let (code, last) = scrub(&s);
+    assert_eq!((code, &last["result"]), (Some(0), &Value::from("done")));
+    assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+
+    // Offline: a member missing cannot be checked (2); rot is a finding (1).
+    let o = raidkit(&args(&["check"], &ms[..2]));
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    ok(&args(&["check"], &ms));
+    flip(&ms[1], data_offset(&ms[1]) + 8192);
+    let o = raidkit(&args(&["check"], &ms));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// The case of a tester's report, as it was run: RAID-5 of four 64 MiB
