@@ -964,6 +964,65 @@ fn a_member_that_hangs_while_idle_is_failed_by_the_stall_watch() {
 }
 
 #[test]
+fn one_operation_that_never_ends_fails_its_member_while_others_complete() {
+    // A disk that retries one sector in its firmware and answers its other
+    // commands meanwhile: a write there never ends, writes elsewhere on
+    // the same disk complete. The stall watch used to look only for a
+    // member on which nothing completed, so this one stayed in service.
+    let dir = tmp();
+    let ms = members(dir.path(), 2);
+    create("1", &ms, "16M");
+    let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &ms[1]]).stdout).unwrap();
+    let at = e["data_offset"].as_u64().unwrap() + (4 << 20);
+    let hung = [ms[0].clone(), format!("fault:{}?hang-at={at}", ms[1])];
+    let mut s = Served::start(dir.path(), &hung, &["--member-timeout", "2"]);
+    let write = |at: &str| {
+        tool(
+            "timeout",
+            &[
+                "30",
+                "qemu-io",
+                "-f",
+                "raw",
+                "-c",
+                &format!("write -P 0x5d {at} 64k"),
+                &s.uri,
+            ],
+        )
+    };
+    write("0");
+    // Never answered while the member is in service: killed at the end.
+    let _stuck = Guarded::spawn(
+        Command::new("qemu-io")
+            .args(["-f", "raw", "-c", "write -P 0x77 4M 4k", &s.uri])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    // Writes elsewhere keep completing on the member, past the timeout.
+    let t = Instant::now();
+    let mut writes = 0;
+    while !member_state(&status(&s), 1).is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the member with a stuck operation is still in service after {writes} writes completed on it: {}",
+            status(&s)
+        );
+        write(&format!("{}k", 64 * (writes % 32)));
+        writes += 1;
+    }
+    let st = status(&s);
+    assert_eq!(st["state"], "degraded", "{st}");
+    let m1 = member(&st, 1);
+    assert!(
+        m1["reason"].as_str().unwrap().contains("outstanding"),
+        "{m1}"
+    );
+    // The array serves on.
+    write("1M");
+    s.kill9();
+}
+
+#[test]
 fn a_replacement_that_stalls_is_written_no_more_once_failed() {
     // `replace` onto a disk whose data writes take 10 s: the stall watch
     // fails it after the member timeout, and the replace stops there. It

@@ -15,6 +15,7 @@
 //! | `write-delay=DUR` | every write first sleeps DUR (a disk slow to write: its writes land after those of the others) |
 //! | `vanish-after=N` | after N operations every operation fails (ENODEV), as a pulled cable |
 //! | `hang-after=DUR` | from DUR after it is opened, every operation waits 10 minutes before it is done: a disk hung in its firmware's retries, answering nothing and reporting no error |
+//! | `hang-at=OFF[,OFF...]` | a read or write that covers any of these member offsets waits 10 minutes before it is done, while every other operation is answered: a sector the disk retries in its firmware while it serves its other queued commands |
 //! | `flaky-at=OFF[,OFF...]` | the first read that covers each of these member offsets fails (EIO), later ones succeed: a marginal sector that reads on a retry |
 //! | `corrupt-at=OFF[,OFF...]` | silent corruption: a read that covers any of these member offsets returns that byte with bits flipped (and no error), until a write covers the offset (the disk then holds what was written) |
 //!
@@ -39,6 +40,7 @@ pub struct FaultConfig {
     pub write_delay_from: u64,
     pub vanish_after: Option<u64>,
     pub hang_after: Option<Duration>,
+    pub hang_at: Vec<u64>,
     pub corrupt_at: Vec<u64>,
     pub flaky_at: Vec<u64>,
 }
@@ -100,6 +102,11 @@ impl FaultConfig {
                 "write-delay-from" => c.write_delay_from = parse_u64_size(v)?,
                 "vanish-after" => c.vanish_after = Some(parse_u64_size(v)?),
                 "hang-after" => c.hang_after = Some(parse_duration(v)?),
+                "hang-at" => {
+                    for o in v.split(',') {
+                        c.hang_at.push(parse_u64_size(o)?);
+                    }
+                }
                 "corrupt-at" => {
                     for o in v.split(',') {
                         c.corrupt_at.push(parse_u64_size(o)?);
@@ -112,7 +119,7 @@ impl FaultConfig {
                 }
                 other => {
                     return Err(format!(
-                        "unknown fault '{other}' (read-error-at, bad-sector-at, fail-writes-after, delay, write-delay, write-delay-from, vanish-after, hang-after, corrupt-at, flaky-at)"
+                        "unknown fault '{other}' (read-error-at, bad-sector-at, fail-writes-after, delay, write-delay, write-delay-from, vanish-after, hang-after, hang-at, corrupt-at, flaky-at)"
                     ))
                 }
             }
@@ -177,6 +184,14 @@ impl FaultMember {
             .config
             .hang_after
             .is_some_and(|h| self.opened.elapsed() >= h)
+        {
+            std::thread::sleep(Duration::from_secs(600));
+        }
+        if self
+            .config
+            .hang_at
+            .iter()
+            .any(|&o| o >= offset && o < offset + len)
         {
             std::thread::sleep(Duration::from_secs(600));
         }
@@ -304,6 +319,10 @@ mod tests {
         assert_eq!(c.write_delay, Some(Duration::from_millis(1)));
         assert_eq!(c.write_delay_from, 1 << 20);
         assert_eq!(c.vanish_after, Some(10));
+        assert_eq!(
+            FaultConfig::parse("hang-at=4K,2M").unwrap().hang_at,
+            vec![4096, 2 << 20]
+        );
         assert!(FaultConfig::parse("explode=1").is_err());
         assert!(FaultConfig::parse("delay=5 parsecs").is_err());
         assert!(FaultConfig::parse("read-error-at").is_err());

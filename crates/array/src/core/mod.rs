@@ -12,6 +12,7 @@ pub(crate) mod checked;
 mod io;
 mod locks;
 mod membership;
+mod outstanding;
 mod remote;
 mod status;
 mod window;
@@ -62,6 +63,8 @@ pub(crate) struct Disk {
     inflight: AtomicU32,
     /// Nanoseconds (on the array's clock) of the last start-from-idle or completion.
     progress_at: AtomicU64,
+    /// When each operation under way started.
+    outstanding: outstanding::Outstanding,
     /// What went through it: bytes, operations, latencies.
     pub io: io::IoCounters,
     /// When (array clock, ns) its last ChecksumError event went out.
@@ -106,6 +109,7 @@ impl Disk {
             sb: Mutex::new(sb),
             inflight: AtomicU32::new(0),
             progress_at: AtomicU64::new(0),
+            outstanding: Default::default(),
             io: io::IoCounters::default(),
             checksum_event_at: AtomicU64::new(0),
             away: Mutex::new(None),
@@ -457,15 +461,24 @@ impl Core {
         ds: &[&Disk],
         f: impl FnOnce() -> std::result::Result<T, E>,
     ) -> std::result::Result<T, E> {
-        for d in ds {
+        let t = Instant::now();
+        let at = t.saturating_duration_since(self.epoch).as_nanos() as u64;
+        // At most a few members (a read over all of them): no allocation.
+        let mut slots = [outstanding::Slot::default(); 8];
+        for (i, d) in ds.iter().enumerate() {
             if d.inflight.fetch_add(1, Ordering::AcqRel) == 0 {
-                d.progress_at.store(self.now_ns(), Ordering::Release);
+                d.progress_at.store(at, Ordering::Release);
+            }
+            if let Some(s) = slots.get_mut(i) {
+                *s = d.outstanding.enter(at);
             }
         }
-        let t = Instant::now();
         let r = f();
         let took = t.elapsed().as_nanos() as u64;
-        for d in ds {
+        for (i, d) in ds.iter().enumerate() {
+            if let Some(&s) = slots.get(i) {
+                d.outstanding.leave(s);
+            }
             d.progress_at.store(self.now_ns(), Ordering::Release);
             d.inflight.fetch_sub(1, Ordering::AcqRel);
             d.io.took(took);
@@ -495,13 +508,27 @@ impl Core {
         let v = self.view.load();
         let mut failed = Vec::new();
         for d in v.writable() {
-            if d.inflight.load(Ordering::Acquire) > 0
-                && now.saturating_sub(d.progress_at.load(Ordering::Acquire)) > limit
-            {
-                let why = format!(
-                    "no operation completed for {:.1}s (member timeout)",
-                    limit as f64 / 1e9
-                );
+            let quiet = d.inflight.load(Ordering::Acquire) > 0
+                && now.saturating_sub(d.progress_at.load(Ordering::Acquire)) > limit;
+            let waiting = d
+                .outstanding
+                .oldest()
+                .map(|t| now.saturating_sub(t))
+                .filter(|&w| w > limit);
+            if quiet || waiting.is_some() {
+                let why = match waiting {
+                    // Others on it may complete meanwhile: a sector the
+                    // disk retries while it serves its other commands.
+                    Some(w) if !quiet => format!(
+                        "an operation outstanding for {:.1}s (member timeout {:.1}s)",
+                        w as f64 / 1e9,
+                        limit as f64 / 1e9
+                    ),
+                    _ => format!(
+                        "no operation completed for {:.1}s (member timeout)",
+                        limit as f64 / 1e9
+                    ),
+                };
                 // A remote member's connection is dropped, so that the
                 // requests waiting on it fail now (and it may come back).
                 if let Some(link) = d.member.remote() {
