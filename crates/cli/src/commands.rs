@@ -359,6 +359,14 @@ fn cmd_examine(a: ExamineArgs) -> Result<()> {
                 "utime": sb.utime,
                 "recovery_offset": sb.recovery_offset,
                 "replacing": sb.replacing,
+                // As `detail --json` has them (without the sizes, which
+                // need the whole array).
+                "resync_offset": sb.resync,
+                "reshape": sb.reshape.map(|r| json!({
+                    "old_raid_disks": r.old_disks,
+                    "rows_done": r.rows,
+                    "old_chunk": (r.old_chunk != 0).then_some(r.old_chunk),
+                })),
                 "consistency_policy": Policy::of(sb).name(),
                 "bitmap": (sb.bitmap.region > 0).then(|| json!({
                     "offset": sb.bitmap.offset,
@@ -407,6 +415,27 @@ fn cmd_examine(a: ExamineArgs) -> Result<()> {
         sb.data_size,
         human(sb.data_size)
     );
+    // What this member says of a reshape or an initial sync under way,
+    // so that one member of a stopped array tells it (`detail` gives the
+    // totals, from every member).
+    match sb.reshape {
+        Some(r) if r.old_chunk != 0 && r.old_chunk != sb.chunk => println!(
+            "         Reshape : chunk from {} to {}, {} stripes done (serve resumes it)",
+            human(r.old_chunk),
+            human(sb.chunk),
+            r.rows
+        ),
+        Some(r) => println!(
+            "         Reshape : from {} to {} members, {} stripes done (serve resumes it)",
+            r.old_disks,
+            sb.raid_disks(),
+            r.rows
+        ),
+        None => {}
+    }
+    if let Some(at) = sb.resync {
+        println!("          Resync : pending from unit {at} (redundancy not yet consistent there)");
+    }
     match &sb.md {
         Some(m) => println!(
             "        Metadata : {}{}",

@@ -910,6 +910,8 @@ fn create_can_leave_the_initial_sync_to_the_server() {
     );
     let d = json(&rk_ok(t, &args(&["detail", "--json"], &ms)));
     assert_eq!(d["resync_offset"], 0, "{d}");
+    let e = json(&rk_ok(t, &["examine", "--json", &ms[0]]));
+    assert_eq!(e["resync_offset"], 0, "{e}");
     // check waits for the sync rather than counting unsynced stripes.
     let o = rk(t, &args(&["check"], &ms));
     let err = String::from_utf8_lossy(&o.stderr);

@@ -161,6 +161,16 @@ fn grow_while_fio_verifies_and_the_new_size_comes_at_the_end() {
     assert_eq!(export_size(&s.uri), before);
     let human = String::from_utf8_lossy(&ok(&["status", "--control", &ctl]).stdout).to_string();
     assert!(human.contains("reshape: growing to 5 members"), "{human}");
+    // One member tells it too (it said nothing of a reshape).
+    let e: serde_json::Value =
+        serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+    assert_eq!(
+        (&e["raid_disks"], &e["reshape"]["old_raid_disks"]),
+        (&5.into(), &4.into()),
+        "{e}"
+    );
+    let human = String::from_utf8_lossy(&ok(&["examine", &ms[0]]).stdout).to_string();
+    assert!(human.contains("Reshape : from 4 to 5 members"), "{human}");
     // Another grow, an add into a role, a replace: refused meanwhile.
     fails(
         &[
@@ -192,6 +202,9 @@ fn grow_while_fio_verifies_and_the_new_size_comes_at_the_end() {
     let st = s.status();
     assert!(st["reshape"].is_null(), "{st}");
     assert_eq!(st["last_recovery"]["kind"], "reshape", "{st}");
+    let e: serde_json::Value =
+        serde_json::from_slice(&ok(&["examine", "--json", &ms[0]]).stdout).unwrap();
+    assert!(e["reshape"].is_null(), "{e}");
     assert_eq!(st["last_recovery"]["result"], "done", "{st}");
     assert_eq!(st["array"]["size"].as_u64(), Some(after));
     assert_eq!(export_size(&s.uri), after);
