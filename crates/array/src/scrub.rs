@@ -92,6 +92,11 @@ impl Array {
                 "the array is degraded: a scrub needs every member (rebuild first)".into(),
             ));
         }
+        if self.reshape_in_progress() {
+            return Err(Error::Invalid(
+                "a reshape is in progress: scrub once it is done (raidkit wait)".into(),
+            ));
+        }
         if self.needs_recovery() || self.core.window.is_open() {
             return Err(Error::Invalid(
                 "a rebuild or resync is pending or running: scrub once it is done".into(),

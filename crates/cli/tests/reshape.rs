@@ -193,6 +193,8 @@ fn grow_while_fio_verifies_and_the_new_size_comes_at_the_end() {
         ],
         "reshape is in progress",
     );
+    // A scrub too, and said so (it spoke of a rebuild or resync).
+    fails(&["scrub", "--control", &ctl], "a reshape is in progress");
     let w = writer.wait_within(std::time::Duration::from_secs(120));
     assert!(
         w.success(),
