@@ -22,6 +22,9 @@ pub struct PolicyChange {
     pub journal_bytes: u64,
     /// Members whose superblocks were rewritten (spares included).
     pub members: usize,
+    /// Bytes of checksum entries cleared where an earlier journal lay over
+    /// them (see `journal_over_checksums`), over all members.
+    pub cleared_checksums: u64,
 }
 
 /// Set the consistency policy of the stopped array `asm` to `to`.
@@ -85,26 +88,43 @@ pub fn set_policy(asm: &Assembly, to: Policy, region: Option<u64>) -> Result<Pol
             "bitmap region {region} bytes: give a power of two (e.g. 64M)"
         )));
     }
-    if to == from && region == sb.bitmap.region {
-        return Ok(PolicyChange {
-            from,
-            to,
-            bitmap_region: region,
-            journal_bytes: sb.journal.size,
-            members: 0,
-        });
-    }
     let members: Vec<(Arc<dyn Member>, Superblock)> = asm
         .slots
         .iter()
         .filter_map(|s| Some((s.member.clone()?, s.sb.clone()?)))
         .chain(asm.spares.iter().cloned())
         .collect();
+    let overlaps: Vec<(usize, (u64, u64))> = members
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (_, s))| Some((i, journal_over_checksums(s)?)))
+        .collect();
+    if to == from && region == sb.bitmap.region && overlaps.is_empty() {
+        return Ok(PolicyChange {
+            from,
+            to,
+            bitmap_region: region,
+            journal_bytes: sb.journal.size,
+            members: 0,
+            cleared_checksums: 0,
+        });
+    }
     let n = asm.slots.len();
     let biggest = sb.roles.iter().map(|r| r.data_size).max().unwrap_or(0);
+    // The bitmap and journal lie at the same offsets on every member and
+    // end where the first checksum area (or data area) begins, as `create`
+    // places them: a journal laid up to the data offset took the checksum
+    // area's first blocks, blanked them here and overwrote them with every
+    // record, and the blocks they covered then read as rot.
     let metadata_end = members
         .iter()
-        .map(|(_, s)| s.data_offset)
+        .map(|(_, s)| {
+            if s.checksums.enabled() {
+                s.checksums.offset
+            } else {
+                s.data_offset
+            }
+        })
         .min()
         .unwrap_or(0);
     let bitmap_len = bitmap_bytes(region, biggest, metadata_end)?;
@@ -123,6 +143,15 @@ pub fn set_policy(asm: &Assembly, to: Policy, region: Option<u64>) -> Result<Pol
         blank(m.as_ref(), bitmap::BITMAP_OFFSET, bitmap_len)?;
         blank(m.as_ref(), journal.offset, journal.size)?;
         m.flush()?;
+    }
+    // A journal an earlier `policy` laid over the checksums left records
+    // (or zeroes) where checksums belong: those entries say "no checksum
+    // yet" from now on, so that the blocks they cover are read again and
+    // their checksums taken anew, not failed as rot. A scrub then checks
+    // them against redundancy.
+    for &(i, (at, len)) in &overlaps {
+        blank(members[i].0.as_ref(), at, len)?;
+        members[i].0.flush()?;
     }
     for (m, own) in &members {
         let mut s = own.clone();
@@ -149,7 +178,22 @@ pub fn set_policy(asm: &Assembly, to: Policy, region: Option<u64>) -> Result<Pol
         bitmap_region: region,
         journal_bytes: journal.size,
         members: members.len(),
+        cleared_checksums: overlaps.iter().map(|(_, (_, len))| len).sum(),
     })
+}
+
+/// The bytes of `sb`'s checksum area that the journal's area covers, if
+/// any: `raidkit policy` laid journals up to the data before it kept them
+/// below the checksums (as `create` does), and every record then
+/// overwrote checksums.
+pub fn journal_over_checksums(sb: &Superblock) -> Option<(u64, u64)> {
+    let (j, c) = (&sb.journal, &sb.checksums);
+    if j.size == 0 || !c.enabled() {
+        return None;
+    }
+    let from = j.offset.max(c.offset);
+    let to = (j.offset + j.size).min(c.offset + c.size);
+    (from < to).then_some((from, to - from))
 }
 
 /// Zero `len` bytes at `offset`, a megabyte at a time.

@@ -10,6 +10,7 @@ use raidkit_array::assemble::assemble;
 use raidkit_array::create::{CreateOptions, Policy};
 use raidkit_array::{Array, OpenOptions};
 use raidkit_layout::Level;
+use raidkit_member::Member;
 use raidkit_open::spec::{self, Spec};
 use rand::{Rng, SeedableRng};
 use std::os::unix::fs::FileExt;
@@ -342,4 +343,61 @@ fn scrubs_under_client_writes_find_nothing_and_lose_nothing() {
         );
         a.close().unwrap();
     }
+}
+
+/// A journal an earlier `raidkit policy journal` laid up to the data, over
+/// the first bytes of the checksum area: every record overwrote checksums
+/// and the blocks they covered read as rot. Such an array is refused
+/// (nothing written) until `set_policy` moves the journal below the
+/// checksums and clears the entries it overwrote; then every byte reads
+/// back and a scrub finds it all consistent.
+#[test]
+fn a_journal_laid_over_the_checksums_is_refused_then_moved_off_them() {
+    let (_dir, members, data) = written_and_closed(Level::Raid5, 4);
+    for m in &members {
+        let f = raidkit_member::FileMember::open(m, false).unwrap();
+        let mut sb = raidkit_array::superblock::read_superblock(&f).unwrap().sb;
+        assert!(sb.journal.offset + sb.journal.size <= sb.checksums.offset);
+        sb.journal.size = sb.data_offset - sb.journal.offset;
+        raidkit_array::superblock::write_superblock(&f, &mut sb).unwrap();
+        // What records left there.
+        let (at, len) = raidkit_array::policy::journal_over_checksums(&sb).unwrap();
+        f.write_at(&vec![0xab; len as usize], at).unwrap();
+        f.flush().unwrap();
+    }
+    let before: Vec<Vec<u8>> = members.iter().map(|m| std::fs::read(m).unwrap()).collect();
+    let parsed: Vec<Spec> = members.iter().map(|s| Spec::parse(s).unwrap()).collect();
+    let asm = assemble(spec::open_all(&parsed, false).unwrap()).unwrap();
+    let err = match Array::open_with(asm, "i", OpenOptions::default()) {
+        Ok(_) => panic!("an array whose journal overlaps its checksums was opened"),
+        Err(e) => e,
+    };
+    assert!(
+        err.to_string().contains("overlaps the checksum area"),
+        "{err}"
+    );
+    for (m, b) in members.iter().zip(&before) {
+        assert!(
+            std::fs::read(m).unwrap() == *b,
+            "{m}: written by a refused open"
+        );
+    }
+    let asm = assemble(spec::open_all(&parsed, false).unwrap()).unwrap();
+    let c = raidkit_array::policy::set_policy(&asm, Policy::Journal, None).unwrap();
+    assert_eq!(c.members, 4);
+    assert!(c.cleared_checksums > 0);
+    drop(asm);
+    for m in &members {
+        let f = raidkit_member::FileMember::open(m, true).unwrap();
+        let sb = raidkit_array::superblock::read_superblock(&f).unwrap().sb;
+        assert_eq!(raidkit_array::policy::journal_over_checksums(&sb), None);
+    }
+    let a = open(&members);
+    let mut back = vec![0u8; data.len()];
+    a.read(&mut back, 0).unwrap();
+    assert!(back == data, "data changed");
+    let s = scrub(&a, false);
+    assert_eq!((s.result.as_str(), s.unrepaired), ("done", 0), "{s:?}");
+    assert_eq!(checksum_errors(&a), 0);
+    a.close().unwrap();
 }

@@ -558,7 +558,8 @@ fn cmd_policy(a: PolicyArgs) -> Result<()> {
             "{}",
             json!({"name": name, "from": c.from.name(), "to": c.to.name(),
                    "changed": c.members > 0, "bitmap_region": c.bitmap_region,
-                   "journal_bytes": c.journal_bytes, "members": c.members})
+                   "journal_bytes": c.journal_bytes, "members": c.members,
+                   "cleared_checksums": c.cleared_checksums})
         );
     } else if c.members == 0 {
         println!(
@@ -582,6 +583,12 @@ fn cmd_policy(a: PolicyArgs) -> Result<()> {
             },
             c.members
         );
+    }
+    if c.cleared_checksums > 0 {
+        crate::say::warning(&format!(
+            "the journal lay over the checksum area (as `raidkit policy` laid it before it kept below the checksums); it was moved, and {} of checksums it had overwritten were cleared: the blocks they cover get new checksums when next read. Serve the array and run `raidkit scrub --wait` to check them against redundancy",
+            human(c.cleared_checksums)
+        ));
     }
     Ok(())
 }

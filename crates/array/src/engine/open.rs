@@ -224,6 +224,37 @@ impl Array {
                 });
             }
         }
+        // A journal an earlier `raidkit policy` laid over a checksum area:
+        // each record would overwrite checksums, and the blocks they cover
+        // would read as rot (EIO on every copy). Moving it is `policy`'s
+        // work, on the stopped array; a dirty one must first replay it.
+        if !opts.read_only {
+            let over = asm
+                .slots
+                .iter()
+                .filter_map(|s| s.sb.as_ref().zip(s.member.as_ref()))
+                .chain(asm.spares.iter().map(|(m, s)| (s, m)))
+                .find_map(|(s, m)| {
+                    Some((
+                        m.name().to_string(),
+                        crate::policy::journal_over_checksums(s)?,
+                    ))
+                });
+            if let Some((member, (at, len))) = over {
+                let what = format!(
+                    "array '{}': its journal overlaps the checksum area of {member} ({len} bytes at offset {at}), as `raidkit policy journal` laid it before it kept journals below the checksums",
+                    asm.sb.name
+                );
+                if sb.state == ArrayState::Clean {
+                    return Err(Error::Invalid(format!(
+                        "{what}; journal records would overwrite checksums and the blocks they cover would read as rot. Nothing was written: run `raidkit policy journal` with every member to move it (metadata only), then serve"
+                    )));
+                }
+                tracing::warn!(
+                    "{what}: started to replay it; stop the array cleanly, then run `raidkit policy journal` with every member to move it"
+                );
+            }
+        }
         let journal = (sb.journal.size > 0 && geom.level.is_parity()).then(|| {
             Journal::new(
                 sb.journal.offset,
