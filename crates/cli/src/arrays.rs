@@ -2,7 +2,7 @@
 //! (through raidkit-open), the array assembled and started, with the
 //! warnings a person should see.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use raidkit_array::assemble::assemble;
 use raidkit_array::Array;
 use raidkit_layout::Layout;
@@ -53,6 +53,24 @@ pub fn open_array_with(
         }
     }
     let name = asm.sb.name.clone();
+    // The members' locks stop a second writer of the same paths; another
+    // path to the same disks (a second loop device over one file, a
+    // multipath device) escapes them. Two writers of one array diverge
+    // its copies with each thinking itself clean, so an array a server on
+    // this machine serves is refused by UUID, as mdadm refuses to
+    // assemble an array that is already active. Nothing was written yet.
+    if !opts.read_only {
+        if let Some((pid, endpoints)) = crate::admin::server_of(&asm.sb.array_uuid.to_string()) {
+            bail!(
+                "array '{name}' ({}) is already served by the raidkit server with PID {pid}{}, perhaps through other paths to the same disks: two writers would diverge its copies; stop that server first (nothing was written)",
+                asm.sb.array_uuid,
+                match endpoints.first() {
+                    Some(e) => format!(" ({e})"),
+                    None => String::new(),
+                }
+            );
+        }
+    }
     let degraded = asm.describe_missing();
     let array = Array::open_with(asm, &name, opts)?;
     for n in array.notes() {

@@ -19,7 +19,7 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
 use std::time::Duration;
 
 /// Each member's backing file: small, so a level's whole cycle (initial
@@ -143,6 +143,25 @@ impl Rig {
                 dev
             })
             .collect()
+    }
+
+    /// A second loop device over the backing file of `dev` (one of
+    /// `attach`'s): another path to the same disk, as multipath gives.
+    fn alias(&mut self, dev: &str) -> String {
+        let i = self
+            .loops
+            .iter()
+            .position(|d| d == dev)
+            .expect("attached here");
+        let f = self.path().join(format!("backing{i}.img"));
+        let o = timed(
+            "losetup",
+            &["--direct-io=on", "-f", "--show", f.to_str().unwrap()],
+        );
+        let alias = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        assert!(alias.starts_with("/dev/loop"), "losetup printed {alias:?}");
+        self.loops.push(alias.clone());
+        alias
     }
 
     /// Mount `dev` on a fresh directory under the rig's.
@@ -563,6 +582,48 @@ fn a_loop_device_holding_a_mounted_ext4_is_refused() {
         first_mib(&fs) != fs0,
         "create wrote nothing to the first MiB"
     );
+}
+
+#[test]
+fn an_array_served_is_refused_through_other_paths_to_its_disks() {
+    // A second loop device over each backing file: the same disks by other
+    // names, which the members' locks do not see. A second server of the
+    // array through them was started, and the two wrote diverging copies,
+    // each thinking the array clean.
+    let Some(mut rig) = Rig::new() else {
+        return;
+    };
+    let devs = rig.attach(2);
+    ok(&args(&["create", "--level", "1"], &devs));
+    let aliases: Vec<String> = devs.iter().map(|d| rig.alias(d)).collect();
+    let mut a = Served::start(rig.path(), &devs, &[]);
+    let before: Vec<Vec<u8>> = devs.iter().map(|d| first_mib(d)).collect();
+    let ctl = rig.path().join("b.ctl").display().to_string();
+    let serve_b = args(
+        &["serve", "--listen", "127.0.0.1:0", "--control", &ctl],
+        &aliases,
+    );
+    let write_b = args(&["write", "--offset", "0"], &aliases);
+    for cmd in [serve_b.clone(), write_b] {
+        // Servers are found by their links in the temp directory, which
+        // `Served` puts in the test's own.
+        let o = output_within(
+            Command::new(BIN)
+                .args(&cmd)
+                .env("TMPDIR", rig.path())
+                .stdin(std::process::Stdio::null()),
+            REFUSAL,
+        );
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert_eq!(o.status.code(), Some(1), "{cmd:?}: {err}");
+        assert!(err.contains(&format!("PID {}", a.pid())), "{cmd:?}: {err}");
+    }
+    let after: Vec<Vec<u8>> = devs.iter().map(|d| first_mib(d)).collect();
+    assert!(before == after, "a refused start wrote to the members");
+    // Once the first server has stopped, the other paths serve it.
+    assert_eq!(a.stop().code(), Some(0));
+    let mut b = Served::start(rig.path(), &aliases, &[]);
+    assert_eq!(b.stop().code(), Some(0));
 }
 
 #[test]
