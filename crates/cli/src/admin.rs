@@ -584,6 +584,19 @@ pub fn stop(a: StopArgs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The socket goes before the process ends, which lets go of the
+    // members (their locks, a block device's exclusive open) as it exits:
+    // a `check` or `serve` run right after this returned found them in
+    // use. So this returns once the process has gone too.
+    while pid > 0 && process_alive(pid) {
+        if started.elapsed() > Duration::from_secs(a.timeout) {
+            bail!(
+                "array '{name}' (PID {pid}) closed its control socket but has not exited after {}s",
+                a.timeout
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // Gone without saying (killed while closing, say): not taken as a
     // clean stop.
     let error = match &closed {
@@ -611,6 +624,21 @@ pub fn stop(a: StopArgs) -> Result<()> {
         bail!("array '{name}' (PID {pid}) stopped, but {e}");
     }
     Ok(())
+}
+
+/// Whether process `pid` still runs: a zombie (exited, not yet reaped by
+/// its parent) holds nothing and counts as gone, as does a PID this
+/// machine's /proc does not show (a server in another PID namespace).
+fn process_alive(pid: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses
+        // and may hold spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
 }
 
 /// One line (or JSON object) per running server, by array name:

@@ -1175,3 +1175,31 @@ fn a_rebuild_floor_above_its_ceiling_is_refused() {
     rk_ok(t, &["stop"]);
     assert!(g.wait_within(Duration::from_secs(30)).success());
 }
+
+#[test]
+fn stop_returns_once_the_server_has_let_go_of_its_members() {
+    // `stop` then at once `check` (as the tour does) or `serve`: `stop`
+    // returned when the control socket went, before the process had let
+    // go of the members as it exited, and the next command sometimes
+    // found them "in use by raidkit (PID ...)".
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 3);
+    create("5", &ms, "16M");
+    for round in 0..8 {
+        let (mut g, uri) = serve(t, &ms);
+        tool(
+            "qemu-io",
+            &["-f", "raw", "-c", &format!("write -P {round} 0 1M"), &uri],
+        );
+        rk_ok(t, &["stop"]);
+        let o = rk(t, &args(&["check"], &ms));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "round {round}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        g.wait_within(Duration::from_secs(30));
+    }
+}
