@@ -494,6 +494,16 @@ impl Array {
                             .window
                             .open(self.core.bitmap.as_ref().map(|b| b.snapshot()), false);
                     }
+                    // Owed all the same: the regions marked run once the
+                    // array is whole again (`lost_marked_resync`), and the
+                    // array stays dirty until then. Without a bitmap the
+                    // rebuild of the missing member rewrites it whole.
+                    if let Some(b) = self.core.bitmap.as_ref() {
+                        *self.recovery.resync_marked.locked() = Some(b.snapshot());
+                        self.recovery
+                            .parity_unfinished
+                            .store(true, std::sync::atomic::Ordering::Release);
+                    }
                     return Ok(());
                 }
                 return Err(Error::NotEnoughMembers {

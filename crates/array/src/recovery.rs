@@ -88,6 +88,26 @@ impl Array {
         self.next_job().is_some()
             || self.recovery.pending_parity.locked().is_some()
             || self.reshape_in_progress()
+            || self.lost_marked_resync().is_some()
+    }
+
+    /// The resync of the regions an unclean stop left marked, if one was
+    /// given up because a member was missing (a degraded start with
+    /// `--force`, a member lost during it) and the array is whole again:
+    /// it must run before the array may be called clean.
+    fn lost_marked_resync(&self) -> Option<crate::background::ParityResync> {
+        if !self.recovery.parity_unfinished.load(Ordering::Acquire)
+            || self.recovery.pending_parity.locked().is_some()
+            || self.next_job().is_some()
+            || !self.core.view.load().degraded_roles().is_empty()
+        {
+            return None;
+        }
+        let marked = self.recovery.resync_marked.locked().clone()?;
+        Some(crate::background::ParityResync {
+            from: None,
+            marked: Some(marked),
+        })
     }
 
     fn next_job(&self) -> Option<Job> {
@@ -151,6 +171,14 @@ impl Array {
                     break;
                 }
             }
+        }
+        // The marked regions of an unclean stop, given up while a member
+        // was missing, once the rebuild has brought it back.
+        if let Some(plan) = self
+            .lost_marked_resync()
+            .filter(|_| !self.core.wake.stopped())
+        {
+            self.run_parity_resync(plan, &mut |_, _| {})?;
         }
         // A resync from a position that stopped for a member being rebuilt
         // (the new stripes of a reshape, an initial sync) goes on now.

@@ -1023,6 +1023,55 @@ fn one_operation_that_never_ends_fails_its_member_while_others_complete() {
 }
 
 #[test]
+fn the_resync_a_crash_left_runs_once_a_forced_degraded_start_is_whole_again() {
+    // A bitmap RAID-5 crashes while degraded; it is started with --force
+    // without its missing member, which is then added back (a resync of
+    // what it missed). The parity resync of the regions the crash left
+    // marked could not run degraded and was given up: `wait` and `status`
+    // said all was done, and the stop left the array dirty.
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    ok(&args(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--size",
+            "32M",
+            "--chunk",
+            "64K",
+            "--consistency-policy",
+            "bitmap",
+        ],
+        &ms,
+    ));
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    ctl(&s, &["fail", &ms[1]]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x3e 0 8M", &s.uri],
+    );
+    s.kill9();
+    let s = Served::start(dir.path(), &[ms[0].clone(), ms[2].clone()], &["--force"]);
+    assert_eq!(status(&s)["state"], "degraded");
+    ctl(&s, &["add", &ms[1]]);
+    ctl(&s, &["wait", "--timeout", "60"]);
+    let st = status(&s);
+    assert_eq!(
+        (&st["state"], &st["recovery_pending"]),
+        (&Value::from("optimal"), &Value::from(false)),
+        "{st}"
+    );
+    assert_eq!(st["last_recovery"]["kind"], "parity-resync", "{st}");
+    let c = s.control.display().to_string();
+    let out: Value =
+        serde_json::from_slice(&ok(&["stop", "--json", "--control", &c]).stdout).unwrap();
+    assert_eq!(out["clean"], true, "{out}");
+    drop(s);
+    check_offline(&ms);
+}
+
+#[test]
 fn a_replacement_that_stalls_is_written_no_more_once_failed() {
     // `replace` onto a disk whose data writes take 10 s: the stall watch
     // fails it after the member timeout, and the replace stops there. It
