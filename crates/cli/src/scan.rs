@@ -172,13 +172,27 @@ pub fn scan(a: ScanArgs) -> Result<()> {
         let missing: Vec<usize> = (0..n).filter(|&r| !held[r]).collect();
         // Whether what was found can serve at all (degraded included):
         // more roles missing than the level survives cannot.
-        let startable = raidkit_layout::Geometry::new(
-            sb.level,
-            sb.layout,
-            sb.chunk,
-            sb.roles.iter().map(|r| r.data_size).collect(),
-        )
-        .is_ok_and(|g| g.survives(&missing));
+        let survives = |missing: &[usize]| {
+            raidkit_layout::Geometry::new(
+                sb.level,
+                sb.layout,
+                sb.chunk,
+                sb.roles.iter().map(|r| r.data_size).collect(),
+            )
+            .is_ok_and(|g| g.survives(missing))
+        };
+        let startable = survives(&missing);
+        // Roles held once the stale members are taken back (`--force`).
+        let missing_forced: Vec<usize> = missing
+            .iter()
+            .copied()
+            .filter(|&r| {
+                !found.iter().any(|f| {
+                    f.sb.role == Role::Active(r as u32) && !f.sb.replacing && f.sb.events < newest
+                })
+            })
+            .collect();
+        let forcible = !startable && survives(&missing_forced);
         let state = if missing.is_empty() {
             "complete"
         } else {
@@ -189,28 +203,48 @@ pub fn scan(a: ScanArgs) -> Result<()> {
             .filter(|f| f.sb.events == newest || f.sb.role == Role::Spare)
             .map(|f| f.path.as_str())
             .collect();
-        let serve = format!(
-            "raidkit serve --daemon{} {}",
-            if missing.is_empty() { "" } else { " --run" },
-            paths
-                .iter()
-                .map(|p| shell_word(p))
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
+        // A command that starts it: with what is up to date; from the
+        // stale members too where only they make up the level's minimum
+        // (`--force`); none where even they do not.
+        let all: Vec<&str> = found.iter().map(|f| f.path.as_str()).collect();
+        let (flags, paths) = if startable {
+            (if missing.is_empty() { "" } else { " --run" }, paths)
+        } else if forcible {
+            (
+                if missing_forced.is_empty() {
+                    " --force"
+                } else {
+                    " --force --run"
+                },
+                all,
+            )
+        } else {
+            ("", Vec::new())
+        };
+        let serve = (!paths.is_empty()).then(|| {
+            format!(
+                "raidkit serve --daemon{flags} {}",
+                paths
+                    .iter()
+                    .map(|p| shell_word(p))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            )
+        });
         let export = if names.get(&sb.name).copied().unwrap_or(0) > 1 || sb.name.is_empty() {
             format!("{}-{}", sb.name, &uuid[..8])
         } else {
             sb.name.clone()
         };
         let config = format!(
-            "{} = {{ uuid = {}{} }}",
+            "{} = {{ uuid = {}{}{} }}",
             crate::config::key(&export),
             crate::config::string(&uuid),
-            if missing.is_empty() {
-                ""
-            } else {
+            if forcible { ", force = true" } else { "" },
+            if (startable && !missing.is_empty()) || (forcible && !missing_forced.is_empty()) {
                 ", run = true"
+            } else {
+                ""
             }
         );
         list.push(json!({
@@ -223,6 +257,9 @@ pub fn scan(a: ScanArgs) -> Result<()> {
             "state": state,
             "missing_roles": missing,
             "startable": startable,
+            // Not startable as it is, but from its stale members
+            // (`serve --force`: what they missed is lost).
+            "forcible": forcible,
             "members": members,
             "serve": serve,
             "config": config,
@@ -298,13 +335,21 @@ pub fn scan(a: ScanArgs) -> Result<()> {
         for r in arr["missing_roles"].as_array().into_iter().flatten() {
             println!("   role {r:>2}  (no up-to-date member found)");
         }
-        if arr["startable"] == false {
+        if arr["forcible"] == true {
             println!(
-                "   cannot start: {} lacks more members than it survives (find the missing ones; `serve --force` takes stale ones back)",
+                "   cannot start as it is: {} lacks more up-to-date members than it survives; `serve --force` takes the stale ones back (what they missed is lost), or find the missing ones",
+                arr["level"].as_str().unwrap_or("")
+            );
+        } else if arr["startable"] == false {
+            println!(
+                "   cannot start: {} lacks more members than it survives, stale ones included (find the missing ones)",
                 arr["level"].as_str().unwrap_or("")
             );
         }
-        println!("   serve: {}", arr["serve"].as_str().unwrap_or(""));
+        match arr["serve"].as_str() {
+            Some(cmd) => println!("   serve: {cmd}"),
+            None => println!("   serve: none"),
+        }
         println!("   config: {}", arr["config"].as_str().unwrap_or(""));
     }
     for (p, e) in &unreadable {
@@ -339,6 +384,16 @@ fn print_config(given: &[PathBuf], list: &[Value]) {
     println!();
     println!("[arrays]");
     for arr in list {
+        if arr["forcible"] == true {
+            // Started from stale members only when a person says so.
+            println!(
+                "# {}: cannot start as it is (roles {} have no up-to-date member); uncomment to start it from its stale members, losing what they missed",
+                arr["name"].as_str().unwrap_or(""),
+                arr["missing_roles"]
+            );
+            println!("# {}", arr["config"].as_str().unwrap_or(""));
+            continue;
+        }
         if arr["startable"] == false {
             // One array that cannot start would stop the whole server.
             println!(

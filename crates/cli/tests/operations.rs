@@ -773,9 +773,36 @@ fn scan_finds_two_arrays_among_mixed_files() {
         .unwrap()
         .clone();
     assert_eq!(r5["startable"], false, "{r5:#}");
+    // With its stale member it has enough: the command it prints takes
+    // that one back (it proposed `--run` without it, which fails).
+    assert_eq!(r5["forcible"], true, "{r5:#}");
+    let cmd = r5["serve"].as_str().unwrap();
+    assert!(cmd.contains("--force") && cmd.contains(&a[2]), "{cmd}");
+    let words: Vec<String> = cmd
+        .split_whitespace()
+        .skip(2)
+        .filter(|w| *w != "--daemon")
+        .map(str::to_string)
+        .collect();
+    let (flags, paths): (Vec<String>, Vec<String>) =
+        words.into_iter().partition(|w| w.starts_with("--"));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let before: Vec<Vec<u8>> = [&a[0], &a[2]]
+        .iter()
+        .map(|m| std::fs::read(m).unwrap())
+        .collect();
     let o = ok(&["scan", &disks.display().to_string()]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("cannot start"), "{text}");
+    let mut s = Served::start(dir.path(), &paths, &flags);
+    assert_eq!(
+        status(&s.control.display().to_string())["state"],
+        "degraded"
+    );
+    s.kill9();
+    for (m, b) in [&a[0], &a[2]].iter().zip(&before) {
+        std::fs::write(m, b).unwrap();
+    }
     let o = ok(&["scan", "--config", &disks.display().to_string()]);
     let cfg = String::from_utf8_lossy(&o.stdout);
     let live: Vec<&str> = cfg.lines().filter(|l| l.contains("uuid = ")).collect();
@@ -784,6 +811,23 @@ fn scan_finds_two_arrays_among_mixed_files() {
         live.iter().filter(|l| l.starts_with('#')).count(),
         1,
         "{cfg}"
+    );
+    // Its stale member gone too: nothing starts it, and no command is
+    // offered.
+    std::fs::rename(&a[2], dir.path().join("away2.img")).unwrap();
+    let o = ok(&["scan", "--json", &disks.display().to_string()]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r5 = v["arrays"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["level"] == "raid5")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (&r5["startable"], &r5["forcible"], &r5["serve"]),
+        (&Value::from(false), &Value::from(false), &Value::Null),
+        "{r5:#}"
     );
 }
 
