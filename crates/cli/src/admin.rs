@@ -610,10 +610,27 @@ pub fn stop(a: StopArgs) -> Result<()> {
         println!(
             "{}",
             json!({"stopped": true, "name": name, "pid": pid, "disconnected": v["disconnected"],
+                   "arrays": v["arrays"],
                    "clean": closed.as_ref().map(|c| c["clean"] == true), "error": error})
         );
     } else if error.is_none() {
-        println!("raidkit: stopped array '{name}' (PID {pid})");
+        // A server of a config file stops every array it serves.
+        let others: Vec<String> = v["arrays"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str())
+            .filter(|a| *a != name)
+            .map(|a| format!("'{a}'"))
+            .collect();
+        if others.is_empty() {
+            println!("raidkit: stopped array '{name}' (PID {pid})");
+        } else {
+            println!(
+                "raidkit: stopped array '{name}' and with it {} (PID {pid}: one server)",
+                others.join(", ")
+            );
+        }
         if closed.as_ref().is_some_and(|c| c["clean"] == false) {
             println!(
                 "raidkit: array '{name}' is left dirty (a resync not finished): the next start resyncs what it must"

@@ -657,7 +657,15 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 s.array.health().name(),
                 if s.plan.read_only { "only" } else { "write" }
             );
-            for (name, how) in &s.opened {
+            // Only the members it holds: a stale one given (or found by a
+            // config file's UUID) was opened, then left out.
+            let held: Vec<String> = s
+                .array
+                .members_status()
+                .into_iter()
+                .filter_map(|m| m.path)
+                .collect();
+            for (name, how) in s.opened.iter().filter(|(n, _)| held.contains(n)) {
                 crate::say::report!("raidkit: member {name}: {how}");
             }
             for uri in &s.endpoints {

@@ -438,6 +438,14 @@ fn a_member_a_replace_retired_does_not_stand_for_its_replacement() {
             .any(|l| l.contains(&ms[1]) && l.contains("not used")),
         "{log}"
     );
+    // Nor is it listed among the members the start-up names.
+    s.line_with(&format!("member {}: ", ms[0]));
+    let out = s.out.lock().unwrap().clone();
+    assert!(
+        !out.iter()
+            .any(|l| l.contains(&format!("member {}: ", ms[1]))),
+        "{out:?}"
+    );
     tool(
         "timeout",
         &[

@@ -960,7 +960,19 @@ fn a_config_file_made_by_scan_serves_both_arrays_from_one_server() {
     wait_for("the client gone", 30, || {
         status(&ctl_of("beta"))["connections"]["active"] == 0
     });
-    assert_eq!(s.stop().code(), Some(0));
+    // Asked of alpha, the stop says that beta stopped with it.
+    let o = ok(&["stop", "--json", "--control", &ctl_of("alpha")]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mut stopped: Vec<&str> = v["arrays"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    stopped.sort_unstable();
+    assert_eq!(stopped, ["alpha", "beta"], "{v}");
+    let code = s.child.take().unwrap().wait().unwrap().code();
+    assert_eq!(code, Some(0));
     let log = s.log();
     assert!(
         log.contains("array 'alpha' is clean") && log.contains("array 'beta' is clean"),

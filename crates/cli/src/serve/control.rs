@@ -191,6 +191,9 @@ pub(super) fn control_handler(
                 let mut m = one("stopping", json!(true));
                 m.insert("pid".into(), json!(std::process::id()));
                 m.insert("disconnected".into(), json!(peers));
+                // Every array this server serves stops with it.
+                let arrays: Vec<&str> = served.closings.iter().map(|c| c.name.as_str()).collect();
+                m.insert("arrays".into(), json!(arrays));
                 Ok(m)
             }
             "fail" => array
