@@ -100,7 +100,12 @@ class Server:
             + ([] if "--rebuild-min" in extra else ["--rebuild-min", "0"])
             # A cycle may start without a member on purpose (a dead disk).
             + ["--run"] + list(extra) + members,
-            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+            # The link to the control socket that `raidkit list` finds
+            # (raidkit-<uuid>.ctl in the temp directory) lands in the
+            # workdir: a killed server leaves it behind, and it goes with
+            # the workdir instead of dangling in /tmp.
+            env={**os.environ, "TMPDIR": workdir})
         self.killed = False
         deadline = time.time() + 60
         out = b""
