@@ -740,6 +740,54 @@ fn writes_answered_early_are_read_back_and_land_before_a_clean_stop() {
 }
 
 #[test]
+fn fua_writes_are_never_answered_early() {
+    // A sequential writer at queue depth 1 on slow disks gets write-behind;
+    // a write with FUA must be durable before its answer, so it is neither
+    // answered early nor counted among the writes that were.
+    let dir = tmp();
+    let ms = members(dir.path(), 2);
+    ok(&args(
+        &["create", "--level", "0", "--size", "16M", "--chunk", "64K"],
+        &ms,
+    ));
+    let s = Served::start(dir.path(), &slow_members(&ms, "20ms"), &[]);
+    let script = format!(
+        "import nbd, sys\n{BLOCK_PATTERN_PY}\
+         h = nbd.NBD()\n\
+         h.connect_uri(sys.argv[1])\n\
+         first = int(sys.argv[2])\n\
+         flags = nbd.CMD_FLAG_FUA if sys.argv[3] == 'fua' else 0\n\
+         for i in range(first, first + 16):\n    \
+             h.pwrite(block(i), i * 262144, flags)\n\
+         h.flush()\n"
+    );
+    tool("/usr/bin/python3", &["-c", &script, &s.uri, "0", "fua"]);
+    let wb = status(&s)["write_behind"].clone();
+    assert_eq!(
+        wb["writes"], 0,
+        "FUA writes counted as answered early: {wb}"
+    );
+    // The same writer without FUA is written behind: the count can rise.
+    tool("/usr/bin/python3", &["-c", &script, &s.uri, "16", "plain"]);
+    let wb = status(&s)["write_behind"].clone();
+    assert!(wb["writes"].as_u64().unwrap() >= 1, "{wb}");
+    let o = tool(
+        "/usr/bin/python3",
+        &[
+            "-c",
+            &format!(
+                "import nbd, sys\n{BLOCK_PATTERN_PY}\
+                 h = nbd.NBD()\n\
+                 h.connect_uri(sys.argv[1])\n\
+                 print(all(h.pread(262144, i * 262144) == block(i) for i in range(32)))\n"
+            ),
+            &s.uri,
+        ],
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "True");
+}
+
+#[test]
 fn a_write_answered_early_that_fails_is_never_taken_as_flushed() {
     // RAID-0 on slow disks, one of which fails its writes after a while:
     // one writer at queue depth 1, in sequence, flushing every 2 writes.

@@ -112,11 +112,23 @@ fn execute(
                     let e = if r.kind == CMD_TRIM { EINVAL } else { ENOSPC };
                     return Err((e, "request beyond the end of the export".into()));
                 }
+                // A write whose bytes all go through the device: FUA as
+                // one durable write rather than a write and a flush.
+                let fua_alone = r.kind == CMD_WRITE && r.flags & CMD_FLAG_FUA != 0 && placed == 0;
                 match r.kind {
                     CMD_WRITE => {
                         if placed < payload.len() {
-                            dev.write_at(&payload[placed..], r.offset + placed as u64)
-                                .map_err(io_err)?;
+                            let rest = (&payload[placed..], r.offset + placed as u64);
+                            // A FUA write is made durable as one (a device
+                            // behind write-behind then neither answers it
+                            // early nor counts it so); bytes placed by the
+                            // fast path before it are flushed below.
+                            if fua_alone {
+                                dev.write_at_durable(rest.0, rest.1)
+                            } else {
+                                dev.write_at(rest.0, rest.1)
+                            }
+                            .map_err(io_err)?;
                         }
                         inc(&st.writes, 1);
                         inc(&st.bytes_written, r.len as u64);
@@ -144,7 +156,7 @@ fn execute(
                         inc(&st.trims, 1);
                     }
                 }
-                if r.flags & CMD_FLAG_FUA != 0 {
+                if r.flags & CMD_FLAG_FUA != 0 && !fua_alone {
                     dev.flush().map_err(io_err)?;
                 }
             }
