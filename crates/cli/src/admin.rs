@@ -904,6 +904,15 @@ pub fn in_use_message(e: &(dyn std::error::Error + 'static)) -> Option<String> {
         if let Some(m) = member {
             let busy = raidkit_member::InUse::of_error(&m.source)?;
             let pid = busy.pid?;
+            if pid == std::process::id() {
+                // This server still holds it: an operation on it that has
+                // not returned (a superblock write given up on a hung
+                // disk keeps its file open until the kernel answers).
+                return Some(format!(
+                    "{} is still held by this server: an operation on it has not returned (a hung device); it can be added again once the device answers, or after a restart",
+                    m.member
+                ));
+            }
             let array = server_array(pid)?;
             return Some(format!(
                 "{} is in use by the raidkit server of array '{array}' (PID {pid})",

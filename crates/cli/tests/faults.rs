@@ -898,6 +898,14 @@ fn a_member_whose_writes_hang_hangs_neither_the_array_nor_its_status() {
         "{m1}"
     );
     assert_eq!(m1["errors"]["timeout"], 1, "{m1}");
+    // Its abandoned write still holds the file: adding it back is refused,
+    // saying why (it said "in use by raidkit" naming this very server).
+    ctl(&s, &["remove", &ms[1]]);
+    let c = s.control.display().to_string();
+    let o = raidkit(&["add", "--control", &c, &ms[1]]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("still held by this server"), "{err}");
     let o = tool(
         "qemu-io",
         &[
