@@ -11,11 +11,18 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 const SLOTS: usize = 64;
 
 /// A fixed table of start times (0: free), claimed and freed without a
-/// lock: every member operation passes through it.
+/// lock: every member operation passes through it. Each thread starts
+/// looking at a slot of its own, so that threads seldom meet on one.
 #[derive(Debug)]
 pub(crate) struct Outstanding {
     slots: [AtomicU64; SLOTS],
-    next: AtomicUsize,
+}
+
+/// Hands each thread its first slot.
+static THREADS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static FIRST: usize = THREADS.fetch_add(1, Ordering::Relaxed) % SLOTS;
 }
 
 /// A claimed slot, freed by `Outstanding::leave`.
@@ -26,7 +33,6 @@ impl Default for Outstanding {
     fn default() -> Self {
         Outstanding {
             slots: std::array::from_fn(|_| AtomicU64::new(0)),
-            next: AtomicUsize::new(0),
         }
     }
 }
@@ -35,7 +41,7 @@ impl Outstanding {
     /// An operation starts at `at` (ns on the array's clock).
     pub(crate) fn enter(&self, at: u64) -> Slot {
         let at = at.max(1);
-        let from = self.next.fetch_add(1, Ordering::Relaxed);
+        let from = FIRST.with(|f| *f);
         for i in 0..SLOTS {
             let k = (from + i) % SLOTS;
             if self.slots[k]
