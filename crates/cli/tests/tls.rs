@@ -205,6 +205,21 @@ fn tls_on_every_connection_and_only_allowed_peers() {
         &["60", "nbdcopy", &uri, &back.display().to_string()],
     );
     assert!(std::fs::read(&back).unwrap()[..data.len()] == data[..]);
+    // Idle past the 30 s a handshake may take: the members' TLS links stay
+    // up (the handshake's read limit stayed on the sockets under TLS, and
+    // every idle link was dropped at 30 s: the array failed by itself).
+    std::thread::sleep(std::time::Duration::from_secs(36));
+    let st: serde_json::Value = serde_json::from_slice(
+        &ok(&[
+            "status",
+            "--json",
+            "--control",
+            &s.control.display().to_string(),
+        ])
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(st["state"], "optimal", "{st}");
     // QEMU's client over TLS: a write and a read at odd offsets.
     qemu_io_writes_over_tls(
         &format!("tls-creds-x509,id=tls0,dir={pki},endpoint=client"),

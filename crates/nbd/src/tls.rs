@@ -436,6 +436,12 @@ fn carry(mut conn: rustls::Connection, net: &Stream) -> io::Result<Stream> {
         conn.complete_io(&mut io)
             .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake: {e}")))?;
     }
+    // The read limit that bounded the handshake (on the socket, shared by
+    // every clone) would end the connection once it had been idle that
+    // long: the reading thread below waits for records as long as the
+    // link lasts. A lost link ends it when the plain side gives up (its
+    // own timeouts) and the other thread shuts the socket.
+    io.set_read_timeout(None)?;
     let (mine, theirs) = UnixStream::pair()?;
     let conn = Arc::new(Mutex::new(conn));
     // Held while records are sealed and sent: they leave in order.
