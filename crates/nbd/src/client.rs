@@ -243,7 +243,16 @@ impl Shared {
                 {
                     w.slot.hand_over();
                 }
-                return slot.take_done().expect("completed");
+                // Not done yet when another thread's `fail_all` (a send
+                // that failed, the link cut by the stall watch) drained
+                // our waiter and has yet to complete it: it does so in a
+                // moment, and until then our buffer is not ours to give
+                // back. Waiting again, not panicking (which left a
+                // client's request unanswered for good).
+                match slot.take_done() {
+                    Some(r) => return r,
+                    None => continue,
+                }
             }
             match slot.wait() {
                 Woken::Done(r) => return r,

@@ -613,3 +613,43 @@ fn large_reads_spliced_or_mapped_from_files_match_the_data_and_fall_back_when_th
         server.shutdown();
     }
 }
+
+/// A connection cut (by the stall watch, by a send that failed) while
+/// other threads wait for replies: each request gets an answer or an
+/// error. A reader whose read failed while another thread's cut had taken
+/// its waiter but not yet completed it panicked ("completed"), and the
+/// client's request it served was never answered.
+#[test]
+fn requests_in_flight_when_the_connection_is_cut_all_end() {
+    use raidkit_member::Remote;
+    let slow: Arc<dyn Member> = Arc::new(raidkit_member::FaultMember::new(
+        Arc::new(raidkit_member::MemMember::new("mem", 8 << 20)),
+        raidkit_member::FaultConfig::parse("delay=1ms").unwrap(),
+    ));
+    let (server, uri) = serve_device(slow, false, crate::Config::default());
+    let c = NbdClient::connect(&uri).unwrap();
+    for round in 0..40 {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            for t in 0..16u64 {
+                let (c, stop) = (&c, &stop);
+                sc.spawn(move || {
+                    let mut b = vec![0u8; 4096];
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        // An answer or an error: either ends the request.
+                        let _ = c.read_at(&mut b, t * 65536);
+                    }
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            c.cut(&format!("cut {round}"));
+            std::thread::sleep(Duration::from_millis(2));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        c.reconnect(Duration::from_secs(10)).unwrap();
+    }
+    let mut b = [0u8; 16];
+    c.read_at(&mut b, 0).unwrap();
+    drop(c);
+    server.shutdown();
+}
