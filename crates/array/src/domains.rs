@@ -23,7 +23,10 @@ fn uri_host(member: &str) -> Option<String> {
     let rest = member
         .strip_prefix("nbd://")
         .or_else(|| member.strip_prefix("nbds://"))?;
-    let hostport = rest.split(['/', '?']).next().unwrap_or("");
+    let authority = rest.split(['/', '?']).next().unwrap_or("");
+    // A TLS identity (`alice@host`) names who connects, not where: two
+    // identities on one host are one domain.
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     let host = match hostport.strip_prefix('[') {
         Some(v6) => v6.split(']').next().unwrap_or(""),
         None => hostport.rsplit_once(':').map_or(hostport, |(h, _)| h),
@@ -72,6 +75,11 @@ mod tests {
         assert_eq!(domain_of("", "nbd+unix:///d?socket=/s"), LOCAL);
         assert_eq!(domain_of("", "/dev/sdb"), LOCAL);
         assert_eq!(domain_of("rack-2", "nbd://10.0.0.2/d"), "rack-2");
+        assert_eq!(
+            domain_of("", "nbds://alice@10.0.0.2:10809/d?tls-psk-file=k"),
+            "10.0.0.2"
+        );
+        assert_eq!(domain_of("", "nbds://bob@[fd00::2]/d"), "fd00::2");
     }
 
     #[test]
