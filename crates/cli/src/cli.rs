@@ -419,7 +419,7 @@ pub struct ServeArgs {
     pub member_timeout: f64,
     /// A member on another host (nbd://) whose connection is lost is
     /// `disconnected`: the array serves without it while it is tried again
-    /// in the background (at least every 5 seconds). Back within this many
+    /// in the background (after 0.5 s, then at least every 4 s). Back within this many
     /// seconds, it rejoins by itself and is resynced only where writes
     /// went while it was away; away longer, it is failed for good.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]

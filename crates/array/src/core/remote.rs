@@ -135,7 +135,7 @@ impl Core {
             return;
         }
         let why = format!(
-            "disconnected for longer than {}s: failed for good (raidkit add brings it or another member back)",
+            "disconnected for longer than {}s: failed for good (raidkit remove, then raidkit add, brings it or another member back)",
             limit.as_secs()
         );
         let mut v = View::clone(&self.view.load());
