@@ -763,15 +763,19 @@ fn scan_finds_two_arrays_among_mixed_files() {
     // says so rather than propose `--run`; its config entry is left out
     // (it would stop the whole server).
     std::fs::rename(&a[1], dir.path().join("away.img")).unwrap();
-    let o = ok(&["scan", "--json", &disks.display().to_string()]);
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let r5 = v["arrays"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["level"] == "raid5")
-        .unwrap()
-        .clone();
+    // The RAID-5's entry in `scan --json`, as the disks are now.
+    let scan_r5 = || -> Value {
+        let o = ok(&["scan", "--json", &disks.display().to_string()]);
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["arrays"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["level"] == "raid5")
+            .unwrap()
+            .clone()
+    };
+    let r5 = scan_r5();
     assert_eq!(r5["startable"], false, "{r5:#}");
     // With its stale member it has enough: the command it prints takes
     // that one back (it proposed `--run` without it, which fails).
@@ -815,15 +819,7 @@ fn scan_finds_two_arrays_among_mixed_files() {
     // Its stale member gone too: nothing starts it, and no command is
     // offered.
     std::fs::rename(&a[2], dir.path().join("away2.img")).unwrap();
-    let o = ok(&["scan", "--json", &disks.display().to_string()]);
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let r5 = v["arrays"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["level"] == "raid5")
-        .unwrap()
-        .clone();
+    let r5 = scan_r5();
     assert_eq!(
         (&r5["startable"], &r5["forcible"], &r5["serve"]),
         (&Value::from(false), &Value::from(false), &Value::Null),
