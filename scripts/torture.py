@@ -464,7 +464,11 @@ def main():
                     raise RuntimeError(f"cycle {cycle + 1}: NBD error while the server "
                                        f"was alive: {e}") from e
             killer.join()
-            if acked == 0:
+            # The first batch after a restart (up to 11 writes and a flush,
+            # on a degraded array replaying its journal, on a loaded disk)
+            # can outlast a kill drawn near 0.2 s; a second with nothing
+            # acknowledged is a server that does not answer.
+            if acked == 0 and kill_after >= 1.0:
                 raise RuntimeError(f"cycle {cycle + 1}: no write was acknowledged "
                                    f"in {kill_after:.2f}s")
             del h
@@ -497,6 +501,8 @@ def main():
             losses += final_grow_check(args, server, members, grown_to)
         server.kill9()
         server = None
+        if acked_total == 0:
+            raise RuntimeError(f"no write was acknowledged in {args.cycles} cycles")
         print(f"summary: {args.cycles} cycles, {acked_total} blocks acknowledged and flushed, "
               f"losses: {losses}")
         return 1 if losses else 0
