@@ -119,6 +119,87 @@ fn an_array_of_exports_serves_and_survives_a_storage_host_going_away() {
     drop(hosts);
 }
 
+/// Two storage hosts hang at once (a switch restarting): the RAID-5
+/// fails. When they answer again, their members are not shown as coming
+/// back by themselves (a failed array takes none back while it runs):
+/// they are failed for good, and the next start with `--force` brings
+/// the array back with every flushed byte.
+#[test]
+fn a_failed_array_of_exports_says_its_members_are_gone_and_comes_back_at_the_next_start() {
+    let dir = tmp();
+    let files = sized_files(dir.path(), "host", 3, 64 << 20);
+    let hosts: Vec<(Guarded, String)> = files.iter().map(|f| export(f)).collect();
+    let uris: Vec<String> = hosts.iter().map(|h| h.1.clone()).collect();
+    create("5", &uris, "48M");
+    let timeouts = ["--member-timeout", "2", "--rejoin-timeout", "10"];
+    let mut s = Served::start(dir.path(), &uris, &timeouts);
+    let data: Vec<u8> = (0..4u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    let input = dir.path().join("in.raw");
+    std::fs::write(&input, &data).unwrap();
+    tool(
+        "timeout",
+        &["60", "nbdcopy", &input.display().to_string(), &s.uri],
+    );
+
+    let signal = |sig: &str, i: usize| tool("kill", &[sig, &hosts[i].0.id().to_string()]);
+    signal("-STOP", 1);
+    signal("-STOP", 2);
+    let failed_write = output_within(
+        Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x5a 1M 64k", &s.uri]),
+        Duration::from_secs(30),
+    );
+    signal("-CONT", 1);
+    signal("-CONT", 2);
+    assert!(
+        !failed_write.status.success(),
+        "a write with two of three members hung succeeded"
+    );
+    // Both hosts answer again; give them the time a disconnected member
+    // takes to rejoin (the first attempt comes after half a second).
+    std::thread::sleep(Duration::from_secs(3));
+    let st = s.status();
+    assert_eq!(st["state"], "failed", "{st:#}");
+    for i in [1, 2] {
+        assert_eq!(
+            st["members"][i]["state"], "faulty",
+            "member {i} of a failed array shown as coming back: {st:#}"
+        );
+    }
+    let _ = s.stop();
+
+    // The next start takes the most recent members (--force), rebuilds
+    // the stale one, and every byte flushed before is there; the blocks
+    // of the write that failed hold the old data or the new.
+    let mut s = Served::start(dir.path(), &uris, &["--force"]);
+    wait_for("the array whole again", 120, || {
+        s.status()["state"] == "optimal"
+    });
+    let out = dir.path().join("out.raw");
+    tool(
+        "timeout",
+        &["60", "nbdcopy", &s.uri, &out.display().to_string()],
+    );
+    let got = std::fs::read(&out).unwrap();
+    let hit = (1 << 20)..(1 << 20) + (64 << 10);
+    for (b, (g, d)) in got[..data.len()]
+        .chunks(4096)
+        .zip(data.chunks(4096))
+        .enumerate()
+    {
+        let new = hit.contains(&(b * 4096)) && g.iter().all(|&x| x == 0x5a);
+        assert!(
+            g == d || new,
+            "block {b} holds neither the old data nor the new"
+        );
+    }
+    assert_eq!(s.stop().code(), Some(0));
+    let checked = raidkit(&args(&["check"], &uris));
+    assert_eq!(checked.status.code(), Some(0), "{checked:?}");
+    drop(hosts);
+}
+
 /// Network namespaces with a veth pair each to this (the head's)
 /// namespace, made for one test and removed when dropped, also when the
 /// test fails: namespace `i` is a host at 10.<net>.<i>.2, its link's end

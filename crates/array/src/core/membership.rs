@@ -19,6 +19,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
+/// Why a member whose link went is not taken back once the array failed.
+const FAILED_WHILE_AWAY: &str = "the array failed, and a failed array takes no member back while it runs: stop it and start it again (when its members left at different times, the start refuses and says to add --force)";
+
 /// What `add` did with a member.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Added {
@@ -295,7 +298,28 @@ impl Core {
                 (x, Some(r))
             }
         };
-        match self.note_lost(&disk, !spare) {
+        let lost = self.note_lost(&disk, !spare);
+        v.failed.push((disk.clone(), role, why.to_string()));
+        let failed = !self.geom().survives(&v.degraded_roles());
+        // A failed array answers nothing, so members whose link went do
+        // not rejoin it while it runs: what it takes back (which stale
+        // copies, which writes half done to replay or resync) is the
+        // assembly's choice at the next start, as for md. They are failed
+        // for good, and say so, rather than shown as coming back.
+        let mut given_up = Vec::new();
+        if failed {
+            for f in v.failed.iter_mut() {
+                if f.0.away.locked().take().is_some() {
+                    f.2 = format!("{}; {FAILED_WHILE_AWAY}", f.2);
+                    if !std::ptr::eq(Arc::as_ptr(&f.0), Arc::as_ptr(&disk)) {
+                        given_up.push((f.0.clone(), f.1, f.2.clone()));
+                    }
+                }
+            }
+        }
+        // The reason as recorded, with the note above if it applies.
+        let why = v.failed.last().map_or(why.to_string(), |f| f.2.clone());
+        match lost.filter(|_| !failed) {
             Some(lost) if !spare => {
                 tracing::warn!(member = disk.name(), role, "member disconnected: {why}");
                 self.emit(
@@ -322,8 +346,13 @@ impl Core {
                 );
             }
         }
-        v.failed.push((disk, role, why.to_string()));
-        let failed = !self.geom().survives(&v.degraded_roles());
+        for (d, r, why) in given_up {
+            tracing::warn!(member = d.name(), role = r, "member failed: {why}");
+            self.emit(
+                NewEvent::new("Fail", Severity::Warning, format!("failed: {why}"))
+                    .member(d.name(), r),
+            );
+        }
         if failed {
             self.alive.store(false, Ordering::Release);
             tracing::error!("array '{}' has failed: too many members lost", self.name);

@@ -235,6 +235,9 @@ impl Core {
             Ok(Some(Ok(m))) => m,
         };
         let mut meta = self.meta.locked();
+        if !self.alive.load(Ordering::Acquire) {
+            return Attempt::Refused("the array failed meanwhile".into());
+        }
         if msb.array_uuid != meta.sb.array_uuid {
             return Attempt::Refused(format!(
                 "it answers with the superblock of another array ({})",
