@@ -445,10 +445,17 @@ impl Checked {
 
     /// Read `buf` at `off`, the data part checked block by block. Returns
     /// the member offsets of the blocks that disagree with their checksums
-    /// (after a second read, as `check_read`), not counted: `buf` holds
-    /// them as read. A block only partly in `buf` is read whole to be
-    /// checked.
-    fn read_checked(&self, buf: &mut [u8], off: u64) -> Result<Vec<u64>, MemberError> {
+    /// (after a second read, as `check_read`), counted as errors if
+    /// `count`: `buf` holds them as read. A block only partly in `buf` is
+    /// read whole to be checked. `held`: the caller holds writes of the
+    /// range off (a write reading the blocks at its edges).
+    fn read_checked(
+        &self,
+        buf: &mut [u8],
+        off: u64,
+        held: bool,
+        count: bool,
+    ) -> Result<Vec<u64>, MemberError> {
         let Some((lo, hi)) = self.data_part(off, buf.len() as u64) else {
             self.inner.read_at(buf, off)?;
             return Ok(Vec::new());
@@ -457,7 +464,7 @@ impl Checked {
         let aligned = a == off && b == off + buf.len() as u64;
         if aligned {
             self.inner.read_at(buf, off)?;
-            return self.check_read(buf, a);
+            return self.check_read(buf, a, held, count);
         }
         // Parts outside the data area, then the blocks the request touches.
         if off < lo {
@@ -470,7 +477,7 @@ impl Checked {
         }
         let mut whole = scratch::take((b - a) as usize);
         let r = self.inner.read_at(&mut whole, a).and_then(|()| {
-            let bad = self.check_read(&mut whole, a)?;
+            let bad = self.check_read(&mut whole, a, held, count)?;
             buf[(lo - off) as usize..(hi - off) as usize]
                 .copy_from_slice(&whole[(lo - a) as usize..(hi - a) as usize]);
             Ok(bad)
@@ -480,56 +487,74 @@ impl Checked {
     }
 
     /// Verify blocks just read at `a`; a block that disagrees is read once
-    /// more (a write may have raced the read) before it counts. Returns
-    /// those that still disagree.
-    fn check_read(&self, data: &mut [u8], a: u64) -> Result<Vec<u64>, MemberError> {
+    /// more (a write may have raced the read) before it counts (if
+    /// `count`). Returns those that still disagree.
+    fn check_read(
+        &self,
+        data: &mut [u8],
+        a: u64,
+        held: bool,
+        count: bool,
+    ) -> Result<Vec<u64>, MemberError> {
         let first = self.verify(data, a)?;
         let mut bad = Vec::new();
         for off in first.bad {
             let at = (off - a) as usize;
             let blk = &mut data[at..at + BLOCK as usize];
+            // The second read and the count hold off writes of the block
+            // (and wait for one in flight). A write still landing can be
+            // read half old, half new, twice in a row: a block right on
+            // the member taken for rotten. And a block that another
+            // request's read counted and healed meanwhile must not be
+            // counted again once its heal cleared it: the heal waits
+            // until this read's count is in.
+            let _held = (!held).then(|| self.writing.enter(off, off + BLOCK));
             self.inner.read_at(blk, off)?;
             if !self.verify(blk, off)?.bad.is_empty() {
+                if count {
+                    self.count_bad(off);
+                }
                 bad.push(off);
             }
         }
         Ok(bad)
     }
 
-    /// A read's blocks `bad` are checksum errors: counted (each once until
-    /// rewritten), and the read fails with the first.
+    /// A block found to disagree with its checksum is a checksum error:
+    /// counted once until rewritten, and part of an incident of rot.
+    fn count_bad(&self, off: u64) {
+        if !self.known_bad.locked().insert(off) {
+            return;
+        }
+        self.mismatches.fetch_add(1, Ordering::Relaxed);
+        let mut recent = self.recent.locked();
+        let near = recent.iter_mut().find(|i| {
+            i.at.elapsed() <= MISMATCH_WINDOW
+                && off + BLOCK + INCIDENT_SPAN > i.lo
+                && off < i.hi + INCIDENT_SPAN
+        });
+        match near {
+            Some(i) => {
+                i.lo = i.lo.min(off);
+                i.hi = i.hi.max(off + BLOCK);
+            }
+            None => recent.push_back(Incident {
+                at: Instant::now(),
+                lo: off,
+                hi: off + BLOCK,
+            }),
+        }
+        while recent.len() > MISMATCH_LIMIT {
+            recent.pop_front();
+        }
+    }
+
+    /// A read's blocks `bad` (counted by `check_read`) fail it, with the
+    /// first.
     fn fail_read(&self, bad: &[u64]) -> Result<(), MemberError> {
         let Some(&first) = bad.first() else {
             return Ok(());
         };
-        {
-            let mut known = self.known_bad.locked();
-            let mut recent = self.recent.locked();
-            for &off in bad {
-                if known.insert(off) {
-                    self.mismatches.fetch_add(1, Ordering::Relaxed);
-                    let near = recent.iter_mut().find(|i| {
-                        i.at.elapsed() <= MISMATCH_WINDOW
-                            && off + BLOCK + INCIDENT_SPAN > i.lo
-                            && off < i.hi + INCIDENT_SPAN
-                    });
-                    match near {
-                        Some(i) => {
-                            i.lo = i.lo.min(off);
-                            i.hi = i.hi.max(off + BLOCK);
-                        }
-                        None => recent.push_back(Incident {
-                            at: Instant::now(),
-                            lo: off,
-                            hi: off + BLOCK,
-                        }),
-                    }
-                }
-            }
-            while recent.len() > MISMATCH_LIMIT {
-                recent.pop_front();
-            }
-        }
         Err(invalid(
             self.inner.name(),
             Op::Read,
@@ -556,7 +581,7 @@ impl Checked {
     /// Read, taking blocks that disagree with their checksum as they are
     /// (a crash window: see the module).
     pub fn read_adopting(&self, buf: &mut [u8], off: u64) -> Result<(), MemberError> {
-        let bad = self.read_checked(buf, off)?;
+        let bad = self.read_checked(buf, off, false, false)?;
         self.settle(buf, off, &bad, None, &|blk, at| self.inner.read_at(blk, at))
     }
 
@@ -567,7 +592,7 @@ impl Checked {
     /// only, not the heal's reads of other members or a wait for a write
     /// in flight.
     pub fn read_window(&self, buf: &mut [u8], off: u64) -> Result<Vec<u64>, MemberError> {
-        self.read_checked(buf, off)
+        self.read_checked(buf, off, false, false)
     }
 
     /// The second part of a read in a crash window: each block of `bad`
@@ -784,7 +809,7 @@ impl Member for Checked {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), MemberError> {
-        let bad = self.read_checked(buf, offset)?;
+        let bad = self.read_checked(buf, offset, false, true)?;
         self.fail_read(&bad)
     }
 
@@ -806,7 +831,7 @@ impl Member for Checked {
         self.inner.read_runs(runs)?;
         let mut bad = Vec::new();
         for (off, buf) in runs.iter_mut() {
-            bad.append(&mut self.check_read(buf, *off)?);
+            bad.append(&mut self.check_read(buf, *off, false, true)?);
         }
         self.fail_read(&bad)
     }
@@ -834,7 +859,7 @@ impl Member for Checked {
         // is rot that came in between, and fails the write.
         let mut whole = scratch::take((b - a) as usize);
         let r = self
-            .read_checked(&mut whole, a)
+            .read_checked(&mut whole, a, true, true)
             .and_then(|bad| self.fail_read(&bad))
             .and_then(|()| {
                 whole[(lo - a) as usize..(hi - a) as usize].copy_from_slice(part);
