@@ -183,7 +183,9 @@ impl Array {
                 if !v.degraded_roles().is_empty() {
                     return Ok("a member was lost".into());
                 }
+                let mut rot = false;
                 let mut each = |f: Finding| {
+                    rot |= f.kind == "checksum";
                     match f.action {
                         "repaired" => repaired += 1,
                         "unrepaired" => unrepaired += 1,
@@ -205,6 +207,21 @@ impl Array {
                     }
                 };
                 self.scrub_unit(&v, u, !req.check_only, &mut each, Some(ahead.at(u)))?;
+                // Rot a scrub finds counts toward a member's failure as a
+                // client's read finding it does: a disk rotting at many
+                // places is failed, not healed block after block.
+                let rotting: Vec<_> = v
+                    .writable()
+                    .into_iter()
+                    .filter(|d| rot && d.checked.as_ref().is_some_and(|c| c.past_limit()))
+                    .collect();
+                if !rotting.is_empty() {
+                    // Not while holding the stripes read ahead.
+                    ahead.release();
+                    for d in rotting {
+                        self.core.fail_if_rotting(&d);
+                    }
+                }
                 if process.checkpoint_due() {
                     self.scrub_checkpoint(Some((u + 1, req.check_only)))?;
                 }

@@ -24,6 +24,10 @@ fn tmp() -> tempfile::TempDir {
 }
 
 fn make(dir: &Path, level: Level, n: usize) -> Vec<String> {
+    make_sized(dir, level, n, MEMBER)
+}
+
+fn make_sized(dir: &Path, level: Level, n: usize, member: u64) -> Vec<String> {
     let members: Vec<String> = (0..n)
         .map(|i| dir.join(format!("m{i}.img")).display().to_string())
         .collect();
@@ -31,7 +35,7 @@ fn make(dir: &Path, level: Level, n: usize) -> Vec<String> {
         level,
         layout: level.default_layout(),
         chunk: CHUNK,
-        size: Some(MEMBER),
+        size: Some(member),
         name: "i".into(),
         force: false,
         assume_clean: false,
@@ -188,6 +192,61 @@ fn flipped_bits_are_healed_at_every_redundant_level_and_scrubbed_away() {
         assert!(all == data, "{level}: wrong data after the scrub");
         assert_eq!(a.count_mismatches().unwrap(), 0, "{level}: redundancy");
         a.close().unwrap();
+    }
+}
+
+/// Every copy of a chunk rotten, each in a block of its own: a mirror
+/// still holds every block right somewhere, so a read of the whole chunk
+/// is served block by block from the copies, and both are healed.
+#[test]
+fn rot_in_every_copy_of_a_chunk_in_different_blocks_is_healed() {
+    for (level, n) in [(Level::Raid1, 2), (Level::Raid10, 4)] {
+        let (_dir, members, data) = written_and_closed(level, n);
+        // Chunk 0's copies: RAID-1 on every member, RAID-10 (near 2) on
+        // members 0 and 1, at the same device offset.
+        flip(&members[0], 4096 + 100);
+        flip(&members[1], 2 * 4096 + 100);
+        let a = open(&members);
+        let mut whole = vec![0u8; a.capacity() as usize];
+        a.read(&mut whole, 0)
+            .unwrap_or_else(|e| panic!("{level}: {e}"));
+        assert!(whole == data, "{level}: wrong data");
+        assert_eq!(checksum_errors(&a), 2, "{level}");
+        let s = scrub(&a, true);
+        assert_eq!(s.mismatches.len(), 0, "{level}: left unrepaired: {s:?}");
+        assert_eq!(checksum_errors(&a), 2, "{level}: counted again");
+    }
+}
+
+/// A member rotting at many places is failed when a scrub finds them, as
+/// when clients' reads do (10 places within 10 minutes), not healed block
+/// after block; the array serves on without it, every byte right.
+#[test]
+fn a_scrub_fails_a_member_that_rots_at_many_places() {
+    for check_only in [true, false] {
+        let dir = tmp();
+        let members = make_sized(dir.path(), Level::Raid5, 4, 32 << 20);
+        let a = open(&members);
+        let data: Vec<u8> = (0..a.capacity()).map(|i| (i % 253) as u8).collect();
+        a.write(&data, 0).unwrap();
+        a.close().unwrap();
+        drop(a);
+        // Twelve places, 2 MiB apart (places closer than 1 MiB are one).
+        for i in 0..12u64 {
+            flip(&members[1], i * (2 << 20) + 100);
+        }
+        let a = open(&members);
+        let s = scrub(&a, check_only);
+        let st = a.members_status();
+        let m1 = st
+            .iter()
+            .find(|m| m.path.as_deref() == Some(members[1].as_str()))
+            .expect("member 1 listed");
+        assert_eq!(m1.state, "faulty", "check only {check_only}: {s:?} {st:?}");
+        assert_ne!(s.result, "done", "the scrub went on over a failed member");
+        let mut whole = vec![0u8; a.capacity() as usize];
+        a.read(&mut whole, 0).unwrap();
+        assert!(whole == data, "wrong data after the member failed");
     }
 }
 

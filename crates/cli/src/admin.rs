@@ -300,14 +300,14 @@ pub fn scrub(a: ScrubArgs) -> Result<()> {
         }
         if last["check_only"] == true {
             println!(
-                "raidkit: scrub (check only) {}: {} in {:.1}s, {found} mismatch(es) found, nothing repaired",
+                "raidkit: scrub (check only) {}: {} of each member in {:.1}s, {found} mismatch(es) found, nothing repaired",
                 last["result"].as_str().unwrap_or("?"),
                 human(last["bytes"].as_u64().unwrap_or(0)),
                 last["seconds"].as_f64().unwrap_or(0.0),
             );
         } else {
             println!(
-                "raidkit: scrub {}: {} in {:.1}s, {} repaired, {} unrepaired",
+                "raidkit: scrub {}: {} of each member in {:.1}s, {} repaired, {} unrepaired",
                 last["result"].as_str().unwrap_or("?"),
                 human(last["bytes"].as_u64().unwrap_or(0)),
                 last["seconds"].as_f64().unwrap_or(0.0),

@@ -429,11 +429,8 @@ impl Checked {
         };
         let part = &data[(lo - at) as usize..(hi - at) as usize];
         let bad = self.verify(part, lo)?.bad;
-        let mut known = self.known_bad.locked();
         for &off in &bad {
-            if known.insert(off) {
-                self.mismatches.fetch_add(1, Ordering::Relaxed);
-            }
+            self.count_bad(off);
         }
         Ok(bad)
     }

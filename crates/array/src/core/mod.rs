@@ -635,18 +635,27 @@ impl Core {
             }
             if !checked::is_mismatch(e) {
                 d.read_errors.fetch_add(1, Ordering::Relaxed);
-            } else if d.checked.as_ref().is_some_and(|c| c.past_limit()) {
-                self.fail_if_survivable(
-                    d,
-                    &format!(
-                        "checksum errors at {} places within {} s",
-                        checked::MISMATCH_LIMIT,
-                        checked::MISMATCH_WINDOW.as_secs()
-                    ),
-                );
+            } else {
+                self.fail_if_rotting(d);
             }
         }
         r
+    }
+
+    /// Fail `d` if it has had checksum errors at `MISMATCH_LIMIT` places
+    /// within `MISMATCH_WINDOW` (a client's read or a scrub found them),
+    /// where the array survives it.
+    pub(crate) fn fail_if_rotting(&self, d: &Disk) {
+        if d.checked.as_ref().is_some_and(|c| c.past_limit()) {
+            self.fail_if_survivable(
+                d,
+                &format!(
+                    "checksum errors at {} places within {} s",
+                    checked::MISMATCH_LIMIT,
+                    checked::MISMATCH_WINDOW.as_secs()
+                ),
+            );
+        }
     }
 
     /// A ChecksumError event for a block found rotten on `d`, at most one

@@ -323,25 +323,15 @@ impl Array {
                 None => {}
             }
         }
-        if done && !bad.is_empty() {
-            // Cure the copies that failed, from a copy read under the lock
-            // (so no write slips in between).
-            let _g = self.core.lock(p.logical / self.core.geom().chunk);
-            let mut good = scratch::take(dst.len());
-            let src = p
-                .copies
-                .iter()
-                .find(|&&(r, d)| !bad.contains(&r) && Core::readable(v, r, d, p.len).is_some());
-            if let Some(&(r, dev)) = src {
-                if let Some(Ok(())) = self.core.member_read(v, r, &mut good, dev) {
-                    for &(br, bdev) in p.copies.iter().filter(|(r, _)| bad.contains(r)) {
-                        self.core.repair(v, br, &good, bdev);
-                    }
-                }
-            }
-            scratch::give(good);
-        }
         if done {
+            self.cure(v, p, &bad);
+            return Ok(());
+        }
+        // Rot in every copy, but maybe in different blocks: each block is
+        // read from a copy that has it right (and the others cured), as a
+        // parity level rebuilds block by block. Only a block bad in every
+        // copy fails the read.
+        if !mismatched.is_empty() && p.len > BLOCK && self.read_block_by_block(v, p, dst, &bad) {
             return Ok(());
         }
         // A bad block is not a bad member (see the failure threshold).
@@ -362,6 +352,77 @@ impl Array {
                 ),
             },
         })
+    }
+
+    /// Cure the copies of `p` on the roles `bad` (whose reads failed) from
+    /// a copy read under the chunk's lock, so that no write slips in
+    /// between.
+    fn cure(&self, v: &View, p: &Piece, bad: &[usize]) {
+        if bad.is_empty() {
+            return;
+        }
+        let _g = self.core.lock(p.logical / self.core.geom().chunk);
+        let mut good = scratch::take(p.len as usize);
+        let src = p
+            .copies
+            .iter()
+            .find(|&&(r, d)| !bad.contains(&r) && Core::readable(v, r, d, p.len).is_some());
+        if let Some(&(r, dev)) = src {
+            if let Some(Ok(())) = self.core.member_read(v, r, &mut good, dev) {
+                for &(br, bdev) in p.copies.iter().filter(|(r, _)| bad.contains(r)) {
+                    self.core.repair(v, br, &good, bdev);
+                }
+            }
+        }
+        scratch::give(good);
+    }
+
+    /// `p` read in pieces of at most one checksum block (aligned as the
+    /// blocks are: every copy of a piece lies at the same offset within its
+    /// chunk), each from a copy that has it right; the copies whose whole
+    /// read failed (`suspects`) are each read block by block too, and
+    /// cured where they are wrong. Whether every block was read.
+    fn read_block_by_block(&self, v: &View, p: &Piece, dst: &mut [u8], suspects: &[usize]) -> bool {
+        let mut k = 0;
+        while k < p.len {
+            let at = p.logical + k;
+            let n = (BLOCK - at % BLOCK).min(p.len - k);
+            let sub = Piece {
+                logical: at,
+                len: n,
+                col: p.col + k,
+                copies: p.copies.iter().map(|&(r, dev)| (r, dev + k)).collect(),
+                ..p.clone()
+            };
+            let part = &mut dst[k as usize..(k + n) as usize];
+            let mut read = false;
+            let mut bad: Small<usize> = Small::new();
+            let mut other = scratch::take(n as usize);
+            for &(role, dev) in sub.copies.iter() {
+                // Once the block is read, only the suspects are read on,
+                // to find what to cure.
+                let into: &mut [u8] = if read {
+                    if !suspects.contains(&role) {
+                        continue;
+                    }
+                    &mut other
+                } else {
+                    part
+                };
+                match self.core.member_read(v, role, into, dev) {
+                    Some(Ok(())) => read = true,
+                    Some(Err(_)) => bad.push(role),
+                    None => {}
+                }
+            }
+            scratch::give(other);
+            if !read {
+                return false;
+            }
+            self.cure(v, &sub, &bad);
+            k += n;
+        }
+        true
     }
 
     /// A large mirrored write: every chunk of it locked (in lock order),
