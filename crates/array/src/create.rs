@@ -541,6 +541,7 @@ pub fn create(
             reshape: None,
             converted_from: None,
             replacing: false,
+            last_scrub: None,
             roles: roles.clone(),
             md: opts.md.then(|| {
                 crate::metadata::md::new_v12(&crate::metadata::md::NewMember {

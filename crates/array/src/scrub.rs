@@ -49,8 +49,12 @@ pub struct Finding {
 /// The last scrub that ended.
 #[derive(Debug, Clone, Serialize)]
 pub struct LastScrub {
-    /// Which scrub of this server's run it was (1, 2, ...).
+    /// Which scrub of this server's run it was (1, 2, ...); 0 for the
+    /// last one of an earlier run, as the superblock kept it (its findings
+    /// counted in `found`, not listed).
     pub run: u64,
+    /// When it ended, in seconds since the Unix epoch.
+    pub ended: u64,
     /// done, or why it stopped.
     pub result: String,
     pub check_only: bool,
@@ -59,7 +63,27 @@ pub struct LastScrub {
     pub bytes: u64,
     pub repaired: u64,
     pub unrepaired: u64,
+    /// Every mismatch it found (`mismatches` lists the first 1000).
+    pub found: u64,
     pub mismatches: Vec<Finding>,
+}
+
+impl LastScrub {
+    /// The last scrub of an earlier run, from the superblock.
+    pub(crate) fn from_summary(s: &crate::superblock::ScrubSummary) -> LastScrub {
+        LastScrub {
+            run: 0,
+            ended: s.ended,
+            result: s.result.clone(),
+            check_only: s.check_only,
+            seconds: s.millis as f64 / 1000.0,
+            bytes: s.bytes,
+            repaired: s.repaired,
+            unrepaired: s.unrepaired,
+            found: s.found,
+            mismatches: Vec::new(),
+        }
+    }
 }
 
 /// A scrub to run: from unit `from`, repairing unless `check_only`.
@@ -166,6 +190,7 @@ impl Array {
         );
         let began = std::time::Instant::now();
         let mut found = Vec::new();
+        let mut count = 0u64;
         let (mut repaired, mut unrepaired) = (0u64, 0u64);
         let result = (|| -> Result<String> {
             if !req.check_only {
@@ -202,6 +227,7 @@ impl Array {
                         "scrub: {} mismatch",
                         f.kind
                     );
+                    count += 1;
                     if found.len() < KEEP {
                         found.push(f);
                     }
@@ -223,7 +249,7 @@ impl Array {
                     }
                 }
                 if process.checkpoint_due() {
-                    self.scrub_checkpoint(Some((u + 1, req.check_only)))?;
+                    self.scrub_checkpoint(Some((u + 1, req.check_only)), None)?;
                 }
                 // A paced scrub sleeps without holding the stripes it
                 // read ahead: clients writing there would wait for it.
@@ -232,24 +258,41 @@ impl Array {
             Ok("done".into())
         })();
         let finished = matches!(result.as_deref(), Ok("done") | Ok("stopped"));
-        let _ = self.scrub_checkpoint(if finished {
-            None
-        } else {
-            let at = self.recovery.done.load(Ordering::Relaxed) / chunk.max(1) + from;
-            Some((at, req.check_only))
-        });
         let text = match &result {
             Ok(t) => t.clone(),
             Err(e) => e.to_string(),
         };
-        process.end(text.clone());
-        let mut last = self.recovery.last_scrub.locked();
-        let run = last.as_ref().map_or(0, |l| l.run) + 1;
         let (seconds, bytes) = (
             began.elapsed().as_secs_f64(),
             self.recovery.done.load(Ordering::Relaxed),
         );
-        let mismatches = found.len();
+        let ended = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        // Where to resume, and how it went, in one superblock update: a
+        // restarted server still tells when the array was last verified.
+        let _ = self.scrub_checkpoint(
+            if finished {
+                None
+            } else {
+                let at = self.recovery.done.load(Ordering::Relaxed) / chunk.max(1) + from;
+                Some((at, req.check_only))
+            },
+            Some(crate::superblock::ScrubSummary {
+                ended,
+                millis: (seconds * 1000.0) as u64,
+                bytes,
+                repaired,
+                unrepaired,
+                found: count,
+                check_only: req.check_only,
+                result: text.clone(),
+            }),
+        );
+        process.end(text.clone());
+        let mut last = self.recovery.last_scrub.locked();
+        let run = last.as_ref().map_or(0, |l| l.run) + 1;
+        let mismatches = count;
         self.core.emit(
             NewEvent::new(
                 "ScrubFinished",
@@ -272,25 +315,35 @@ impl Array {
         );
         *last = Some(LastScrub {
             run,
+            ended,
             result: text,
             check_only: req.check_only,
             seconds,
             bytes,
             repaired,
             unrepaired,
+            found: count,
             mismatches: found,
         });
         result.map(|_| ())
     }
 
-    /// Record how far a scrub got (None: no scrub to resume).
-    fn scrub_checkpoint(&self, at: Option<(u64, bool)>) -> Result<()> {
+    /// Record how far a scrub got (None: no scrub to resume), and how the
+    /// scrub went once it ended (`summary`).
+    fn scrub_checkpoint(
+        &self,
+        at: Option<(u64, bool)>,
+        summary: Option<crate::superblock::ScrubSummary>,
+    ) -> Result<()> {
         if self.core.read_only {
             return Ok(());
         }
         self.core.flush()?;
         let mut meta = self.core.meta.locked();
         meta.sb.scrub = at;
+        if summary.is_some() {
+            meta.sb.last_scrub = summary;
+        }
         self.core.write_superblocks(&mut meta)
     }
 

@@ -885,6 +885,21 @@ fn print_status(v: &Value, as_json: bool) -> Result<()> {
             r["result"].as_str().unwrap_or("?")
         );
     }
+    // As `zpool status` says "scan: scrub repaired 0B in ... on <date>".
+    if let Some(l) = v["last_scrub"].as_object() {
+        let ended = std::time::UNIX_EPOCH + Duration::from_secs(l["ended"].as_u64().unwrap_or(0));
+        println!(
+            "last scrub{}: {}, ended {}, {} of each member in {:.1}s, {} mismatch(es), {} repaired, {} unrepaired",
+            if l["check_only"] == true { " (check only)" } else { "" },
+            l["result"].as_str().unwrap_or("?"),
+            humantime::format_rfc3339_seconds(ended),
+            human(l["bytes"].as_u64().unwrap_or(0)),
+            l["seconds"].as_f64().unwrap_or(0.0),
+            l["found"],
+            l["repaired"],
+            l["unrepaired"]
+        );
+    }
     Ok(())
 }
 

@@ -900,3 +900,35 @@ fn a_larger_member_keeps_its_own_checksum_area_across_a_restart() {
     );
     assert_eq!(s.stop().code(), Some(0), "{}", s.log());
 }
+
+/// The last scrub's outcome outlives the server: after a restart,
+/// `status` still says when the array was last verified and what was
+/// found (as `zpool status` keeps "scan: scrub repaired ..."), with run 0
+/// and the counts; the next scrub of the new run is run 1.
+#[test]
+fn the_last_scrub_is_remembered_across_a_restart() {
+    let (dir, ms, _) = array_with_data("5", 3, 11);
+    flip(&ms[1], data_offset(&ms[1]) + 4096 + 7);
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let (code, last) = scrub(&s);
+    assert_eq!(code, Some(0), "{last:#}");
+    assert_eq!(last["repaired"], 1, "{last:#}");
+    assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    let st = status(&s);
+    let kept = &st["last_scrub"];
+    assert_eq!(kept["run"], 0, "{st:#}");
+    assert_eq!(kept["result"], "done", "{st:#}");
+    assert_eq!(kept["repaired"], 1, "{st:#}");
+    assert_eq!(kept["found"], 1, "{st:#}");
+    assert_eq!(kept["ended"], last["ended"], "{st:#}");
+    assert_eq!(kept["bytes"], last["bytes"], "{st:#}");
+    let ctl = s.control.display().to_string();
+    let human = String::from_utf8_lossy(&ok(&["status", "--control", &ctl]).stdout).to_string();
+    assert!(human.contains("last scrub: done"), "{human}");
+    let (code, next) = scrub(&s);
+    assert_eq!((code, &next["run"]), (Some(0), &Value::from(1)), "{next:#}");
+    assert_eq!(next["found"], 0, "{next:#}");
+    assert_eq!(s.stop().code(), Some(0), "{}", s.log());
+}

@@ -277,6 +277,9 @@ impl Array {
             reshape: std::sync::RwLock::new(None),
         };
         a.recovery.note(notes);
+        if let Some(l) = &a.core.meta.locked().sb.last_scrub {
+            *a.recovery.last_scrub.locked() = Some(crate::scrub::LastScrub::from_summary(l));
+        }
         if let Some((from, check_only)) = a.core.meta.locked().sb.scrub {
             if !opts.read_only {
                 *a.recovery.pending_scrub.locked() =

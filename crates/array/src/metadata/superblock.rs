@@ -63,6 +63,12 @@
 //!     holds its role (`raidkit replace`), which stays in service until it
 //!     is done; recovery_offset says how far it got (md's replacement
 //!     feature)
+//! 392 last scrub (flag 64): when it ended u64 (Unix seconds), how
+//!     long it took u64 at 400 (milliseconds), bytes of each member read u64 at 408, repaired
+//!     u64 at 416, unrepaired u64 at 424, findings u64 at 432, check only
+//!     u32 at 440 (1: it only checked), reserved u32 at 444, its result
+//!     [64] at 448 (`done`, or why it stopped; UTF-8, zero padded), so
+//!     that a restarted server still tells when the array was last verified
 //! 1024 role table: raid_disks entries of 32 bytes:
 //!      member uuid [16], state u32, reserved u32, data_size u64
 //! ```
@@ -211,6 +217,8 @@ pub struct Superblock {
     /// This member is being built to replace the one holding its role,
     /// which serves meanwhile (`recovery_offset`: how far it got).
     pub replacing: bool,
+    /// How the last scrub that ended went.
+    pub last_scrub: Option<ScrubSummary>,
     pub roles: Vec<RoleEntry>,
     /// Read from md's own superblock of this version (see `md`), not
     /// from raidkit's: not written back by raidkit.
@@ -329,6 +337,27 @@ const FLAG_RESHAPE: u32 = 8;
 const FLAG_CONVERTED: u32 = 16;
 /// Flag bit: `replacing`.
 const FLAG_REPLACING: u32 = 32;
+/// Flag bit: `last_scrub` is set.
+const FLAG_LAST_SCRUB: u32 = 64;
+/// Bytes of a last scrub's result text kept.
+const SCRUB_RESULT: usize = 64;
+
+/// A scrub that ended, as the superblock keeps it (its findings are
+/// counted, not listed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScrubSummary {
+    /// When it ended, in seconds since the Unix epoch.
+    pub ended: u64,
+    /// How long it took, in milliseconds.
+    pub millis: u64,
+    pub bytes: u64,
+    pub repaired: u64,
+    pub unrepaired: u64,
+    pub found: u64,
+    pub check_only: bool,
+    /// `done`, or why it stopped (at most 64 bytes).
+    pub result: String,
+}
 
 pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
@@ -440,6 +469,22 @@ impl Superblock {
         }
         if self.replacing {
             flags |= FLAG_REPLACING;
+        }
+        if let Some(l) = &self.last_scrub {
+            flags |= FLAG_LAST_SCRUB;
+            put_u64(&mut b, 392, l.ended);
+            put_u64(&mut b, 400, l.millis);
+            put_u64(&mut b, 408, l.bytes);
+            put_u64(&mut b, 416, l.repaired);
+            put_u64(&mut b, 424, l.unrepaired);
+            put_u64(&mut b, 432, l.found);
+            put_u32(&mut b, 440, l.check_only as u32);
+            // Cut at a character boundary.
+            let mut n = l.result.len().min(SCRUB_RESULT);
+            while !l.result.is_char_boundary(n) {
+                n -= 1;
+            }
+            b[448..448 + n].copy_from_slice(&l.result.as_bytes()[..n]);
         }
         put_u32(&mut b, 20, flags);
         let domain = self.domain.as_bytes();
@@ -590,6 +635,18 @@ impl Superblock {
                 None
             },
             replacing: get_u32(b, 20) & FLAG_REPLACING != 0,
+            last_scrub: (get_u32(b, 20) & FLAG_LAST_SCRUB != 0).then(|| ScrubSummary {
+                ended: get_u64(b, 392),
+                millis: get_u64(b, 400),
+                bytes: get_u64(b, 408),
+                repaired: get_u64(b, 416),
+                unrepaired: get_u64(b, 424),
+                found: get_u64(b, 432),
+                check_only: get_u32(b, 440) == 1,
+                result: String::from_utf8_lossy(&b[448..448 + SCRUB_RESULT])
+                    .trim_end_matches('\0')
+                    .to_string(),
+            }),
             roles,
             md: None,
         }))
@@ -744,6 +801,16 @@ mod tests {
             }),
             converted_from: Some((Level::Raid1, Layout::None, 65536)),
             replacing: true,
+            last_scrub: Some(ScrubSummary {
+                ended: 1_795_000_000,
+                millis: 12_500,
+                bytes: 15 << 20,
+                repaired: 3,
+                unrepaired: 1,
+                found: 5,
+                check_only: false,
+                result: "a member was lost".into(),
+            }),
             roles: (0..4)
                 .map(|i| RoleEntry {
                     member_uuid: Uuid::from_u128(i),

@@ -663,6 +663,7 @@ fn translated(t: Translated<'_>) -> Result<Superblock> {
         reshape: None,
         converted_from: None,
         replacing: false,
+        last_scrub: None,
         roles: t.roles,
         md: Some(t.meta),
     })
