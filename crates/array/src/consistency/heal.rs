@@ -81,9 +81,11 @@ impl Array {
                 .window
                 .take_healed(lo, lo, lo + chunk, |_, _| true)
         } else {
-            // The resync's unit, placed as `resync_unit` places it; a
-            // unit's copies lie no lower on the members than the last's.
-            let g = self.core.geom();
+            // The resync's unit, placed as `resync_unit` places it (by the
+            // geometry of its row: during a reshape, the old one where the
+            // reshape has not reached); a unit's copies lie no lower on the
+            // members than the last's.
+            let g = &v.geom;
             let copies = g.pieces(x * g.chunk, g.chunk)[0].copies.clone();
             let size = g.chunk;
             let lo = copies.iter().map(|c| c.1).min().unwrap_or(0);
