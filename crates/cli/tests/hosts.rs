@@ -32,6 +32,21 @@ fn export(file: &str) -> (Guarded, String) {
     (g, uri)
 }
 
+/// 4 MiB of a pattern (`shift` makes it differ from others) written at
+/// the start of the export `uri` with nbdcopy: the bytes.
+fn write_pattern(dir: &std::path::Path, uri: &str, shift: u32) -> Vec<u8> {
+    let data: Vec<u8> = (0..4u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> shift) as u8)
+        .collect();
+    let input = dir.join("in.raw");
+    std::fs::write(&input, &data).unwrap();
+    tool(
+        "timeout",
+        &["60", "nbdcopy", &input.display().to_string(), uri],
+    );
+    data
+}
+
 /// `n` files `<prefix><i>.img` of `len` bytes in `dir`, by path.
 fn sized_files(dir: &std::path::Path, prefix: &str, n: usize, len: u64) -> Vec<String> {
     (0..n)
@@ -56,15 +71,7 @@ fn an_array_of_exports_serves_and_survives_a_storage_host_going_away() {
     assert_eq!(e["role"], 1, "{e:#}");
 
     let mut s = Served::start(dir.path(), &uris, &[]);
-    let data: Vec<u8> = (0..4u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8)
-        .collect();
-    let input = dir.path().join("in.raw");
-    std::fs::write(&input, &data).unwrap();
-    tool(
-        "timeout",
-        &["60", "nbdcopy", &input.display().to_string(), &s.uri],
-    );
+    let data = write_pattern(dir.path(), &s.uri, 9);
     let read_back = |name: &str| -> Vec<u8> {
         let out = dir.path().join(name);
         tool(
@@ -133,15 +140,7 @@ fn a_failed_array_of_exports_says_its_members_are_gone_and_comes_back_at_the_nex
     create("5", &uris, "48M");
     let timeouts = ["--member-timeout", "2", "--rejoin-timeout", "10"];
     let mut s = Served::start(dir.path(), &uris, &timeouts);
-    let data: Vec<u8> = (0..4u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
-        .collect();
-    let input = dir.path().join("in.raw");
-    std::fs::write(&input, &data).unwrap();
-    tool(
-        "timeout",
-        &["60", "nbdcopy", &input.display().to_string(), &s.uri],
-    );
+    let data = write_pattern(dir.path(), &s.uri, 11);
 
     let signal = |sig: &str, i: usize| tool("kill", &[sig, &hosts[i].0.id().to_string()]);
     signal("-STOP", 1);
