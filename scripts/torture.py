@@ -7,6 +7,7 @@ may hold anything but its last flushed contents or one of the writes issued
 after that flush.
 
 usage: scripts/torture.py [--cycles N] [--level 5|6] [--seed S] [--raidkit PATH]
+                          [--members N] [--policy POLICY] [--kill-min SECONDS]
                           [--sabotage] [--old-copy] [--sync-cut] [--grow]
                           [--chunk SIZE] [--devices DEV,DEV,...] [--sequential]
                           [--serve-arg=ARG ...]
@@ -297,6 +298,12 @@ def main():
     ap.add_argument("--sequential", action="store_true",
                     help="write in sequence, one request at a time (what serve "
                          "writes behind the client on devices)")
+    ap.add_argument("--members", type=int,
+                    help="members to create the array with (default 4 for RAID-5, 5 for RAID-6)")
+    ap.add_argument("--policy",
+                    help="the consistency policy to create with (create --consistency-policy)")
+    ap.add_argument("--kill-min", type=float, default=0.2,
+                    help="the shortest time a server lives before its kill (drawn up to 1.5 s)")
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="pass this argument to every `raidkit serve` (for the tests: "
                     "--serve-arg=--read-only must make the run fail)")
@@ -308,7 +315,7 @@ def main():
     work = tempfile.mkdtemp(prefix="raidkit-torture.", dir=base)
     server = None
     try:
-        n = 4 if args.level == "5" else 5
+        n = args.members or (4 if args.level == "5" else 5)
         members = [os.path.join(work, f"d{i}.img") for i in range(n)]
         if args.devices:
             members = args.devices.split(",")
@@ -324,6 +331,8 @@ def main():
                   "--chunk", "64K", "--bitmap-region", "1M", "--name", "torture"]
         if args.devices:
             create.append("--force")  # whatever the devices held goes
+        if args.policy:
+            create += ["--consistency-policy", args.policy]
         if args.sabotage:
             # With checksums a scribble is healed or refused (EIO), never
             # returned: the planted loss, which must be seen as wrong data,
@@ -415,7 +424,7 @@ def main():
                 st = status(args.raidkit, server.control)
                 growing = st.get("reshape") is not None
             # Write and flush until killed.
-            kill_after = rng.uniform(0.2, 1.5)
+            kill_after = rng.uniform(args.kill_min, 1.5)
             synced = []
 
             def kill(srv=server):

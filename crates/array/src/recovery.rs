@@ -363,6 +363,14 @@ impl Array {
         if !v.degraded_roles().is_empty() || v.roles.iter().any(|r| r.replacement.is_some()) {
             return 0; // bits must stay until every member has the writes
         }
+        // The regions an unclean stop left marked are idle (nothing wrote
+        // them in this run) but not consistent until the resync after it
+        // has passed them: cleared before that, a crash in between would
+        // leave their torn stripes unmarked. md clears a bit only once its
+        // region is synced, for the same reason.
+        if self.recovery.parity_unfinished.load(Ordering::Acquire) {
+            return 0;
+        }
         let members: Vec<_> = v.writable().iter().map(|d| d.member.clone()).collect();
         // Every write done so far durable before bits are cleared (the
         // bitmap is written durably by itself, with no flush of the data).

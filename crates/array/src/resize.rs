@@ -8,7 +8,8 @@
 //! the middle would move everything after it.
 //!
 //! Online, under the fence that keeps requests out while the shape
-//! changes: the members' lengths looked at anew (`Member::refresh_len`),
+//! changes: the members' lengths looked at anew (`Member::peek_len`; used,
+//! `Member::refresh_len`, only once the grow is accepted),
 //! the checksums of the new blocks cleared (none yet: each is sealed as
 //! first written or read), the bitmap widened, then one superblock update
 //! records the new data size of every member, the new array size and, for
@@ -48,9 +49,11 @@ impl Array {
             let d = rv.disk.as_ref().ok_or_else(|| {
                 Error::Invalid("a member is missing: grow the size once the array is whole".into())
             })?;
+            // Looked at, not yet used: a grow refused below leaves every
+            // member's length in use as it was.
             let len = d
                 .member
-                .refresh_len()
+                .peek_len()
                 .map_err(|e| Error::Invalid(format!("looking at the size of {e}")))?;
             room = room.min(len.saturating_sub(d.data_offset));
             disks.push(d.clone());
@@ -66,7 +69,7 @@ impl Array {
         }
         // A spare too small for the grown array could never take a role.
         for sp in &v.spares {
-            let len = sp.member.refresh_len().unwrap_or(sp.member.len());
+            let len = sp.member.peek_len().unwrap_or(sp.member.len());
             if len.saturating_sub(sp.data_offset) < new_size {
                 return Err(Error::Invalid(format!(
                     "spare {} has room for {} bytes of data, the grown array needs {new_size} on every member: grow it too, or remove it first (raidkit remove)",
@@ -93,6 +96,24 @@ impl Array {
                     b.region()
                 )));
             }
+        }
+        // Accepted: the members' new lengths used from now on (spares'
+        // too: one taking a role needs the grown room).
+        for d in &disks {
+            let len = d
+                .member
+                .refresh_len()
+                .map_err(|e| Error::Invalid(format!("looking at the size of {e}")))?;
+            if len.saturating_sub(d.data_offset) < new_size {
+                return Err(Error::Invalid(format!(
+                    "{} shrank while the array grew into it: it has room for {} bytes of data, the grown array needs {new_size}",
+                    d.member.name(),
+                    len.saturating_sub(d.data_offset)
+                )));
+            }
+        }
+        for sp in &v.spares {
+            let _ = sp.member.refresh_len();
         }
         // The new blocks have no checksum yet, on the members before the
         // superblocks say they hold data.

@@ -335,6 +335,30 @@ fn grow_refuses_what_it_cannot_do_and_changes_nothing() {
     assert_eq!(after["members"].as_array().unwrap().len(), 2);
     // The member file grow created for the refused add is gone again.
     assert!(!Path::new(&ms[2]).exists());
+    // The refused `--size max` used none of the room it looked at: the
+    // files cut back to their size at create, the array goes on (members
+    // that had taken the 128 MiB as theirs found their files "shrunk" at
+    // the next write or flush and were failed, both).
+    for m in &ms[..2] {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(m)
+            .unwrap()
+            .set_len(16 << 20)
+            .unwrap();
+    }
+    let data = dir.path().join("data");
+    random_file(&data, 1 << 20);
+    tool("nbdcopy", &[&data.display().to_string(), &s.uri]);
+    let st = s.status();
+    let members = st["members"].as_array().unwrap();
+    assert!(
+        members.len() == 2 && members.iter().all(|m| m["state"] == "active"),
+        "{st}"
+    );
+    let back = dir.path().join("back");
+    tool("nbdcopy", &[&s.uri, &back.display().to_string()]);
+    assert!(std::fs::read(&back).unwrap()[..1 << 20] == std::fs::read(&data).unwrap()[..]);
 }
 
 #[test]

@@ -331,6 +331,10 @@ impl Member for DirectMember {
         self.size.grow(&self.file, &self.name, self.logical as u64)
     }
 
+    fn peek_len(&self) -> Result<u64> {
+        self.size.peek(&self.file, &self.name, self.logical as u64)
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
         self.size

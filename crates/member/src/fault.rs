@@ -239,6 +239,10 @@ impl Member for FaultMember {
         self.inner.refresh_len()
     }
 
+    fn peek_len(&self) -> Result<u64> {
+        self.inner.peek_len()
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
         self.enter(Op::Read, offset, len)?;

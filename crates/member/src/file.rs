@@ -123,6 +123,10 @@ impl Member for FileMember {
         self.size.grow(&self.file, &self.name, 1)
     }
 
+    fn peek_len(&self) -> Result<u64> {
+        self.size.peek(&self.file, &self.name, 1)
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
         self.size
@@ -215,7 +219,10 @@ mod tests {
             .unwrap()
             .set_len(16384)
             .unwrap();
-        // Not before it is looked at anew.
+        // Not before it is looked at anew, nor by a look that does not
+        // take it (a grow that may be refused).
+        assert_eq!(m.len(), 8192);
+        assert_eq!(m.peek_len().unwrap(), 16384);
         assert_eq!(m.len(), 8192);
         assert!(m.write_at(b"x", 10000).is_err());
         assert_eq!(m.refresh_len().unwrap(), 16384);

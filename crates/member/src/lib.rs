@@ -145,6 +145,12 @@ pub trait Member: Send + Sync + fmt::Debug {
     fn refresh_len(&self) -> Result<u64> {
         Ok(self.len())
     }
+    /// The length `refresh_len` would use now, without using it (a grow
+    /// looks before it knows it will go ahead: refused, it must leave the
+    /// member's length as it was). Wrappers ask what they wrap.
+    fn peek_len(&self) -> Result<u64> {
+        Ok(self.len())
+    }
     /// Read exactly `buf.len()` bytes at `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
     /// Read several ranges, each exactly: the pieces one request needs

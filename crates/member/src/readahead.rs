@@ -146,6 +146,10 @@ impl Member for ReadAhead {
         self.inner.refresh_len()
     }
 
+    fn peek_len(&self) -> Result<u64> {
+        self.inner.peek_len()
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let end = offset + buf.len() as u64;
         let size = self.inner.len();

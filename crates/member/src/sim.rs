@@ -236,6 +236,10 @@ impl Member for SimDisk {
         self.inner.refresh_len()
     }
 
+    fn peek_len(&self) -> Result<u64> {
+        self.inner.peek_len()
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let asked = Instant::now();
         self.inner.read_at(buf, offset)?;

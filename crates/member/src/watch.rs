@@ -53,14 +53,21 @@ impl SizeWatch {
     /// now on if it grew (whole `align`-byte units). A size below the one
     /// in use changes nothing (a file cut short is `check`'s business).
     pub fn grow(&self, file: &File, name: &str, align: u64) -> Result<u64> {
+        let now = self.peek(file, name, align)?;
+        self.len.fetch_max(now, Ordering::AcqRel);
+        Ok(self.len())
+    }
+
+    /// The length `grow` would use now, without using it: a grow that may
+    /// yet be refused must leave the member as it was.
+    pub fn peek(&self, file: &File, name: &str, align: u64) -> Result<u64> {
         let now = if self.regular {
             file.metadata().map(|m| m.len())
         } else {
             crate::sys::device_size(file)
         }
         .map_err(|e| MemberError::new(name, Op::Read, 0, 0, e))?;
-        self.len.fetch_max(now / align * align, Ordering::AcqRel);
-        Ok(self.len())
+        Ok((now / align * align).max(self.len()))
     }
 
     /// The checks before a read or write of `[offset, offset + len)`: within

@@ -248,6 +248,10 @@ impl Member for WriteBehind {
         self.inner.refresh_len()
     }
 
+    fn peek_len(&self) -> Result<u64> {
+        self.inner.peek_len()
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let _c = self.enter();
         self.wait_for(offset, offset + buf.len() as u64);

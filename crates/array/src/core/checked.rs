@@ -805,6 +805,10 @@ impl Member for Checked {
         self.inner.refresh_len()
     }
 
+    fn peek_len(&self) -> Result<u64, MemberError> {
+        self.inner.peek_len()
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), MemberError> {
         let bad = self.read_checked(buf, offset, false, true)?;
         self.fail_read(&bad)
