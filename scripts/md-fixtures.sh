@@ -10,6 +10,8 @@
 #   r6-12   1.2       RAID-6           4      64K
 #   r1-10   1.0       RAID-1           2      -
 #   r10-12  1.2       RAID-10 near=2   3      64K
+#   r10f-12 1.2       RAID-10 far=2    3      64K
+#   r10o-12 1.2       RAID-10 offset=2 4      64K
 #   r0-11   1.1       RAID-0           2      64K
 #   r5-090  0.90      RAID-5 left-sym  3      64K
 #   r5ra-12 1.2       RAID-5 right-asym 3     64K
@@ -43,6 +45,8 @@ r5-12  1.2  5   3 --chunk=64:--layout=left-symmetric:--assume-clean:--bitmap=non
 r6-12  1.2  6   4 --chunk=64:--assume-clean:--bitmap=none                          5a5a0002:00000000:00000000:00000012
 r1-10  1.0  1   2 --assume-clean:--bitmap=none                                     5a5a0003:00000000:00000000:00000010
 r10-12 1.2  10  3 --chunk=64:--layout=n2:--assume-clean:--bitmap=none              5a5a0004:00000000:00000000:00000012
+r10f-12 1.2 10  3 --chunk=64:--layout=f2:--assume-clean:--bitmap=none              5a5a000c:00000000:00000000:00000012
+r10o-12 1.2 10  4 --chunk=64:--layout=o2:--assume-clean:--bitmap=none              5a5a000d:00000000:00000000:00000012
 r0-11  1.1  0   2 --chunk=64                                                       5a5a0005:00000000:00000000:00000011
 r5-090 0.90 5   3 --chunk=64:--layout=left-symmetric:--assume-clean:--bitmap=none  5a5a0006:00000000:00000000:00000090
 r5ra-12 1.2 5   3 --chunk=64:--layout=right-asymmetric:--assume-clean:--bitmap=none 5a5a0007:00000000:00000000:00000012

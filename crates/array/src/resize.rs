@@ -2,10 +2,12 @@
 //! max`, md's `mdadm --grow --size=max`): a disk replaced by a larger one
 //! one at a time, a logical volume or a virtual disk extended, a member
 //! file made longer. No data moves: every level here but linear places a
-//! chunk by its stripe (or row) number alone (RAID-10 has near copies
-//! only), so the stripes that exist keep their places and new stripes
-//! follow them on every member. Linear is refused: a member that grew in
-//! the middle would move everything after it.
+//! chunk by its stripe (or row) number alone (RAID-10's near and offset
+//! layouts too), so the stripes that exist keep their places and new
+//! stripes follow them on every member. Linear is refused: a member that
+//! grew in the middle would move everything after it; so is RAID-10's far
+//! layout, whose far copies lie a share of the member apart (md refuses
+//! it too).
 //!
 //! Online, under the fence that keeps requests out while the shape
 //! changes: the members' lengths looked at anew (`Member::peek_len`; used,
@@ -36,6 +38,14 @@ impl Array {
             return Err(Error::Invalid(
                 "a linear array grows by members (--add): a member that grew in the middle would move everything after it".into(),
             ));
+        }
+        if let raidkit_layout::Layout::Far(_) = cur.layout {
+            // Each far copy lies a section (a share of the member) below
+            // the one before: longer members move every copy but the first.
+            return Err(Error::Invalid(format!(
+                "a RAID-10 of the far layout ({}) cannot grow into its members: every copy but the first would move (as md, which refuses it too)",
+                cur.layout
+            )));
         }
         if self.core.meta.locked().sb.resync.is_some() {
             return Err(Error::Invalid(

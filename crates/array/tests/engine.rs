@@ -35,6 +35,10 @@ fn shapes() -> Vec<(Level, Layout, usize)> {
         (Level::Raid10, Layout::Near(2), 4),
         (Level::Raid10, Layout::Near(2), 3),
         (Level::Raid10, Layout::Near(3), 4),
+        (Level::Raid10, Layout::Far(2), 3),
+        (Level::Raid10, Layout::Far(2), 4),
+        (Level::Raid10, Layout::Offset(2), 3),
+        (Level::Raid10, Layout::Offset(3), 4),
     ];
     for alg in ParityLayout::ALL {
         v.push((Level::Raid5, Layout::Parity(alg), 4));
@@ -358,16 +362,19 @@ fn md_survives(level: Level, layout: Layout, n: usize, missing: &[usize]) -> boo
         Level::Raid4 | Level::Raid5 => missing.len() <= 1,
         Level::Raid6 => missing.len() <= 2,
         Level::Raid10 => {
-            let Layout::Near(copies) = layout else {
-                panic!("RAID-10 layout {layout}")
+            // md's _enough: groups of `copies` members from `first`, which
+            // moves on by the near copies (1 for far and offset layouts).
+            let (copies, near) = match layout {
+                Layout::Near(c) => (c as usize, c as usize),
+                Layout::Far(c) | Layout::Offset(c) => (c as usize, 1),
+                _ => panic!("RAID-10 layout {layout}"),
             };
-            let copies = copies as usize;
             let mut first = 0;
             loop {
                 if (0..copies).all(|j| lost((first + j) % n)) {
                     return false;
                 }
-                first = (first + copies) % n;
+                first = (first + near) % n;
                 if first == 0 {
                     return true;
                 }
@@ -385,13 +392,29 @@ fn all_subsets(n: usize) -> Vec<Vec<usize>> {
 
 #[test]
 fn raid10_runs_exactly_when_mds_rule_says_every_chunk_keeps_a_copy() {
-    // Every set of lost members, on near layouts with members a multiple
-    // of the copies and not: the array opens exactly when md's rule says
+    // Every set of lost members, on near, far and offset layouts, with
+    // members a multiple of the copies and not: the array opens exactly when md's rule says
     // so, and then reads every byte right.
     let mut rng = rand::rngs::StdRng::seed_from_u64(10);
     let mut seen = (0, 0, 0); // (runs with more lost than copies - 1, runs, refused)
-    for (copies, n) in [(2, 3), (2, 4), (2, 5), (2, 6), (3, 4), (3, 5), (3, 6)] {
-        let layout = Layout::Near(copies);
+    for (layout, n) in [
+        (Layout::Near(2), 3),
+        (Layout::Near(2), 4),
+        (Layout::Near(2), 5),
+        (Layout::Near(2), 6),
+        (Layout::Near(3), 4),
+        (Layout::Near(3), 5),
+        (Layout::Near(3), 6),
+        (Layout::Far(2), 3),
+        (Layout::Far(2), 4),
+        (Layout::Far(2), 5),
+        (Layout::Offset(2), 4),
+        (Layout::Offset(3), 5),
+    ] {
+        let copies = match layout {
+            Layout::Near(c) | Layout::Far(c) | Layout::Offset(c) => c as usize,
+            _ => unreachable!(),
+        };
         let dir = tmp();
         let ps = paths(dir.path(), n);
         make(Level::Raid10, layout, &ps);
@@ -406,17 +429,17 @@ fn raid10_runs_exactly_when_mds_rule_says_every_chunk_keeps_a_copy() {
             // members left out of earlier starts behind.
             match open_ro(&without(&ps, &gone)) {
                 Ok(d) => {
-                    assert!(expect, "n{copies} x{n} without {gone:?}: runs, md refuses");
-                    assert!(read_all(&d) == model, "n{copies} x{n} without {gone:?}");
+                    assert!(expect, "{layout} x{n} without {gone:?}: runs, md refuses");
+                    assert!(read_all(&d) == model, "{layout} x{n} without {gone:?}");
                     seen.1 += 1;
-                    if gone.len() >= copies as usize {
+                    if gone.len() >= copies {
                         seen.0 += 1;
                     }
                 }
                 Err(e) => {
                     assert!(
                         !expect,
-                        "n{copies} x{n} without {gone:?}: refused, md runs it: {e}"
+                        "{layout} x{n} without {gone:?}: refused, md runs it: {e}"
                     );
                     seen.2 += 1;
                 }

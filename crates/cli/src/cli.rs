@@ -154,7 +154,9 @@ pub struct CreateArgs {
     pub level: String,
     /// Layout: left-symmetric (default for 5 and 6), right-symmetric,
     /// left-asymmetric, right-asymmetric, parity-first, parity-last;
-    /// n2 (default) or n3 for RAID-10.
+    /// n2 (default) or n3 for RAID-10 (md's near copies), f2 (far: the
+    /// array again in each member's second half, one member on), o2
+    /// (offset: each row of chunks followed by its copy one member on).
     #[arg(short = 'p', long)]
     pub layout: Option<String>,
     /// Chunk size, a power of two from 4K to 1G.

@@ -26,26 +26,30 @@ fn read_array(ms: &[String], off: u64, len: usize) -> Vec<u8> {
 #[test]
 fn every_level_round_trips_shuffled_and_degraded() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-    let cases: [(&str, usize, usize); 8] = [
-        // level, members, how many may be lost
-        ("linear", 2, 0),
-        ("0", 3, 0),
-        ("1", 3, 2),
-        ("4", 4, 1),
-        ("5", 4, 1),
-        ("6", 5, 2),
-        ("10", 4, 1),
-        ("raid10", 3, 1),
+    let cases: [(&str, Option<&str>, usize, usize); 10] = [
+        // level, layout, members, how many may be lost
+        ("linear", None, 2, 0),
+        ("0", None, 3, 0),
+        ("1", None, 3, 2),
+        ("4", None, 4, 1),
+        ("5", None, 4, 1),
+        ("6", None, 5, 2),
+        ("10", None, 4, 1),
+        ("raid10", None, 3, 1),
+        ("10", Some("f2"), 3, 1),
+        ("10", Some("o2"), 4, 1),
     ];
-    for (level, n, tolerance) in cases {
+    for (level, layout, n, tolerance) in cases {
         let dir = tmp();
         let ms = members(dir.path(), n);
-        ok(&args(
-            &[
-                "create", "--level", level, "--size", "16M", "--chunk", "64K", "--name", "t",
-            ],
-            &ms,
-        ));
+        let mut create = vec![
+            "create", "--level", level, "--size", "16M", "--chunk", "64K", "--name", "t",
+        ];
+        if let Some(l) = layout {
+            create.extend(["--layout", l]);
+        }
+        ok(&args(&create, &ms));
+        let level = format!("{level} {}", layout.unwrap_or(""));
         let detail: Value =
             serde_json::from_slice(&ok(&args(&["detail", "--json"], &ms)).stdout).unwrap();
         let size = detail["size"].as_u64().unwrap();

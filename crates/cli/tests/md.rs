@@ -12,12 +12,15 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The arrays the fixture script makes: name, members, metadata, level.
-const ARRAYS: [(&str, usize, &str, &str); 10] = [
+const ARRAYS: [(&str, usize, &str, &str); 12] = [
     ("r5-12", 3, "md 1.2", "raid5"),
     ("r5ra-12", 3, "md 1.2", "raid5"),
     ("r6-12", 4, "md 1.2", "raid6"),
     ("r1-10", 2, "md 1.0", "raid1"),
     ("r10-12", 3, "md 1.2", "raid10"),
+    // RAID-10's far (f2) and offset (o2) layouts.
+    ("r10f-12", 3, "md 1.2", "raid10"),
+    ("r10o-12", 4, "md 1.2", "raid10"),
     ("r0-11", 2, "md 1.1", "raid0"),
     ("r5-090", 3, "md 0.90", "raid5"),
     // With md's internal write-intent bitmap (1 MiB chunks; 1.0's lies
@@ -284,11 +287,12 @@ fn arrays_the_kernel_made_are_read_and_served_as_md_wrote_them() {
     // Degraded: a member failed through raidkit, data written after; the
     // kernel starts the array without the stale member and reads the new
     // data from the other two. Also with md 0.90's superblock, whose disk
-    // descriptors mark the member faulty.
+    // descriptors mark the member faulty. And on RAID-10's far layout,
+    // whose second copies lie in the members' second halves.
     let p3 = dir.path().join("p3.img");
     let p3_data: Vec<u8> = p2_data.iter().map(|b| b ^ 0x3c).collect();
     std::fs::write(&p3, &p3_data).unwrap();
-    for name in ["r5-12", "r5-090"] {
+    for name in ["r5-12", "r5-090", "r10f-12"] {
         let ms = members(dir.path(), name, 3);
         write_without_member_2(dir.path(), &ms, &p3);
         let out = in_vm(
@@ -555,7 +559,10 @@ fn agrees_with_mdadm(name: &str, member: &str, e: &Value) {
         assert_eq!(kib * 1024, e["chunk"].as_u64().unwrap(), "{name}: {text}");
     }
     if let Some(l) = get("Layout") {
-        let theirs = l.replace("near=", "n");
+        let theirs = l
+            .replace("near=", "n")
+            .replace("far=", "f")
+            .replace("offset=", "o");
         assert_eq!(theirs, e["layout"].as_str().unwrap_or(""), "{name}: {text}");
     }
     if let Some(ev) = get("Events") {
@@ -662,11 +669,12 @@ fn arrays_raidkit_creates_with_md_metadata_the_kernel_assembles() {
         .map(|i| (i.wrapping_mul(2_246_822_519) >> 11) as u8)
         .collect();
     std::fs::write(p("payload.img"), &payload).unwrap();
-    let shapes: [(&str, &str, usize, &[&str]); 4] = [
+    let shapes: [(&str, &str, usize, &[&str]); 5] = [
         ("r5", "5", 3, &["--chunk", "64K"]),
         ("r6", "6", 4, &["--chunk", "64K"]),
         ("r1", "1", 2, &[]),
         ("r10", "10", 3, &["--chunk", "64K"]),
+        ("r10f", "10", 3, &["--chunk", "64K", "--layout", "f2"]),
     ];
     let mut disks = Vec::new();
     for (name, level, n, extra) in shapes {
@@ -730,11 +738,12 @@ fn arrays_raidkit_creates_with_md_metadata_the_kernel_assembles() {
          mdadm --assemble --scan || exit 3\n\
          cat /proc/mdstat\n\
          for m in $(ls /sys/block | grep '^md'); do\n\
-           echo \"SUM $(cat /sys/block/$m/md/level) $(dd if=/dev/$m bs=1M count=4 2>/dev/null | md5sum | cut -d' ' -f1)\"\n\
-           echo \"DEGRADED $(cat /sys/block/$m/md/level) $(cat /sys/block/$m/md/degraded)\"\n\
+           k=$(cat /sys/block/$m/md/level)-$(cat /sys/block/$m/md/layout)\n\
+           echo \"SUM $k $(dd if=/dev/$m bs=1M count=4 2>/dev/null | md5sum | cut -d' ' -f1)\"\n\
+           echo \"DEGRADED $k $(cat /sys/block/$m/md/degraded)\"\n\
            echo check > /sys/block/$m/md/sync_action; sleep 1\n\
            while [ \"$(cat /sys/block/$m/md/sync_action)\" != idle ]; do sleep 1; done\n\
-           echo \"MISMATCH $(cat /sys/block/$m/md/level) $(cat /sys/block/$m/md/mismatch_cnt)\"\n\
+           echo \"MISMATCH $k $(cat /sys/block/$m/md/mismatch_cnt)\"\n\
          done\n\
          mdadm --stop --scan\n";
     let refs: Vec<&str> = disks.iter().map(String::as_str).collect();
@@ -747,7 +756,8 @@ fn arrays_raidkit_creates_with_md_metadata_the_kernel_assembles() {
             .unwrap()
             .to_string()
     };
-    for level in ["raid5", "raid6", "raid1", "raid10"] {
+    // Level and md's layout number: RAID-10 near 2 (0x102) and far 2 (0x201).
+    for level in ["raid5-2", "raid6-2", "raid1-0", "raid10-258", "raid10-513"] {
         let get = |tag: &str| {
             out.lines()
                 .find_map(|l| l.strip_prefix(&format!("{tag} {level} ")))

@@ -400,18 +400,24 @@ fn then_fail(level: &str) -> &'static [usize] {
 
 /// One level's whole cycle on `n` loop devices (and a spare).
 fn cycle(level: &str, n: usize, redundant: bool) {
+    cycle_with(level, None, n, redundant);
+}
+
+/// `cycle` with a layout given to create.
+fn cycle_with(level: &str, layout: Option<&str>, n: usize, redundant: bool) {
     let Some(mut rig) = Rig::new() else {
         return;
     };
     let devs = rig.attach(n + 1);
     let (ms, spare) = (devs[..n].to_vec(), devs[n].clone());
-    let name = format!("rd{level}");
-    ok(&args(
-        &[
-            "create", "--io", "direct", "--level", level, "--chunk", "64K", "--name", &name,
-        ],
-        &ms,
-    ));
+    let name = format!("rd{level}{}", layout.unwrap_or(""));
+    let mut create = vec![
+        "create", "--io", "direct", "--level", level, "--chunk", "64K", "--name", &name,
+    ];
+    if let Some(l) = layout {
+        create.extend(["--layout", l]);
+    }
+    ok(&args(&create, &ms));
     let size = detail(&ms)["size"].as_u64().unwrap();
     assert!(size > BASE + (4 << 20), "{size}");
     let pats = patterns(size);
@@ -512,6 +518,11 @@ fn raid6_on_loop_devices_rebuilds_onto_a_spare() {
 #[test]
 fn raid10_on_loop_devices_rebuilds_onto_a_spare() {
     cycle("10", 4, true);
+}
+
+#[test]
+fn raid10_far_on_loop_devices_rebuilds_onto_a_spare() {
+    cycle_with("10", Some("f2"), 4, true);
 }
 
 /// The first MiB of a device, read through the page cache (which also

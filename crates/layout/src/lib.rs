@@ -57,6 +57,9 @@ pub enum LayoutError {
     TooManyMembers { got: usize, max: usize },
     #[error("member data area of {size} bytes holds no whole {chunk}-byte chunk")]
     MemberTooSmall { size: u64, chunk: u64 },
+    /// A RAID-10 far or offset layout needs a chunk row per copy.
+    #[error("member data area of {size} bytes holds fewer {chunk}-byte chunks than the layout's {copies} far copies")]
+    TooSmallForFarCopies { size: u64, chunk: u64, copies: u64 },
 }
 
 /// A RAID level.
@@ -133,7 +136,7 @@ impl Level {
             Level::Raid1 | Level::Raid4 | Level::Raid5 => 2,
             Level::Raid6 => 4,
             Level::Raid10 => match layout {
-                Layout::Near(c) => (c as usize).max(2),
+                Layout::Near(c) | Layout::Far(c) | Layout::Offset(c) => (c as usize).max(2),
                 _ => 2,
             },
         }
@@ -266,6 +269,13 @@ pub enum Layout {
     Parity(ParityLayout),
     /// RAID-10 "near" layout with this many copies (md's `n2`, `n3`...).
     Near(u8),
+    /// RAID-10 "far" layout (md's `f2`...): each member split into this
+    /// many sections; the first holds the array as RAID-0 does, each next
+    /// one the whole array again, shifted one member on.
+    Far(u8),
+    /// RAID-10 "offset" layout (md's `o2`...): each row of chunks followed
+    /// by this many less one copies of itself, each shifted one member on.
+    Offset(u8),
 }
 
 impl Layout {
@@ -274,8 +284,11 @@ impl Layout {
         match self {
             Layout::None => 0,
             Layout::Parity(p) => p as u32,
-            // md: near copies in the low byte, far copies (1) in the next.
+            // md: near copies in the low byte, far copies in the next,
+            // the offset flag in bit 16.
             Layout::Near(c) => 0x100 | c as u32,
+            Layout::Far(c) => (c as u32) << 8 | 1,
+            Layout::Offset(c) => 0x10000 | (c as u32) << 8 | 1,
         }
     }
 
@@ -287,10 +300,17 @@ impl Layout {
                 .find(|p| *p as u32 == n)
                 .filter(|p| level == Level::Raid6 || p.raid5_part().is_none())
                 .map(Layout::Parity),
-            Level::Raid10 if n >> 8 == 1 && (2..=8).contains(&(n & 0xff)) => {
-                Some(Layout::Near((n & 0xff) as u8))
+            // One of near and far copies is 1, as mdadm makes them (md's
+            // "far sets", bit 17, are not made by mdadm and not read here).
+            Level::Raid10 => {
+                let (near, far, offset) = (n & 0xff, (n >> 8) & 0xff, n >> 16);
+                match (near, far, offset) {
+                    (2..=8, 1, 0) => Some(Layout::Near(near as u8)),
+                    (1, 2..=8, 0) => Some(Layout::Far(far as u8)),
+                    (1, 2..=8, 1) => Some(Layout::Offset(far as u8)),
+                    _ => None,
+                }
             }
-            Level::Raid10 => None,
             _ if n == 0 => Some(Layout::None),
             _ => None,
         }
@@ -305,8 +325,14 @@ impl Layout {
             .find(|p| p.name() == t || short_name(*p) == t)
             .map(Layout::Parity)
             .or_else(|| {
-                let n: u8 = t.strip_prefix('n')?.parse().ok()?;
-                (2..=8).contains(&n).then_some(Layout::Near(n))
+                let (kind, n) = t.split_at_checked(1)?;
+                let n: u8 = n.parse().ok().filter(|n| (2..=8).contains(n))?;
+                match kind {
+                    "n" => Some(Layout::Near(n)),
+                    "f" => Some(Layout::Far(n)),
+                    "o" => Some(Layout::Offset(n)),
+                    _ => None,
+                }
             })
             .ok_or_else(|| LayoutError::UnknownLayout(s.to_string()))?;
         let fits = layout_fits(level, parsed);
@@ -326,7 +352,9 @@ fn layout_fits(level: Level, layout: Layout) -> bool {
         (Level::Linear | Level::Raid0 | Level::Raid1, Layout::None) => true,
         (Level::Raid4 | Level::Raid5, Layout::Parity(p)) => p.raid5_part().is_none(),
         (Level::Raid6, Layout::Parity(_)) => true,
-        (Level::Raid10, Layout::Near(c)) => (2..=8).contains(&c),
+        (Level::Raid10, Layout::Near(c) | Layout::Far(c) | Layout::Offset(c)) => {
+            (2..=8).contains(&c)
+        }
         _ => false,
     }
 }
@@ -354,6 +382,8 @@ impl fmt::Display for Layout {
             Layout::None => f.write_str("-"),
             Layout::Parity(p) => f.write_str(p.name()),
             Layout::Near(c) => write!(f, "n{c}"),
+            Layout::Far(c) => write!(f, "f{c}"),
+            Layout::Offset(c) => write!(f, "o{c}"),
         }
     }
 }
@@ -492,6 +522,15 @@ impl Geometry {
             let raw = member_sizes[sizes.iter().position(|&x| x == s).unwrap_or(0)];
             return Err(LayoutError::MemberTooSmall { size: raw, chunk });
         }
+        if let Layout::Far(c) | Layout::Offset(c) = layout {
+            if sizes[0] / chunk < c as u64 {
+                return Err(LayoutError::TooSmallForFarCopies {
+                    size: sizes[0],
+                    chunk,
+                    copies: c as u64,
+                });
+            }
+        }
         let mut starts = Vec::new();
         if level == Level::Linear {
             let mut acc = 0;
@@ -525,6 +564,40 @@ impl Geometry {
         }
     }
 
+    /// RAID-10's far copies (sections of each member, or for the offset
+    /// layout rows of each stripe); 1 for near layouts.
+    fn far_copies(&self) -> u64 {
+        match self.layout {
+            Layout::Far(c) | Layout::Offset(c) => c as u64,
+            _ => 1,
+        }
+    }
+
+    /// md's stride of a RAID-10 far layout, in chunk rows: how far each
+    /// far copy lies below the one before (md's calc_sectors: the rows a
+    /// member uses, over the far copies). 1 for the offset layout.
+    fn far_stride(&self) -> u64 {
+        match self.layout {
+            Layout::Far(_) => self.used_rows() / self.far_copies(),
+            _ => 1,
+        }
+    }
+
+    /// Chunk rows of each member that hold data (md's calc_sectors): a
+    /// far or offset layout leaves the rows past a whole number of
+    /// sections unused.
+    fn used_rows(&self) -> u64 {
+        if self.level != Level::Raid10 {
+            return self.member_chunks();
+        }
+        let (n, nc, fc) = (
+            self.members() as u64,
+            self.near_copies() as u64,
+            self.far_copies(),
+        );
+        (self.capacity() / self.chunk * nc * fc).div_ceil(n)
+    }
+
     /// Chunks per member.
     fn member_chunks(&self) -> u64 {
         self.member_sizes[0] / self.chunk
@@ -540,8 +613,12 @@ impl Geometry {
             Level::Raid4 | Level::Raid5 | Level::Raid6 => {
                 self.member_sizes[0] * self.data_members() as u64
             }
-            // md's raid10_size: chunks per member times members over copies.
-            Level::Raid10 => self.member_chunks() * n / self.near_copies() as u64 * self.chunk,
+            // md's raid10_size: chunks per member over far copies, times
+            // members over near copies.
+            Level::Raid10 => {
+                self.member_chunks() / self.far_copies() * n / self.near_copies() as u64
+                    * self.chunk
+            }
         }
     }
 
@@ -681,16 +758,11 @@ impl Geometry {
             }
             Level::Raid1 => (chunk_no, 0, (0..n as usize).map(|m| (m, pos)).collect()),
             Level::Raid10 => {
-                // md's raid10_find_phys, near layout: copy j of chunk c sits in
-                // slot c * copies + j, slots filled row by row across members.
-                let nc = self.near_copies() as u64;
-                let copies = (0..nc)
-                    .map(|j| {
-                        let slot = chunk_no * nc + j;
-                        ((slot % n) as usize, slot / n * chunk + col)
-                    })
+                let copies: Copies = self
+                    .raid10_rows_of_chunk(chunk_no)
+                    .map(|(m, row)| (m, row * chunk + col))
                     .collect();
-                (chunk_no * nc / n, 0, copies)
+                (copies[0].1 / chunk, 0, copies)
             }
             Level::Raid4 | Level::Raid5 | Level::Raid6 => {
                 let k = self.data_members() as u64;
@@ -711,13 +783,54 @@ impl Geometry {
         }
     }
 
+    /// md's raid10_find_phys: the (member, chunk row) of every copy of
+    /// logical chunk `chunk_no`, near copies first, each followed by its
+    /// far copies. Near: copy j of chunk c in slot c * copies + j, slots
+    /// filled row by row across the members. Far: each further copy one
+    /// section (`far_stride` rows) down and `near` members on; offset: one
+    /// row down instead of a section (the stripe's rows then come in
+    /// groups of the far copies). md's far sets (layout bit 17) are not
+    /// made by mdadm: the set is every member.
+    fn raid10_rows_of_chunk(&self, chunk_no: u64) -> impl Iterator<Item = (usize, u64)> {
+        let n = self.members() as u64;
+        let (nc, fc) = (self.near_copies() as u64, self.far_copies());
+        let offset = matches!(self.layout, Layout::Offset(_));
+        let stride = self.far_stride();
+        let first = chunk_no * nc;
+        let (mut row, dev) = (first / n, first % n);
+        if offset {
+            row *= fc;
+        }
+        (0..nc).flat_map(move |j| {
+            // Near copy j: the next member, wrapping to the next row (md
+            // moves one row on there in every layout; near and far copies
+            // are not both above 1 here).
+            let slot = dev + j;
+            let (d, r) = (slot % n, row + slot / n);
+            (0..fc).map(move |f| (((d + f * nc) % n) as usize, r + f * stride))
+        })
+    }
+
     /// Mirrored levels: the logical chunk that member `role` holds in its
-    /// chunk row `row` (None past the end of the array).
+    /// chunk row `row` (None past the end of the array, or in rows a
+    /// RAID-10 far or offset layout leaves unused). md's raid10_find_virt.
     pub fn mirror_chunk_at(&self, role: usize, row: u64) -> Option<u64> {
         let c = match self.level {
             Level::Raid1 => row,
             Level::Raid10 => {
-                (row * self.members() as u64 + role as u64) / self.near_copies() as u64
+                if row >= self.used_rows() {
+                    return None;
+                }
+                let n = self.members() as u64;
+                let (nc, fc) = (self.near_copies() as u64, self.far_copies());
+                // Back to the first section (row) and its member.
+                let (f, base) = match self.layout {
+                    Layout::Offset(_) => (row % fc, row / fc),
+                    Layout::Far(_) => (row / self.far_stride(), row % self.far_stride()),
+                    _ => (0, row),
+                };
+                let d = (role as u64 + n - f * nc % n) % n;
+                (base * n + d) / nc
             }
             _ => return None,
         };
@@ -733,10 +846,8 @@ impl Geometry {
     /// rotate when members % copies != 0), so redundancy is judged per chunk:
     /// the members holding logical chunk `chunk_no`.
     pub fn raid10_members_of_chunk(&self, chunk_no: u64) -> Vec<usize> {
-        let n = self.members() as u64;
-        let nc = self.near_copies() as u64;
-        (0..nc)
-            .map(|j| ((chunk_no * nc + j) % n) as usize)
+        self.raid10_rows_of_chunk(chunk_no)
+            .map(|(m, _)| m)
             .collect()
     }
 
@@ -747,7 +858,7 @@ impl Geometry {
             Level::Raid1 => self.members() - 1,
             Level::Raid4 | Level::Raid5 => 1,
             Level::Raid6 => 2,
-            Level::Raid10 => self.near_copies() - 1,
+            Level::Raid10 => self.near_copies() * self.far_copies() as usize - 1,
         }
     }
 

@@ -365,6 +365,8 @@ fn all_shapes() -> Vec<(Level, Layout, usize)> {
             for c in 2..=3u8 {
                 if n >= c as usize {
                     v.push((Level::Raid10, Layout::Near(c), n));
+                    v.push((Level::Raid10, Layout::Far(c), n));
+                    v.push((Level::Raid10, Layout::Offset(c), n));
                 }
             }
         }
@@ -418,17 +420,16 @@ fn every_chunk_placed_exactly_once() {
             Level::Raid1 => mc,
             Level::Raid4 | Level::Raid5 => (n as u64 - 1) * mc,
             Level::Raid6 => (n as u64 - 2) * mc,
-            Level::Raid10 => {
-                let Layout::Near(c) = layout else {
-                    unreachable!()
-                };
-                n as u64 * mc / c as u64
-            }
+            Level::Raid10 => match layout {
+                Layout::Near(c) => n as u64 * mc / c as u64,
+                Layout::Far(c) | Layout::Offset(c) => mc / c as u64 * n as u64,
+                _ => unreachable!(),
+            },
         };
         assert_eq!(chunks, want, "{level} {layout} n={n}");
         let copies = match (level, layout) {
             (Level::Raid1, _) => n as u64,
-            (_, Layout::Near(c)) => c as u64,
+            (_, Layout::Near(c) | Layout::Far(c) | Layout::Offset(c)) => c as u64,
             _ => 1,
         };
         assert_eq!(copies_total, chunks * copies);
@@ -558,6 +559,11 @@ fn mirror_chunk_at_inverts_placement() {
         (Level::Raid10, Layout::Near(2), 3),
         (Level::Raid10, Layout::Near(2), 4),
         (Level::Raid10, Layout::Near(3), 5),
+        (Level::Raid10, Layout::Far(2), 2),
+        (Level::Raid10, Layout::Far(2), 3),
+        (Level::Raid10, Layout::Far(3), 4),
+        (Level::Raid10, Layout::Offset(2), 3),
+        (Level::Raid10, Layout::Offset(3), 5),
     ] {
         let g = geom(level, layout, n, 8);
         let chunks = g.capacity() / K;
@@ -579,8 +585,134 @@ fn mirror_chunk_at_inverts_placement() {
         let copies = if level == Level::Raid1 {
             n as u64
         } else {
-            layout.md_number() as u64 & 0xff
+            let m = layout.md_number() as u64;
+            (m & 0xff) * (m >> 8 & 0xff)
         };
         assert_eq!(seen, chunks * copies, "{level} n{n}");
     }
+}
+
+/// md's raid10 placement, transcribed from drivers/md/raid10.c with chunk
+/// rows for sectors: calc_sectors (the rows each member uses, and the
+/// stride between far copies) and __raid10_find_phys (every copy of a
+/// chunk, as (member, row)), for far sets of every member (mdadm's).
+fn md_raid10_find_phys(
+    layout: u32,
+    disks: u64,
+    dev_chunks: u64,
+    chunk_no: u64,
+) -> Vec<(usize, u64)> {
+    let nc = (layout & 0xff) as u64;
+    let fc = (layout >> 8 & 0xff) as u64;
+    let far_offset = layout & (1 << 16) != 0;
+    let mut size = dev_chunks / fc * disks / nc;
+    size = (size * nc * fc).div_ceil(disks);
+    let stride = if far_offset { 1 } else { size / fc };
+    let chunk = chunk_no * nc;
+    let mut stripe = chunk / disks;
+    let mut dev = chunk % disks;
+    if far_offset {
+        stripe *= fc;
+    }
+    let mut sector = stripe;
+    let mut out = Vec::new();
+    for _ in 0..nc {
+        let mut d = dev;
+        let mut s = sector;
+        out.push((d as usize, s));
+        for _ in 1..fc {
+            d = (d + nc) % disks;
+            s += stride;
+            out.push((d as usize, s));
+        }
+        dev += 1;
+        if dev >= disks {
+            dev = 0;
+            sector += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn raid10_near_far_and_offset_place_every_chunk_as_md() {
+    for layout in [
+        Layout::Near(2),
+        Layout::Near(3),
+        Layout::Far(2),
+        Layout::Far(3),
+        Layout::Offset(2),
+        Layout::Offset(3),
+    ] {
+        let copies = (layout.md_number() & 0xff) * (layout.md_number() >> 8 & 0xff);
+        for n in 2..=7usize {
+            if (n as u32) < copies.max(2) {
+                continue;
+            }
+            for mc in [7u64, 8, 17, 30] {
+                let g = geom(Level::Raid10, layout, n, mc);
+                // md's raid10_size.
+                let near = (layout.md_number() & 0xff) as u64;
+                let far = (layout.md_number() >> 8 & 0xff) as u64;
+                assert_eq!(
+                    g.capacity() / K,
+                    mc / far * n as u64 / near,
+                    "{layout} x{n} {mc}"
+                );
+                for c in 0..g.capacity() / K {
+                    let want: Vec<(usize, u64)> =
+                        md_raid10_find_phys(layout.md_number(), n as u64, mc, c)
+                            .into_iter()
+                            .map(|(m, row)| (m, row * K))
+                            .collect();
+                    let got = g.pieces(c * K + 100, 200);
+                    assert_eq!(got.len(), 1);
+                    let got: Vec<(usize, u64)> =
+                        got[0].copies.iter().map(|&(m, d)| (m, d - 100)).collect();
+                    assert_eq!(got, want, "{layout} x{n} members of {mc} chunks: chunk {c}");
+                    assert!(got.iter().all(|&(_, d)| d < mc * K));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn raid10_far_two_on_three_members_is_mds_picture() {
+    // md(4)'s far picture for 3 members, 2 copies: the array as RAID-0 in
+    // the first half of each member, then again one member on.
+    let g = geom(Level::Raid10, Layout::Far(2), 3, 4);
+    let at = |c: u64| g.pieces(c * K, K)[0].copies.to_vec();
+    assert_eq!(at(0), vec![(0, 0), (1, 2 * K)]);
+    assert_eq!(at(1), vec![(1, 0), (2, 2 * K)]);
+    assert_eq!(at(2), vec![(2, 0), (0, 2 * K)]);
+    assert_eq!(at(3), vec![(0, K), (1, 3 * K)]);
+    // Offset: each row followed by its copy one member on.
+    let g = geom(Level::Raid10, Layout::Offset(2), 3, 4);
+    let at = |c: u64| g.pieces(c * K, K)[0].copies.to_vec();
+    assert_eq!(at(0), vec![(0, 0), (1, K)]);
+    assert_eq!(at(2), vec![(2, 0), (0, K)]);
+    assert_eq!(at(3), vec![(0, 2 * K), (1, 3 * K)]);
+    assert_eq!(g.capacity(), 6 * K);
+}
+
+#[test]
+fn raid10_layout_names_and_md_numbers() {
+    for (name, layout, md) in [
+        ("n2", Layout::Near(2), 0x102),
+        ("f2", Layout::Far(2), 0x201),
+        ("o2", Layout::Offset(2), 0x10201),
+        ("f3", Layout::Far(3), 0x301),
+    ] {
+        assert_eq!(Layout::parse(Level::Raid10, name).unwrap(), layout);
+        assert_eq!(layout.to_string(), name);
+        assert_eq!(layout.md_number(), md);
+        assert_eq!(Layout::from_md_number(Level::Raid10, md), Some(layout));
+    }
+    // Near and far copies both above 1, and md's far sets: not read.
+    for md in [0x202, 0x20201, 0x101, 0x10102] {
+        assert_eq!(Layout::from_md_number(Level::Raid10, md), None, "{md:#x}");
+    }
+    assert!(Layout::parse(Level::Raid5, "f2").is_err());
+    assert!(Layout::parse(Level::Raid10, "f1").is_err());
 }

@@ -500,10 +500,10 @@ impl Array {
         pieces: &[Piece],
     ) -> Option<crate::bitmap::WriteGuard<'_>> {
         let b = self.core.bitmap.as_ref()?;
-        let (lo, hi) = Self::dev_span(&v.geom, pieces);
+        let spans = Self::dev_spans(&v.geom, pieces);
         let ws = v.writable();
         let (guard, failed) =
-            b.start_write(lo, hi, &|| ws.iter().map(|d| d.member.clone()).collect());
+            b.start_write(&spans, &|| ws.iter().map(|d| d.member.clone()).collect());
         for (i, e) in failed {
             self.core
                 .fail_disk_by_ptr(&ws[i], &format!("writing the bitmap: {e}"));
@@ -654,24 +654,34 @@ impl Array {
         Ok(())
     }
 
-    /// The device range a write of `pieces` (placed by `g`: during a
+    /// The device ranges a write of `pieces` (placed by `g`: during a
     /// change of chunk, maybe the old geometry) touches, for the
-    /// write-intent bitmap.
-    fn dev_span(g: &Geometry, pieces: &[Piece]) -> (u64, u64) {
+    /// write-intent bitmap: one per copy index (the ranges of the copies
+    /// of RAID-10's far layout lie sections apart; one range over them
+    /// all would mark everything between), where other levels have one.
+    fn dev_spans(g: &Geometry, pieces: &[Piece]) -> SmallVec<[(u64, u64); 2]> {
         let chunk = g.chunk;
-        let mut lo = u64::MAX;
-        let mut hi = 0;
+        let mut spans: SmallVec<[(u64, u64); 2]> = SmallVec::new();
+        let mut add = |j: usize, lo: u64, hi: u64| {
+            if spans.len() <= j {
+                spans.resize(j + 1, (u64::MAX, 0));
+            }
+            spans[j] = (spans[j].0.min(lo), spans[j].1.max(hi));
+        };
         for p in pieces {
             if g.level.is_parity() {
-                lo = lo.min(p.stripe * chunk + p.col);
-                hi = hi.max(p.stripe * chunk + p.col + p.len);
+                add(
+                    0,
+                    p.stripe * chunk + p.col,
+                    p.stripe * chunk + p.col + p.len,
+                );
             }
-            for &(_, dev) in &p.copies {
-                lo = lo.min(dev);
-                hi = hi.max(dev + p.len);
+            let far = matches!(g.layout, raidkit_layout::Layout::Far(_));
+            for (j, &(_, dev)) in p.copies.iter().enumerate() {
+                add(if far { j } else { 0 }, dev, dev + p.len);
             }
         }
-        (lo, hi)
+        spans
     }
 
     /// Write `buf` at logical `offset`.

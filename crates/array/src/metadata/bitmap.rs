@@ -33,6 +33,7 @@
 use crate::superblock::SB_SIZE;
 use raidkit_member::Locked;
 use raidkit_member::{Member, MemberError};
+use smallvec::SmallVec;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
@@ -160,14 +161,16 @@ pub struct Bitmap {
 #[derive(Debug)]
 pub struct WriteGuard<'a> {
     bitmap: &'a Bitmap,
-    lo: u64,
-    hi: u64,
+    /// Region ranges `[lo, hi)`, disjoint.
+    regions: SmallVec<[(u64, u64); 2]>,
 }
 
 impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
-        for r in self.lo..self.hi {
-            self.bitmap.inflight[r as usize].fetch_sub(1, SeqCst);
+        for &(lo, hi) in &self.regions {
+            for r in lo..hi {
+                self.bitmap.inflight[r as usize].fetch_sub(1, SeqCst);
+            }
         }
     }
 }
@@ -296,40 +299,59 @@ impl Bitmap {
         m.flush()
     }
 
-    /// Declare a write to device range `[lo, hi)`. The regions' bits are
-    /// durable on `members` when this returns; the write must complete
-    /// before the guard is dropped. Members that could not take the bitmap
-    /// are returned for failing.
+    /// Declare a write to the device ranges `spans` (`[lo, hi)` each: one
+    /// for most writes, one per far copy for RAID-10's far layout, whose
+    /// copies lie far apart). The regions' bits are durable on `members`
+    /// when this returns; the write must complete before the guard is
+    /// dropped. Members that could not take the bitmap are returned for
+    /// failing.
     pub fn start_write<'a>(
         &'a self,
-        lo: u64,
-        hi: u64,
+        spans: &[(u64, u64)],
         members: &dyn Fn() -> Vec<Arc<dyn Member>>,
     ) -> (WriteGuard<'a>, Vec<(usize, MemberError)>) {
-        let regions = self.regions();
-        let r0 = (lo / self.region).min(regions - 1);
-        let r1 = hi.div_ceil(self.region).clamp(r0 + 1, regions);
-        for r in r0..r1 {
+        let n = self.regions();
+        let mut regions: SmallVec<[(u64, u64); 2]> = spans
+            .iter()
+            .map(|&(lo, hi)| {
+                let r0 = (lo / self.region).min(n - 1);
+                (r0, hi.div_ceil(self.region).clamp(r0 + 1, n))
+            })
+            .collect();
+        // Disjoint, so that no region is counted twice in flight.
+        regions.sort_unstable();
+        let mut merged: SmallVec<[(u64, u64); 2]> = SmallVec::new();
+        for (lo, hi) in regions {
+            match merged.last_mut() {
+                Some(last) if lo <= last.1 => last.1 = last.1.max(hi),
+                _ => merged.push((lo, hi)),
+            }
+        }
+        let each = || merged.iter().flat_map(|&(lo, hi)| lo..hi);
+        for r in each() {
             self.inflight[r as usize].fetch_add(1, SeqCst);
             self.active[(r / 64) as usize].fetch_or(1 << (r % 64), SeqCst);
         }
-        let guard = WriteGuard {
-            bitmap: self,
-            lo: r0,
-            hi: r1,
-        };
-        if (r0..r1).all(|r| Self::bit(&self.durable, r)) {
-            return (guard, Vec::new());
+        let all_durable = || each().all(|r| Self::bit(&self.durable, r));
+        if all_durable() {
+            return (self.guard(merged), Vec::new());
         }
         let _g = self.io.locked();
-        if (r0..r1).all(|r| Self::bit(&self.durable, r)) {
-            return (guard, Vec::new());
+        if all_durable() {
+            return (self.guard(merged), Vec::new());
         }
-        for r in r0..r1 {
+        for r in each() {
             self.durable[(r / 64) as usize].fetch_or(1 << (r % 64), SeqCst);
         }
         let failed = self.write_out(&members());
-        (guard, failed)
+        (self.guard(merged), failed)
+    }
+
+    fn guard(&self, regions: SmallVec<[(u64, u64); 2]>) -> WriteGuard<'_> {
+        WriteGuard {
+            bitmap: self,
+            regions,
+        }
     }
 
     /// Clear the bits of regions idle since the last call. Only for an
@@ -390,7 +412,7 @@ mod tests {
         let b = Bitmap::new(place, 1 << 20, 100 << 20, None);
         assert_eq!(b.regions(), 100);
         {
-            let (_g, failed) = b.start_write(3 << 20, (5 << 20) + 1, &members);
+            let (_g, failed) = b.start_write(&[(3 << 20, (5 << 20) + 1)], &members);
             assert!(failed.is_empty());
             let on_disk = Bitmap::read(m.as_ref(), place, 1 << 20, 100 << 20).unwrap();
             assert_eq!(on_disk.count(), 3);
@@ -412,19 +434,42 @@ mod tests {
     }
 
     #[test]
+    fn a_write_to_ranges_far_apart_marks_only_their_regions() {
+        let (m, place) = on_member();
+        let members = || vec![m.clone()];
+        let b = Bitmap::new(place, 1 << 20, 100 << 20, None);
+        {
+            // Two copies of one chunk far apart (RAID-10 far), and a
+            // range overlapping the first (counted in flight once).
+            let (_g, failed) = b.start_write(
+                &[(2 << 20, 3 << 20), (60 << 20, 61 << 20), (2 << 20, 4 << 20)],
+                &members,
+            );
+            assert!(failed.is_empty());
+            let on_disk = Bitmap::read(m.as_ref(), place, 1 << 20, 100 << 20).unwrap();
+            assert_eq!(on_disk.count(), 3);
+            assert!(on_disk.contains(2) && on_disk.contains(3) && on_disk.contains(60));
+            assert!(!on_disk.contains(30));
+        }
+        // Every region let go once: cleared after a round as active.
+        assert_eq!(b.clear_idle(&members(), || {}).0, 0);
+        assert_eq!(b.clear_idle(&members(), || {}).0, 3);
+    }
+
+    #[test]
     fn a_grown_data_area_gets_its_own_bits_within_the_bitmaps_blocks() {
         let (m, place) = on_member();
         let members = || vec![m.clone()];
         // 100 regions of 1 MiB: one 4 KiB block, room for 32768.
         let b = Bitmap::new(place, 1 << 20, 100 << 20, None);
         // Before growing, a write past the end lands on the last region.
-        drop(b.start_write(150 << 20, 151 << 20, &members));
+        drop(b.start_write(&[(150 << 20, 151 << 20)], &members));
         assert!(b.snapshot().contains(99) && !b.snapshot().contains(150));
         assert!(!b.grow(32769 << 20), "more regions than the block holds");
         assert_eq!(b.regions(), 100);
         assert!(b.grow(200 << 20));
         assert_eq!(b.regions(), 200);
-        drop(b.start_write(150 << 20, 151 << 20, &members));
+        drop(b.start_write(&[(150 << 20, 151 << 20)], &members));
         let on_disk = Bitmap::read(m.as_ref(), place, 1 << 20, 200 << 20).unwrap();
         assert!(on_disk.contains(150) && on_disk.contains(99));
         assert_eq!(on_disk.count(), 2);

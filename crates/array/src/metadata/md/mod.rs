@@ -372,7 +372,7 @@ fn shape(member: &str, level_n: i32, layout_n: u32, chunk: u64) -> Result<(Level
         _ => Layout::from_md_number(level, layout_n).ok_or_else(|| {
             let what = if level == Level::Raid10 {
                 format!(
-                    "RAID-10 layout {layout_n:#x} (near {}, far {}{}; raidkit has near copies only)",
+                    "RAID-10 layout {layout_n:#x} (near {}, far {}{}; raidkit has near, far or offset copies, one kind at a time, over every member)",
                     layout_n & 0xff,
                     (layout_n >> 8) & 0xff,
                     if layout_n & 0x10000 != 0 { ", offset" } else { "" }
@@ -904,11 +904,18 @@ mod tests {
         b[200] ^= 1;
         let e = read_md(&member_with(&b, 4096)).unwrap_err().to_string();
         assert!(e.contains("checksum"), "{e}");
-        // RAID-10 far 2: refused, named.
-        let e = read_md(&member_with(&sb12(10, 0x201, 4, 0, 1), 4096))
+        // RAID-10 far 2 and offset 2 are read as such; near and far
+        // copies both above 1 (never made by mdadm): refused, named.
+        for (md, layout) in [(0x201, Layout::Far(2)), (0x10201, Layout::Offset(2))] {
+            let (sb, _) = read_md(&member_with(&sb12(10, md, 4, 0, 1), 4096))
+                .unwrap()
+                .unwrap();
+            assert_eq!(sb.layout, layout);
+        }
+        let e = read_md(&member_with(&sb12(10, 0x202, 4, 0, 1), 4096))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("far 2"), "{e}");
+        assert!(e.contains("near 2, far 2"), "{e}");
         // A reshape in progress.
         let mut b = sb12(5, 2, 3, 0, 1);
         b[8] = FEATURE_RESHAPE_ACTIVE as u8;
