@@ -433,7 +433,7 @@ impl Array {
 
     /// The log is full and nothing is in flight: make every record up to
     /// `seq` durable in place (flush) and record that in the superblocks.
-    fn journal_checkpoint(&self, seq: u64) -> Result<()> {
+    pub(crate) fn journal_checkpoint(&self, seq: u64) -> Result<()> {
         self.flush()?;
         let mut meta = self.core.meta.locked();
         meta.sb.journal.applied_seq = seq;
@@ -680,6 +680,7 @@ impl Array {
         );
         let mut done = 0;
         let mut healed = 0;
+        let mut unavailable = 0u64;
         let result = (|| -> Result<String> {
             self.core.begin_write()?;
             for (a, b) in windows(0, n_units, u64::MAX, wanted) {
@@ -698,7 +699,23 @@ impl Array {
                     {
                         let _g = self.core.lock(u);
                         for x in units {
-                            self.level().resync_unit(self, &v, x)?;
+                            match self.level().resync_unit(self, &v, x) {
+                                Ok(()) => {}
+                                // Damage beyond what the level survives
+                                // (blocks a rebuild lost, rot beside
+                                // them): nothing to make consistent from;
+                                // reads there fail until written.
+                                Err(Error::Unavailable { offset, detail }) => {
+                                    tracing::warn!(
+                                        array = self.core.name.as_str(),
+                                        offset,
+                                        "resync: a unit left as it is: {detail}"
+                                    );
+                                    unavailable += 1;
+                                    continue;
+                                }
+                                Err(e) => return Err(e),
+                            }
                             healed += self.write_back_healed(&v, x)?;
                         }
                         if u >= from {
@@ -732,6 +749,13 @@ impl Array {
             if healed > 0 {
                 let note = format!(
                     "the resync put back {healed} block(s) from redundancy that disagreed with their checksums (rotten, or torn by a write in flight at the crash)"
+                );
+                tracing::warn!(array = self.core.name.as_str(), "{note}");
+                self.recovery.note(vec![note]);
+            }
+            if unavailable > 0 {
+                let note = format!(
+                    "the resync left {unavailable} unit(s) as they are: damaged beyond what the level survives (blocks a rebuild could not rebuild, or rot beside them), they read as errors until written"
                 );
                 tracing::warn!(array = self.core.name.as_str(), "{note}");
                 self.recovery.note(vec![note]);

@@ -1261,3 +1261,109 @@ fn regions_an_unclean_stop_marked_stay_marked_until_their_resync() {
     );
     assert_eq!(a.count_mismatches().unwrap(), 0);
 }
+
+/// Block `at` (member offset) of `m` rots: bits flipped behind the
+/// array's back, durably.
+fn rot(m: &PowerCutMember, at: u64) {
+    let mut b = vec![0u8; 4096];
+    m.read_at(&mut b, at).unwrap();
+    b[9] ^= 0x5a;
+    m.write_at(&b, at).unwrap();
+    m.flush().unwrap();
+}
+
+/// Whether a read of `len` bytes at `off` fails or gives `want`: anything
+/// but wrong data.
+fn never_wrong(a: &Array, off: u64, want: &[u8]) -> bool {
+    let mut got = vec![0u8; want.len()];
+    a.read(&mut got, off).is_err() || got == want
+}
+
+/// A rebuild that cannot rebuild a block (its column rotted beyond what
+/// the level survives) marks it lost: it reads as bad until written, as
+/// does the rotten block beside it. A crash afterwards, with the crash
+/// windows of the next start over that stripe (the fill's intents not yet
+/// checkpointed, the bitmap's bits still set), must leave both unreadable:
+/// the window's replay or resync takes blocks that disagree with their
+/// checksums as torn writes, and would take these, returning the zeroes
+/// written in place of the lost block and the rot beside it as data.
+#[test]
+fn blocks_a_rebuild_could_not_rebuild_stay_unreadable_after_a_crash() {
+    with_checksums(|| {
+        for policy in [Policy::Journal, Policy::Bitmap] {
+            let (a, pcs, _, _, first) = written_once(Level::Raid5, 4, policy);
+            let g = a.geometry();
+            // Stripe 0: data on roles 0, 1, 2 (left-symmetric), parity on 3.
+            let sm = g.stripe_map(0);
+            assert_eq!(sm.data.to_vec(), vec![0, 1, 2]);
+            let data_offset = raidkit_array::superblock::read_superblock(&*pcs[1])
+                .unwrap()
+                .sb
+                .data_offset;
+            rot(&pcs[1], data_offset + 4096);
+            let (lost, rotten) = (4096u64, CHUNK + 4096);
+            let want = |off: u64| &first[off as usize..off as usize + 4096];
+            a.fail_member("m0", true).unwrap();
+            let len = pcs[0].durable().len();
+            let fresh = Arc::new(PowerCutMember::new("m9", vec![0u8; len]));
+            a.add_member(fresh.clone(), true).unwrap();
+            a.recover_all().unwrap();
+            assert_eq!(a.health().name(), "optimal", "{policy:?}");
+            let mut b = vec![0u8; 4096];
+            assert!(a.read(&mut b, lost).is_err(), "{policy:?}: lost block read");
+            assert!(a.read(&mut b, rotten).is_err(), "{policy:?}: rot read");
+            let now = [fresh, pcs[1].clone(), pcs[2].clone(), pcs[3].clone()];
+            let (imgs, _) = power_cut(a, &now, 17);
+            let all: Vec<Option<Vec<u8>>> = imgs.into_iter().map(Some).collect();
+            let (a, _) = open(&all, false).unwrap();
+            for round in ["before the resync", "after it"] {
+                assert!(
+                    never_wrong(&a, lost, want(lost)),
+                    "{policy:?}, {round}: the block the rebuild lost reads wrong"
+                );
+                assert!(
+                    never_wrong(&a, rotten, want(rotten)),
+                    "{policy:?}, {round}: the rotten block beside it reads wrong"
+                );
+                a.recover_all().unwrap();
+            }
+        }
+    });
+}
+
+/// A degraded RAID-5 whose every write was flushed long before: rot found
+/// then reads as an error (no redundancy left to heal it). A crash must
+/// not change that: once the array has been idle, the journal's records
+/// are known applied (the housekeeping's checkpoint), and the next start
+/// has no crash window in which to take the rot as a torn write.
+#[test]
+fn rot_on_a_degraded_array_idle_before_a_crash_stays_unreadable() {
+    with_checksums(|| {
+        let (a, pcs, _, _, first) = written_once(Level::Raid5, 4, Policy::Journal);
+        let data_offset = raidkit_array::superblock::read_superblock(&*pcs[1])
+            .unwrap()
+            .sb
+            .data_offset;
+        a.fail_member("m0", true).unwrap();
+        // The server's housekeeping, every 2 s, on an idle array.
+        a.housekeeping();
+        rot(&pcs[1], data_offset + 4096);
+        let rotten = CHUNK + 4096;
+        let want = &first[rotten as usize..rotten as usize + 4096];
+        let mut b = vec![0u8; 4096];
+        assert!(a.read(&mut b, rotten).is_err(), "rot read before the crash");
+        let now = [pcs[1].clone(), pcs[2].clone(), pcs[3].clone()];
+        let (imgs, _) = power_cut(a, &now, 19);
+        let all: Vec<Option<Vec<u8>>> = [None]
+            .into_iter()
+            .chain(imgs.into_iter().map(Some))
+            .collect();
+        let (a, _) = open(&all, false).unwrap();
+        assert!(
+            never_wrong(&a, rotten, want),
+            "the rotten block reads wrong after the crash"
+        );
+        a.recover_all().unwrap();
+        assert!(never_wrong(&a, rotten, want), "and after the recovery");
+    });
+}

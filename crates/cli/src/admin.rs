@@ -903,11 +903,20 @@ fn print_status(v: &Value, as_json: bool) -> Result<()> {
     Ok(())
 }
 
-/// For an open refused because another process holds the member: if that
-/// process is a raidkit server, the message names it and its array ("d0.img
-/// is in use by the raidkit server of array 'lab' (PID 1234)"), so that the
-/// user knows which server to stop.
-pub fn in_use_message(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+/// Whether `e` is an open refused because this very process holds the
+/// member: a rebuild stopped by `fail` or `remove` lets go of its target
+/// when its batch ends, a moment later; a hung device, never.
+pub fn held_by_this_server(e: &(dyn std::error::Error + 'static)) -> bool {
+    member_error(e)
+        .and_then(|m| raidkit_member::InUse::of_error(&m.source))
+        .and_then(|busy| busy.pid)
+        .is_some_and(|pid| pid == std::process::id())
+}
+
+/// The member error `e` is, or has among its causes.
+fn member_error<'e>(
+    e: &'e (dyn std::error::Error + 'static),
+) -> Option<&'e raidkit_member::MemberError> {
     let mut cause = Some(e);
     while let Some(c) = cause {
         let member =
@@ -916,27 +925,54 @@ pub fn in_use_message(e: &(dyn std::error::Error + 'static)) -> Option<String> {
                     Some(raidkit_array::Error::Member(m)) => Some(m),
                     _ => None,
                 });
-        if let Some(m) = member {
-            let busy = raidkit_member::InUse::of_error(&m.source)?;
-            let pid = busy.pid?;
-            if pid == std::process::id() {
-                // This server still holds it: an operation on it that has
-                // not returned (a superblock write given up on a hung
-                // disk keeps its file open until the kernel answers).
-                return Some(format!(
-                    "{} is still held by this server: an operation on it has not returned (a hung device); it can be added again once the device answers, or after a restart",
-                    m.member
-                ));
-            }
-            let array = server_array(pid)?;
-            return Some(format!(
-                "{} is in use by the raidkit server of array '{array}' (PID {pid})",
-                m.member
-            ));
+        if member.is_some() {
+            return member;
         }
         cause = c.source();
     }
     None
+}
+
+/// `f`, again while it fails on a member this server itself still holds
+/// (`held_by_this_server`), for up to 10 s: `add` right after `fail` and
+/// `remove` of a member being rebuilt would otherwise be refused for a
+/// moment with no cause the user could see.
+pub fn unless_held<T, E: std::error::Error + 'static>(
+    mut f: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let t0 = std::time::Instant::now();
+    loop {
+        match f() {
+            Err(e) if held_by_this_server(&e) && t0.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// For an open refused because another process holds the member: if that
+/// process is a raidkit server, the message names it and its array ("d0.img
+/// is in use by the raidkit server of array 'lab' (PID 1234)"), so that the
+/// user knows which server to stop.
+pub fn in_use_message(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let m = member_error(e)?;
+    let busy = raidkit_member::InUse::of_error(&m.source)?;
+    let pid = busy.pid?;
+    if pid == std::process::id() {
+        // This server still holds it: an operation on it that has not
+        // returned (a superblock write given up on a hung disk keeps its
+        // file open until the kernel answers).
+        return Some(format!(
+            "{} is still held by this server: an operation on it has not returned (a hung device); it can be added again once the device answers, or after a restart",
+            m.member
+        ));
+    }
+    let array = server_array(pid)?;
+    Some(format!(
+        "{} is in use by the raidkit server of array '{array}' (PID {pid})",
+        m.member
+    ))
 }
 
 /// The array served by the raidkit server with process ID `pid`: its

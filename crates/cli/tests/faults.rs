@@ -1222,3 +1222,39 @@ fn a_member_failed_because_it_hung_does_not_hold_the_stop() {
     assert!(!String::from_utf8_lossy(&o.stdout).contains("verification failed"));
     assert_eq!(s.stop().code(), Some(0));
 }
+
+/// A member being rebuilt, failed and removed, then added straight back:
+/// the rebuild lets go of it when its batch ends, a moment after the
+/// remove; the add waits for that instead of being refused as a member
+/// "still held by this server" (a hung device, it said). And a hard link
+/// of a member in service is that member: refused as already in the array.
+#[test]
+fn a_member_failed_and_removed_mid_rebuild_is_added_straight_back() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "32M");
+    let s = Served::start(
+        dir.path(),
+        &ms,
+        &["--rebuild-min", "1M", "--rebuild-max", "1M"],
+    );
+    ctl(&s, &["fail", &ms[0]]);
+    ctl(&s, &["remove", &ms[0]]);
+    let new = dir.path().join("new.img").display().to_string();
+    ctl(&s, &["add", &new]);
+    assert_eq!(member_state(&status(&s), 0), "rebuilding");
+    for round in 0..3 {
+        ctl(&s, &["fail", &new]);
+        ctl(&s, &["remove", &new]);
+        ctl(&s, &["add", &new]);
+        let st = status(&s);
+        assert_eq!(member_state(&st, 0), "rebuilding", "round {round}: {st}");
+    }
+    let link = dir.path().join("link.img");
+    std::fs::hard_link(&ms[1], &link).unwrap();
+    let c = s.control.display().to_string();
+    let o = raidkit(&["add", "--control", &c, &link.display().to_string()]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("already in the array"), "{err}");
+}

@@ -209,6 +209,23 @@ impl Core {
     /// taken as it is. Where the thread holds stripe locks (a writer's
     /// read-modify-write, the resync), the stripe it reads is its own. The
     /// write-back checks again under the lock.
+    /// What a crash window that does not heal (a journal replay) makes
+    /// of block `at` of `d` that disagrees with its checksum: taken as a
+    /// torn write, unless its column holds a block a rebuild lost.
+    pub(crate) fn window_torn(&self, d: &Disk, at: u64) -> HealResult {
+        let v = self.view.load_full();
+        let role = v
+            .roles
+            .iter()
+            .position(|r| r.disk.as_ref().is_some_and(|x| std::ptr::eq(x.as_ref(), d)));
+        match role {
+            Some(role) if !self.is_reshaping() && peer_lost(&v, role, at - d.data_offset) => {
+                HealResult::Lost
+            }
+            _ => HealResult::Torn,
+        }
+    }
+
     pub(crate) fn window_heal(&self, d: &Disk, at: u64, blk: &mut [u8]) -> HealResult {
         let v = self.view.load_full();
         if self.is_reshaping() || blk.len() != BLOCK as usize {
@@ -223,6 +240,9 @@ impl Core {
         };
         let dev = at - d.data_offset;
         let chunk = v.geom.chunk;
+        if peer_lost(&v, role, dev) {
+            return HealResult::Lost;
+        }
         // The stripe (parity) or chunk (mirrors) as its writers lock it,
         // if there is redundancy to heal from at all.
         let key = if v.geom.level.is_parity() {
@@ -291,6 +311,32 @@ impl Core {
         }
         HealResult::Healed
     }
+}
+
+/// Whether another block of the column of block `dev` of `role` (parity),
+/// or another copy of it (mirrors), is marked lost by a rebuild: the
+/// redundancy that could tell rot from a torn write is gone there.
+fn peer_lost(v: &View, role: usize, dev: u64) -> bool {
+    let chunk = v.geom.chunk;
+    let lost = |r: usize, at: u64| {
+        v.roles[r]
+            .disk
+            .as_ref()
+            .and_then(|d| d.checked.as_ref().map(|c| (c, d.data_offset)))
+            .is_some_and(|(c, base)| c.is_lost(base + at).unwrap_or(false))
+    };
+    if v.geom.level.is_parity() {
+        let sm = v.geom.stripe_map(dev / chunk);
+        let mut roles = sm.data.iter().copied().chain([sm.p]).chain(sm.q);
+        return roles.any(|r| r != role && lost(r, dev));
+    }
+    let Some(c) = v.geom.mirror_chunk_at(role, dev / chunk) else {
+        return false;
+    };
+    v.geom.pieces(c * chunk + dev % chunk, BLOCK)[0]
+        .copies
+        .iter()
+        .any(|&(r, at)| r != role && lost(r, at))
 }
 
 /// `window_heal` on a parity level: data block `dev` of `role` rebuilt

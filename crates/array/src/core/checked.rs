@@ -172,6 +172,11 @@ pub(crate) enum HealResult {
     /// Could not be told (its column could not be read with its writes
     /// held off): served as it is, its checksum left as it is.
     Unsure,
+    /// Its column (or another copy) holds a block a rebuild could not
+    /// rebuild (`Checked::mark_lost`): there is no redundancy left to tell
+    /// rot from a torn write, and the block read as bad before the crash.
+    /// It stays bad: a read of it fails, and it is not taken.
+    Lost,
 }
 
 /// Reads a block as the member holds it (see `Checked::settle`).
@@ -614,8 +619,19 @@ impl Checked {
         }
         let end = off + buf.len() as u64;
         let mut blk = vec![0u8; BLOCK as usize];
+        let mut lost = Vec::new();
         for &at in bad {
-            let verdict = heal.as_mut().map_or(HealResult::Torn, |h| h(at, &mut blk));
+            // A block marked lost by a rebuild was never torn by a write
+            // (a write records its own checksum): it stays bad.
+            let verdict = if self.is_lost(at)? {
+                HealResult::Lost
+            } else {
+                heal.as_mut().map_or(HealResult::Torn, |h| h(at, &mut blk))
+            };
+            if verdict == HealResult::Lost {
+                lost.push(at);
+                continue;
+            }
             if verdict == HealResult::Unsure {
                 reread(&mut blk, at)?;
             } else if verdict == HealResult::Torn {
@@ -636,7 +652,18 @@ impl Checked {
             buf[(lo - off) as usize..(hi - off) as usize]
                 .copy_from_slice(&blk[(lo - at) as usize..(hi - at) as usize]);
         }
-        Ok(())
+        self.fail_read(&lost)
+    }
+
+    /// Whether the block at member offset `at` is marked lost (a rebuild
+    /// could not rebuild it, `mark_lost`) and not written since.
+    pub fn is_lost(&self, at: u64) -> Result<bool, MemberError> {
+        if self.data_part(at, BLOCK).is_none() {
+            return Ok(false);
+        }
+        self.with_page((at - self.data_offset) / BLOCK, |p, e| {
+            p.sums.as_ref().expect("loaded")[e] == checksums::lost_sum()
+        })
     }
 
     /// Take the blocks of `[off, off + len)` as the member holds them and

@@ -35,11 +35,24 @@ pub enum Added {
 }
 
 fn same_member(a: &str, b: &str) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     if a == b {
         return true;
     }
-    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(x), Ok(y)) => x == y,
+    if let (Ok(x), Ok(y)) = (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        if x == y {
+            return true;
+        }
+    }
+    // Other names of one file (hard links) or of one device (two device
+    // nodes of it): the same member all the same.
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => {
+            (x.dev(), x.ino()) == (y.dev(), y.ino())
+                || (x.file_type().is_block_device()
+                    && y.file_type().is_block_device()
+                    && x.rdev() == y.rdev())
+        }
         _ => false,
     }
 }

@@ -618,9 +618,10 @@ impl Core {
                 // member's timer, only its own reads do.
                 self.timed(d, || c.read_window(buf, at)).and_then(|bad| {
                     let mut heal = |off, blk: &mut [u8]| self.window_heal(d, off, blk);
+                    let mut torn = |off, _: &mut [u8]| self.window_torn(d, off);
                     let heal: Option<checked::Heal<'_>> = match self.window.heals() {
                         true => Some(&mut heal),
-                        false => None,
+                        false => Some(&mut torn),
                     };
                     let reread = |blk: &mut [u8], off| self.timed(d, || c.read_raw(blk, off));
                     c.settle(buf, at, &bad, heal, &reread)

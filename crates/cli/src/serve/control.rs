@@ -204,7 +204,10 @@ pub(super) fn control_handler(
                 .remove_member(&text("member")?)
                 .map(|m| one("member", json!(m)))
                 .map_err(|e| e.to_string()),
-            "add" => raidkit_open::add_member(&array, &text("member")?, flag("force"))
+            "add" => {
+                let spec = text("member")?;
+                crate::admin::unless_held(|| raidkit_open::add_member(&array, &spec, flag("force")))
+            }
                 .map(|added| match added {
                     raidkit_array::Added::Role { role, resync } => {
                         let mut m = one("role", json!(role));
@@ -215,7 +218,10 @@ pub(super) fn control_handler(
                 })
                 .map_err(|e| crate::admin::in_use_message(&e).unwrap_or(e.to_string())),
             "replace" => {
-                raidkit_open::replace_member(&array, &text("member")?, &text("with")?, flag("force"))
+                let (old, new) = (text("member")?, text("with")?);
+                crate::admin::unless_held(|| {
+                    raidkit_open::replace_member(&array, &old, &new, flag("force"))
+                })
             }
                 .map(|r| one("role", json!(r)))
                 .map_err(|e| crate::admin::in_use_message(&e).unwrap_or(e.to_string())),

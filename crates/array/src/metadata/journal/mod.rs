@@ -487,6 +487,26 @@ impl Journal {
         done.map(|()| st)
     }
 
+    /// Checkpoint every record whose in-place writes are done (those
+    /// below the first still in flight), if any is not yet known applied;
+    /// never waits (another checkpoint under way, or nothing new: false).
+    /// `checkpoint(seq)` as for `reserve`.
+    pub fn checkpoint_done<E>(
+        &self,
+        mut checkpoint: impl FnMut(u64) -> Result<(), E>,
+    ) -> Result<bool, E> {
+        let st = self.state.locked();
+        let upto = st
+            .inflight
+            .first_key_value()
+            .map_or(st.seq, |(&s, _)| s - 1);
+        if st.checkpointing || st.applied >= upto {
+            return Ok(false);
+        }
+        let st = self.make_checkpoint(st, upto, false, &mut checkpoint)?;
+        Ok(st.applied >= upto)
+    }
+
     /// Continue numbering after `seq` (records found at replay).
     pub fn advance_to(&self, seq: u64) {
         let mut st = self.state.locked();
