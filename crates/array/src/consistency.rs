@@ -436,7 +436,9 @@ impl Array {
     pub(crate) fn journal_checkpoint(&self, seq: u64) -> Result<()> {
         self.flush()?;
         let mut meta = self.core.meta.locked();
-        meta.sb.journal.applied_seq = seq;
+        // Never back: a reshape's own checkpoint (`journal_applied`) may
+        // have recorded a later one meanwhile.
+        meta.sb.journal.applied_seq = meta.sb.journal.applied_seq.max(seq);
         self.core.write_superblocks(&mut meta)
     }
 

@@ -548,12 +548,12 @@ impl Array {
             return Ok(());
         };
         let seq = j.quiesce();
-        if self.core.meta.locked().sb.journal.applied_seq == seq {
+        if self.core.meta.locked().sb.journal.applied_seq >= seq {
             return Ok(());
         }
         self.core.flush()?;
         let mut meta = self.core.meta.locked();
-        meta.sb.journal.applied_seq = seq;
+        meta.sb.journal.applied_seq = meta.sb.journal.applied_seq.max(seq);
         self.core.write_superblocks(&mut meta)
     }
 
