@@ -141,6 +141,13 @@ fn bad_input_is_refused_and_overwrites_nothing() {
         &args(&["create", "--level", "5", "--chunk", "3000"], &ms),
         "power of two",
     );
+    // A member on a host that does not answer: named, once.
+    let gone = "nbd://127.0.0.1:1/x";
+    let err = fails(
+        &["create", "--level", "1", &ms[0], gone],
+        "connecting to 127.0.0.1:1",
+    );
+    assert_eq!(err.matches(gone).count(), 1, "{err}");
     fails(
         &args(&["create", "--level", "5", "--chunk", "2K"], &ms),
         "at least 4 KiB",

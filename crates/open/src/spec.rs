@@ -180,8 +180,16 @@ pub fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn Member>> {
             o.member
         }
         Spec::Nbd(uri) => {
-            let c = raidkit_nbd::NbdClient::connect_with(uri, crate::remote_timeout())
-                .map_err(|e| Error::Invalid(format!("member {uri}: {e}")))?;
+            let c = raidkit_nbd::NbdClient::connect_with(uri, crate::remote_timeout()).map_err(
+                |e| {
+                    // The client's errors name the URI already: once is enough.
+                    let e = e.to_string();
+                    Error::Invalid(match e.strip_prefix(uri.as_str()) {
+                        Some(rest) => format!("member {uri}{rest}"),
+                        None => format!("member {uri}: {e}"),
+                    })
+                },
+            )?;
             if c.read_only() && !read_only {
                 return Err(Error::Invalid(format!(
                     "member {uri}: the export is read-only"
