@@ -206,7 +206,9 @@ pub struct CreateArgs {
     /// What keeps redundancy consistent across crashes: none (full resync
     /// after an unclean shutdown), bitmap (resync of the regions being
     /// written) or journal (default: every parity update logged first and
-    /// replayed after a crash; closes the RAID-5/6 write hole).
+    /// replayed after a crash; closes the RAID-5/6 write hole). Levels
+    /// without parity have no write hole: bitmap is their default, and
+    /// journal is refused for them.
     #[arg(long, value_name = "POLICY")]
     pub consistency_policy: Option<String>,
     /// Keep a checksum (crc32c) of every 4 KiB block of every member,

@@ -108,6 +108,12 @@ fn cmd_create(a: CreateArgs) -> Result<()> {
         "raidkit" => false,
         other => bail!("--metadata {other}: expected raidkit or md (md's v1.2)"),
     };
+    // Asked for by name, the journal is refused where it has nothing to
+    // do (as `raidkit policy journal` refuses it), not quietly made a
+    // bitmap; the default falls back to the bitmap there.
+    if a.consistency_policy.as_deref() == Some("journal") && !level.is_parity() {
+        bail!("--consistency-policy journal: the journal closes the write hole of parity levels; {level} has none (use bitmap)");
+    }
     let opts = CreateOptions {
         level,
         layout,

@@ -738,6 +738,28 @@ fn the_policy_of_a_stopped_array_changes_and_keeps_its_data() {
     create("1", &m1, "8M");
     fails(&args(&["policy", "journal"], &m1), "");
     assert_eq!(policy(&m1[0]), "bitmap");
+    // Nor does create make one when asked by name (it made a bitmap and
+    // said nothing); nothing is created.
+    let m2 = members(&t.join("mirror2"), 2);
+    std::fs::create_dir_all(t.join("mirror2")).unwrap();
+    for level in ["1", "10"] {
+        fails(
+            &args(
+                &[
+                    "create",
+                    "--level",
+                    level,
+                    "--size",
+                    "8M",
+                    "--consistency-policy",
+                    "journal",
+                ],
+                &m2,
+            ),
+            "closes the write hole of parity levels",
+        );
+        assert!(m2.iter().all(|m| !Path::new(m).exists()));
+    }
 }
 
 #[test]

@@ -530,6 +530,12 @@ impl Geometry {
                     copies: c as u64,
                 });
             }
+            // md uses whole groups of far copies (calc_sectors): the rows
+            // past the last are never used, and mdadm, which shows an
+            // array's size as a member's times members over copies, shows
+            // the kernel's size only when the members' are whole groups.
+            let group = chunk * c as u64;
+            sizes.iter_mut().for_each(|s| *s = *s / group * group);
         }
         let mut starts = Vec::new();
         if level == Level::Linear {
