@@ -304,14 +304,7 @@ fn grow_refuses_what_it_cannot_do_and_changes_nothing() {
     // The members have not grown; and `max` is the one size there is.
     fails(&["grow", "--control", &ctl, "--size", "max"], "no room");
     // Grown past what the checksum area made at create has entries for.
-    for m in &ms[..2] {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(m)
-            .unwrap()
-            .set_len(128 << 20)
-            .unwrap();
-    }
+    set_lengths(&ms[..2], 128 << 20);
     fails(
         &["grow", "--control", &ctl, "--size", "max"],
         "checksum area",
@@ -339,14 +332,7 @@ fn grow_refuses_what_it_cannot_do_and_changes_nothing() {
     // files cut back to their size at create, the array goes on (members
     // that had taken the 128 MiB as theirs found their files "shrunk" at
     // the next write or flush and were failed, both).
-    for m in &ms[..2] {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(m)
-            .unwrap()
-            .set_len(16 << 20)
-            .unwrap();
-    }
+    set_lengths(&ms[..2], 16 << 20);
     let data = dir.path().join("data");
     random_file(&data, 1 << 20);
     tool("nbdcopy", &[&data.display().to_string(), &s.uri]);
@@ -501,6 +487,18 @@ fn a_raid5_becomes_a_raid6_with_one_new_disk_while_fio_verifies() {
 /// Make 16 MiB member files 40 MiB long, the new part holding what a
 /// bigger disk holds where it was never written: not zeroes, and not
 /// consistent parity.
+/// Make each member file `len` bytes long (grown with a hole, or cut).
+fn set_lengths(ms: &[String], len: u64) {
+    for m in ms {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(m)
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+    }
+}
+
 fn grow_members(ms: &[String]) {
     use std::os::unix::fs::FileExt;
     for (i, m) in ms.iter().enumerate() {
