@@ -181,15 +181,25 @@ pub(crate) fn check_kind(path: &Path, name: &str) -> Result<bool> {
 
 /// Take the exclusive writer's lock (released when the file is closed).
 pub(crate) fn lock(file: &File, name: &str) -> Result<()> {
-    file.try_lock().map_err(|e| {
-        let source = match e {
-            std::fs::TryLockError::WouldBlock => {
-                io::Error::new(io::ErrorKind::ResourceBusy, InUse::locking(file))
+    let mut tries = 0;
+    loop {
+        let source = match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::Error(e)) => e,
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let busy = InUse::locking(file);
+                // No holder in /proc/locks: it let go between the refusal
+                // and the look (a rebuild closing its target). Try again
+                // rather than report a holder that no longer exists.
+                tries += 1;
+                if busy.pid.is_none() && tries < 5 {
+                    continue;
+                }
+                io::Error::new(io::ErrorKind::ResourceBusy, busy)
             }
-            std::fs::TryLockError::Error(e) => e,
         };
-        MemberError::new(name, Op::Open, 0, 0, source)
-    })
+        return Err(MemberError::new(name, Op::Open, 0, 0, source));
+    }
 }
 
 /// Why a member could not be opened for writing: another process holds it.
