@@ -13,17 +13,8 @@ N=${2:-5}
 SIZE=${3:-256M}
 BW=${4:-100M}
 SEEK=${5:-8ms}
-cargo build --release --quiet
-R=$PWD/target/release/raidkit
-W=$(mktemp -d /dev/shm/raidkit-rebuild.XXXXXX)
-PID=
-cleanup() {
-  [ -n "$PID" ] && kill "$PID" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$W"
-}
-trap cleanup EXIT
-sim() { echo "sim:$1?bw=$BW&seek=$SEEK"; }
+. bench/sim-lib.sh
+sim_setup rebuild
 bw_bytes=$(python3 -c "import sys; s='$BW'; m={'K':1e3,'M':1e6,'G':1e9}; print(int(float(s[:-1])*m[s[-1]]) if s[-1] in m else int(s))")
 
 for level in 5 6; do

@@ -22,17 +22,8 @@ N=${2:-4}
 SIZE=${3:-256M}
 BW=${4:-100M}
 SEEK=${5:-8ms}
-cargo build --release --quiet
-R=$PWD/target/release/raidkit
-W=$(mktemp -d /dev/shm/raidkit-reshape.XXXXXX)
-PID=
-cleanup() {
-  [ -n "$PID" ] && kill "$PID" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$W"
-}
-trap cleanup EXIT
-sim() { echo "sim:$1?bw=$BW&seek=$SEEK"; }
+. bench/sim-lib.sh
+sim_setup reshape
 CHUNK=${CHUNK:-}
 LEVELS=${LEVELS:-5 6}
 CLIENT=${CLIENT:-1}

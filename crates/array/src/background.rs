@@ -31,6 +31,9 @@ pub struct RecoveryStatus {
     /// The member's role (none for a parity resync).
     pub role: Option<usize>,
     pub member: String,
+    /// Other members rebuilt in the same pass (RAID-6 rebuilding two).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub with: Vec<Partner>,
     /// From 0 to 1, across the whole process: what runs before this one
     /// did counts (as /proc/mdstat shows a resumed resync).
     pub progress: f64,
@@ -56,12 +59,21 @@ pub struct RecoveryStatus {
     pub(crate) began: Option<Instant>,
 }
 
+/// A member rebuilt in the same pass as the one a process names.
+#[derive(Debug, Clone, Serialize)]
+pub struct Partner {
+    pub role: usize,
+    pub member: String,
+}
+
 /// The last recovery that ended.
 #[derive(Debug, Clone, Serialize)]
 pub struct LastRecovery {
     pub kind: &'static str,
     pub role: Option<usize>,
     pub member: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub with: Vec<Partner>,
     /// Bytes rebuilt onto the member in this run.
     pub bytes: u64,
     pub seconds: f64,
@@ -231,6 +243,8 @@ pub(crate) struct Plan {
     pub kind: &'static str,
     pub role: Option<usize>,
     pub member: String,
+    /// Other members rebuilt in the same pass.
+    pub with: Vec<Partner>,
     /// Bytes of the same process done by earlier runs.
     pub bytes_before: u64,
     /// Bytes this run has to do.
@@ -246,6 +260,7 @@ pub(crate) struct Process<'a> {
     kind: &'static str,
     role: Option<usize>,
     member: String,
+    with: Vec<Partner>,
     resumed_from: u64,
     began: Instant,
     pacer: Pacer<'a>,
@@ -290,6 +305,7 @@ impl<'a> Process<'a> {
             kind: plan.kind,
             role: plan.role,
             member: plan.member.clone(),
+            with: plan.with.clone(),
             progress: 0.0,
             bytes_done: 0,
             bytes_total: plan.bytes_total,
@@ -308,6 +324,7 @@ impl<'a> Process<'a> {
             role = plan.role,
             member = plan.member.as_str(),
             from = plan.resumed_from,
+            with = ?plan.with.iter().map(|p| p.member.as_str()).collect::<Vec<_>>(),
             "{} started",
             plan.kind
         );
@@ -329,6 +346,7 @@ impl<'a> Process<'a> {
             kind: plan.kind,
             role: plan.role,
             member: plan.member,
+            with: plan.with,
             resumed_from: plan.resumed_from,
             began,
             pacer: Pacer::new(array),
@@ -433,6 +451,7 @@ impl<'a> Process<'a> {
             kind: self.kind,
             role: self.role,
             member: self.member,
+            with: self.with,
             bytes,
             seconds,
             resumed_from: self.resumed_from,

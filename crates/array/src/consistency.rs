@@ -675,6 +675,7 @@ impl Array {
                 kind: "parity-resync",
                 role: None,
                 member: String::new(),
+                with: Vec::new(),
                 bytes_before: before,
                 bytes_total: total,
                 resumed_from,

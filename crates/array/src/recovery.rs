@@ -22,6 +22,11 @@ pub(crate) struct Job {
     pub target: Arc<Disk>,
     pub sync: Arc<SyncState>,
     pub replace: bool,
+    /// Members rebuilt in the same pass (RAID-6 with two members to
+    /// rebuild): the sources are read once for both, as md recovers every
+    /// spare it has added at once, instead of a second whole pass at one
+    /// member's redundancy.
+    pub partners: Vec<Job>,
 }
 
 impl Job {
@@ -49,12 +54,46 @@ impl Job {
                 && rv.sync.is_some()
         }
     }
+
+    /// The job and its partners: every member the pass builds.
+    pub fn targets(&self) -> impl Iterator<Item = &Job> {
+        std::iter::once(self).chain(self.partners.iter())
+    }
+
+    /// A member of `v` that needs a whole rebuild and could be this job's
+    /// partner but is not: it came after the job started (a second spare
+    /// taking a role, or a member added). Only for a whole rebuild on a
+    /// level with two parities and no partner yet.
+    pub fn joiner<'v>(&self, v: &'v View) -> Option<&'v Arc<Disk>> {
+        if self.replace
+            || self.sync.dirty.is_some()
+            || !self.partners.is_empty()
+            || v.geom.level.parity_count() != 2
+        {
+            return None;
+        }
+        v.roles
+            .iter()
+            .enumerate()
+            .find_map(|(r, rv)| match (&rv.disk, &rv.sync, &rv.replacement) {
+                (Some(d), Some(s), None) if r != self.role && s.dirty.is_none() => Some(d),
+                _ => None,
+            })
+    }
+
+    /// A partner that is no longer where the job expects it.
+    pub fn partner_gone(&self, v: &View) -> Option<&Job> {
+        self.partners.iter().find(|p| !p.current(v))
+    }
 }
 
 /// How a rebuild ended.
 pub(crate) enum Outcome {
     Done,
     Stopped(String),
+    /// Another member to rebuild came while it ran: its position recorded,
+    /// it is taken up again at once with that member as its partner.
+    Regroup(String),
 }
 
 impl Array {
@@ -120,6 +159,19 @@ impl Array {
             return None;
         }
         let v = self.core.view.load();
+        let rebuild_of = |role: usize| {
+            let rv = &v.roles[role];
+            match (&rv.disk, &rv.sync, &rv.replacement) {
+                (Some(d), Some(s), None) => Some(Job {
+                    role,
+                    target: d.clone(),
+                    sync: s.clone(),
+                    replace: false,
+                    partners: Vec::new(),
+                }),
+                _ => None,
+            }
+        };
         for (role, rv) in v.roles.iter().enumerate() {
             if let Some((d, s)) = &rv.replacement {
                 return Some(Job {
@@ -127,15 +179,28 @@ impl Array {
                     target: d.clone(),
                     sync: s.clone(),
                     replace: true,
+                    partners: Vec::new(),
                 });
             }
             if let (Some(d), Some(s)) = (&rv.disk, &rv.sync) {
-                return Some(Job {
+                let mut job = Job {
                     role,
                     target: d.clone(),
                     sync: s.clone(),
                     replace: false,
-                });
+                    partners: Vec::new(),
+                };
+                // A whole rebuild on a level with two parities takes the
+                // other whole rebuild with it (a resync of a returning
+                // member's dirty regions, or a replacement, goes alone).
+                if v.geom.level.parity_count() == 2 && s.dirty.is_none() {
+                    job.partners = (role + 1..v.roles.len())
+                        .filter_map(rebuild_of)
+                        .filter(|p| p.sync.dirty.is_none())
+                        .take(1)
+                        .collect();
+                }
+                return Some(job);
             }
         }
         None
@@ -162,14 +227,18 @@ impl Array {
             if self.core.wake.stopped() {
                 break;
             }
-            if let Outcome::Stopped(why) = self.run_job(job)? {
-                if self.core.wake.stopped() {
-                    break;
+            match self.run_job(job)? {
+                Outcome::Stopped(why) => {
+                    if self.core.wake.stopped() {
+                        break;
+                    }
+                    tracing::warn!("recovery stopped: {why}");
+                    if !self.core.alive.load(Ordering::Acquire) {
+                        break;
+                    }
                 }
-                tracing::warn!("recovery stopped: {why}");
-                if !self.core.alive.load(Ordering::Acquire) {
-                    break;
-                }
+                Outcome::Regroup(why) => tracing::info!("rebuild taken up again: {why}"),
+                Outcome::Done => {}
             }
         }
         // The marked regions of an unclean stop, given up while a member
@@ -222,7 +291,12 @@ impl Array {
         let chunk = self.core.geom().chunk;
         let stripes = self.core.geom().stripes();
         let total = stripes * chunk;
-        let start = job.sync.cursor.load(Ordering::Acquire);
+        // A pass with partners starts where the one furthest behind is.
+        let start = job
+            .targets()
+            .map(|t| t.sync.cursor.load(Ordering::Acquire))
+            .min()
+            .unwrap_or(0);
         // This run's work, and what runs before it did of the same job.
         let (bytes_before, bytes_total) = match &job.sync.dirty {
             Some(d) => (0..stripes)
@@ -243,6 +317,14 @@ impl Array {
                 kind: job.kind(),
                 role: Some(job.role),
                 member: job.target.name().to_string(),
+                with: job
+                    .partners
+                    .iter()
+                    .map(|p| crate::background::Partner {
+                        role: p.role,
+                        member: p.target.name().to_string(),
+                    })
+                    .collect(),
                 bytes_before,
                 bytes_total,
                 resumed_from: start,
@@ -254,31 +336,38 @@ impl Array {
             Ok(())
         } else {
             let mut meta = self.core.meta.locked();
-            meta.sb.roles[job.role].state = RoleState::Rebuilding;
-            job.target.sb.locked().recovery_offset = Some(start);
+            for t in job.targets() {
+                meta.sb.roles[t.role].state = RoleState::Rebuilding;
+                t.target.sb.locked().recovery_offset = Some(t.sync.cursor.load(Ordering::Acquire));
+            }
             self.core.write_superblocks(&mut meta)
         };
         let outcome = recorded
             .and_then(|()| self.level().rebuild(self, &job, total, &mut process))
             .and_then(|o| match o {
-                Outcome::Done => self.finish(&job).map(|()| Outcome::Done),
+                Outcome::Done => job
+                    .targets()
+                    .try_for_each(|t| self.finish(t))
+                    .map(|()| Outcome::Done),
                 other => Ok(other),
             });
         process.end(match &outcome {
             Ok(Outcome::Done) => "done".to_string(),
-            Ok(Outcome::Stopped(why)) => why.clone(),
+            Ok(Outcome::Stopped(why) | Outcome::Regroup(why)) => why.clone(),
             Err(e) => e.to_string(),
         });
         if matches!(outcome, Ok(Outcome::Done)) {
             // After RebuildFinished, as md sends them.
-            self.core.emit(
-                crate::events::NewEvent::new(
-                    "SpareActive",
-                    crate::events::Severity::Info,
-                    format!("in sync and active in role {}", job.role),
-                )
-                .member(job.target.name(), Some(job.role)),
-            );
+            for t in job.targets() {
+                self.core.emit(
+                    crate::events::NewEvent::new(
+                        "SpareActive",
+                        crate::events::Severity::Info,
+                        format!("in sync and active in role {}", t.role),
+                    )
+                    .member(t.target.name(), Some(t.role)),
+                );
+            }
         }
         outcome
     }
@@ -291,10 +380,18 @@ impl Array {
             self.checkpoint(job)?;
             return Ok(Some(Outcome::Stopped("the array was stopped".into())));
         }
-        if !job.current(&self.core.view.load()) {
+        let v = self.core.view.load();
+        if let Some(gone) = std::iter::once(job)
+            .filter(|j| !j.current(&v))
+            .chain(job.partner_gone(&v))
+            .next()
+        {
+            // A partner gone: the recovery loop takes the job up again
+            // alone, from its checkpoint.
+            self.checkpoint(job)?;
             return Ok(Some(Outcome::Stopped(format!(
                 "{} left the array",
-                job.target.name()
+                gone.target.name()
             ))));
         }
         Ok(None)
@@ -307,15 +404,29 @@ impl Array {
             // spare on disk, rebuilt afresh after a restart.
             return Ok(());
         }
-        let at = job.sync.cursor.load(Ordering::Acquire);
-        if job.target.member.flush().is_err() {
-            return Ok(()); // its next write fails it
-        }
+        // Each member's position once it holds what lies below it; a
+        // member whose flush fails is left out (its next write fails it),
+        // and one that left the array is not flushed (it may hang).
+        let v = self.core.view.load();
+        let held: Vec<(&Job, u64)> = job
+            .targets()
+            .filter(|t| t.current(&v))
+            .map(|t| (t, t.sync.cursor.load(Ordering::Acquire)))
+            .filter(|(t, _)| t.target.member.flush().is_ok())
+            .collect();
+        drop(v);
         let mut meta = self.core.meta.locked();
-        if !job.current(&self.core.view.load()) {
+        let v = self.core.view.load();
+        let mut any = false;
+        for (t, at) in held {
+            if t.current(&v) {
+                t.target.sb.locked().recovery_offset = Some(at);
+                any = true;
+            }
+        }
+        if !any {
             return Ok(());
         }
-        job.target.sb.locked().recovery_offset = Some(at);
         self.core.write_superblocks(&mut meta)
     }
 

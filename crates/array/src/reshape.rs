@@ -731,6 +731,7 @@ impl Array {
                 } else {
                     format!("{} to {} members", r.old.members(), r.new.members())
                 },
+                with: Vec::new(),
                 bytes_before: start,
                 bytes_total: total - start,
                 resumed_from: start,

@@ -183,6 +183,7 @@ impl Array {
                 kind: "scrub",
                 role: None,
                 member: String::new(),
+                with: Vec::new(),
                 bytes_before: from * chunk,
                 bytes_total: (units - from) * chunk,
                 resumed_from: from * chunk,
@@ -457,7 +458,13 @@ impl Array {
                 // Rebuilt from redundancy through the read path (checked
                 // against each bad block's own checksum, rewritten, read
                 // back); then P and Q recomputed from the data.
-                let need = vec![true; sm.data.len()];
+                // Blocks a rebuild could not make stay as they are (an
+                // error until written); the rest is rebuilt around them.
+                let need: Vec<bool> = sm
+                    .data
+                    .iter()
+                    .map(|&r| !self.core.lost_in(v, r, dev, chunk))
+                    .collect();
                 if let Ok(r) = self.read_rows(v, u, 0, chunk, &need) {
                     r.into_iter().for_each(scratch::give);
                     let _ = self.recompute_parity(

@@ -44,8 +44,21 @@ fn absolute_new(member: &str) -> String {
 fn process_name(r: &serde_json::Map<String, Value>) -> String {
     let kind = r["kind"].as_str().unwrap_or("?");
     let member = r["member"].as_str().unwrap_or("");
+    let with: String = r
+        .get("with")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            format!(
+                ", with role {} onto {}",
+                p["role"],
+                p["member"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
     match (r["role"].as_u64(), member.is_empty()) {
-        (Some(role), _) => format!("{kind} of role {role} onto {member}"),
+        (Some(role), _) => format!("{kind} of role {role} onto {member}{with}"),
         (None, false) => format!("{kind} ({member})"),
         (None, true) => kind.to_string(),
     }

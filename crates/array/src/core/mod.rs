@@ -805,6 +805,22 @@ impl Core {
     /// checksums that role's member recorded (members without any agree).
     /// A checksum entry that is itself what went bad (the member holds
     /// exactly `data`) is recorded afresh.
+    /// Whether a block of `role`'s `[dev, dev + len)` is one a rebuild
+    /// could not make (marked lost: it reads as an error until written).
+    pub(crate) fn lost_in(&self, v: &View, role: usize, dev: u64, len: u64) -> bool {
+        let Some((c, base)) = v.roles[role]
+            .disk
+            .as_ref()
+            .and_then(|d| d.checked.as_ref().map(|c| (c, d.data_offset)))
+        else {
+            return false;
+        };
+        let first = dev / crate::checksums::BLOCK * crate::checksums::BLOCK;
+        (first..dev + len)
+            .step_by(crate::checksums::BLOCK as usize)
+            .any(|at| c.is_lost(base + at).unwrap_or(false))
+    }
+
     pub(crate) fn agrees(&self, v: &View, role: usize, data: &[u8], dev: u64) -> bool {
         let Some(d) = v.roles[role].disk.as_ref() else {
             return true;

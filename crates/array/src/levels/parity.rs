@@ -331,6 +331,21 @@ impl Array {
         }
         let p = read(sm.p, &mut failed);
         let q = sm.q.and_then(|q| read(q, &mut failed));
+        // Data blocks a rebuild could not make: nothing can check what
+        // parity would make of them (parity may have been made over what
+        // the member holds there since), so they are solved for as
+        // missing, never checked, served or written back; the rest of the
+        // stripe is rebuilt around them and checked as ever. (A parity
+        // block is whatever the data makes it: rewritten as ever.)
+        let lost: Small<usize> = failed
+            .iter()
+            .copied()
+            .filter(|&r| {
+                sm.data.contains(&r)
+                    && mismatched.locked().contains(&r)
+                    && self.core.lost_in(v, r, dev, len)
+            })
+            .collect();
         let rows = match self.solve_checked(
             v,
             &sm,
@@ -338,6 +353,7 @@ impl Array {
             p.as_deref(),
             q.as_deref(),
             &failed,
+            &lost,
             len,
             dev,
         ) {
@@ -397,9 +413,24 @@ impl Array {
             }
         };
         data.into_iter().flatten().for_each(scratch::give);
+        if let Some(dd) = (0..k).find(|&d| need[d] && lost.contains(&sm.data[d])) {
+            p.into_iter().chain(q).for_each(scratch::give);
+            rows.rows.into_iter().for_each(scratch::give);
+            return Err(Error::Unavailable {
+                offset: v.geom.stripe_data_offset(stripe, dd) + col,
+                detail: format!(
+                    "stripe {stripe}: role {}'s block is one a rebuild could not make (it reads as an error until written)",
+                    sm.data[dd]
+                ),
+            });
+        }
         if !failed.is_empty() || rows.parity_wrong {
             let (pp, qq) = parity_of(&sm, &rows.rows, len as usize);
-            let mut fix: Small<usize> = failed.clone();
+            let mut fix: Small<usize> = failed
+                .iter()
+                .copied()
+                .filter(|r| !lost.contains(r))
+                .collect();
             if rows.parity_wrong {
                 fix.extend(
                     std::iter::once(sm.p)
@@ -480,6 +511,7 @@ impl Array {
         p: Option<&[u8]>,
         q: Option<&[u8]>,
         failed: &[usize],
+        lost: &[usize],
         len: u64,
         dev: u64,
     ) -> std::result::Result<Solved, Unsolved> {
@@ -492,10 +524,9 @@ impl Array {
         let mut disagrees = None;
         for (p, q, parity_wrong) in tries {
             let rows = solve(sm, data.to_vec(), p, q, len as usize).map_err(Unsolved::Lost)?;
-            let bad =
-                sm.data.iter().enumerate().find(|&(dd, &r)| {
-                    failed.contains(&r) && !self.core.agrees(v, r, &rows[dd], dev)
-                });
+            let bad = sm.data.iter().enumerate().find(|&(dd, &r)| {
+                failed.contains(&r) && !lost.contains(&r) && !self.core.agrees(v, r, &rows[dd], dev)
+            });
             match bad {
                 None => return Ok(Solved { rows, parity_wrong }),
                 Some((_, &r)) => disagrees = Some(r),

@@ -20,6 +20,8 @@ enum Run {
     /// The members changed under it: run again from the cursor.
     Again,
     Stopped(String),
+    /// A member to rebuild with it came (`Job::joiner`).
+    Regroup(String),
 }
 
 impl Array {
@@ -28,7 +30,7 @@ impl Array {
     fn sources_for(&self, job: &Job, v: &View) -> Vec<Option<Arc<Disk>>> {
         (0..v.roles.len())
             .map(|r| {
-                if r == job.role && !job.replace {
+                if job.targets().any(|t| t.role == r) && !job.replace {
                     return None;
                 }
                 let rv = &v.roles[r];
@@ -56,7 +58,12 @@ impl Array {
             if let Some(end) = self.interrupted(job, process)? {
                 return Ok(end);
             }
-            let from = job.sync.cursor.load(Ordering::Acquire) / chunk;
+            let from = job
+                .targets()
+                .map(|t| t.sync.cursor.load(Ordering::Acquire))
+                .min()
+                .unwrap_or(0)
+                / chunk;
             let dirty = |x: u64| {
                 job.sync
                     .dirty
@@ -67,13 +74,19 @@ impl Array {
             let sources = self.sources_for(job, &self.core.view.load());
             match self.run_pipeline(job, &sources, &steps, process)? {
                 Run::Finished => {
-                    job.sync.cursor.store(total, Ordering::Release);
+                    for t in job.targets() {
+                        t.sync.cursor.store(total, Ordering::Release);
+                    }
                     return Ok(Outcome::Done);
                 }
                 Run::Again => continue,
                 Run::Stopped(why) => {
                     self.checkpoint(job)?;
                     return Ok(Outcome::Stopped(why));
+                }
+                Run::Regroup(why) => {
+                    self.checkpoint(job)?;
+                    return Ok(Outcome::Regroup(why));
                 }
             }
         }
@@ -94,7 +107,15 @@ impl Array {
     ) -> Result<Run> {
         const DEPTH: usize = 8;
         let chunk = self.core.geom().chunk;
-        let t = &job.target;
+        let targets: Vec<&Job> = job.targets().collect();
+        // Where each member already is: a partner further on than the pass
+        // keeps what it has below its position (rebuilt, and written by
+        // clients since), and is written only from there.
+        let starts: Vec<u64> = targets
+            .iter()
+            .map(|t| t.sync.cursor.load(Ordering::Acquire))
+            .collect();
+        let all_current = |v: &View| targets.iter().all(|t| t.current(v));
         let same_sources = |v: &View| {
             self.sources_for(job, v)
                 .iter()
@@ -148,39 +169,61 @@ impl Array {
                 cmds.push(Some(ctx));
                 results.push(Some(rrx));
             }
-            let (wtx, wrx) = std::sync::mpsc::sync_channel::<(usize, u64, Vec<u8>, Vec<u64>)>(2);
+            // A writer thread per member being built. Each answers every
+            // step it is sent, in order (a step is done once every writer
+            // has answered it); after a failed write it writes no more and
+            // answers the rest as failed too.
             let (ack_tx, ack_rx) = std::sync::mpsc::channel();
-            let spawned = std::thread::Builder::new().spawn_scoped(sc, move || {
-                for (i, a, out, lost) in wrx {
-                    // A target failed meanwhile (a timeout, say) is written
-                    // no more: each write to a stalled disk takes as long.
-                    if !job.current(&self.core.view.load()) {
-                        let gone = raidkit_member::MemberError::new(
-                            t.name(),
-                            raidkit_member::Op::Write,
-                            a * chunk,
-                            out.len() as u64,
-                            std::io::Error::other("left the array before this write"),
-                        );
-                        if ack_tx.send((i, Err(gone))).is_err() {
+            let mut wtxs = Vec::new();
+            for (k, &tj) in targets.iter().enumerate() {
+                let (wtx, wrx) =
+                    std::sync::mpsc::sync_channel::<(usize, u64, Vec<u8>, Vec<u64>)>(2);
+                let ack_tx = ack_tx.clone();
+                let from = starts[k];
+                let spawned = std::thread::Builder::new().spawn_scoped(sc, move || {
+                    let t = &tj.target;
+                    let mut failed = false;
+                    for (i, a, out, lost) in wrx {
+                        let dev = a * chunk;
+                        let end = dev + out.len() as u64;
+                        // A member failed meanwhile (a timeout, say) is
+                        // written no more: each write to a stalled disk
+                        // takes as long.
+                        let r = if failed || !tj.current(&self.core.view.load()) {
+                            Err(raidkit_member::MemberError::new(
+                                t.name(),
+                                raidkit_member::Op::Write,
+                                dev,
+                                out.len() as u64,
+                                std::io::Error::other("left the array before this write"),
+                            ))
+                        } else if end <= from {
+                            Ok(())
+                        } else {
+                            let skip = from.saturating_sub(dev);
+                            let lost: Vec<u64> = lost
+                                .into_iter()
+                                .filter(|&o| o >= skip)
+                                .map(|o| o - skip)
+                                .collect();
+                            self.core
+                                .disk_write(t, &out[skip as usize..], dev + skip)
+                                .and_then(|()| self.mark_lost(tj, dev + skip, &lost))
+                        };
+                        failed |= r.is_err();
+                        if ack_tx.send((i, k, r)).is_err() {
                             return;
                         }
-                        continue;
                     }
-                    let r = self
-                        .core
-                        .disk_write(t, &out, a * chunk)
-                        .and_then(|()| self.mark_lost(job, a * chunk, &lost));
-                    let failed = r.is_err();
-                    if ack_tx.send((i, r)).is_err() || failed {
-                        return;
-                    }
+                });
+                if let Err(e) = spawned {
+                    spawn_failed = Some(e);
+                    return;
                 }
-            });
-            if let Err(e) = spawned {
-                spawn_failed = Some(e);
-                return;
+                wtxs.push(wtx);
             }
+            drop(ack_tx);
+            let mut answers: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
             let mut guards = std::collections::VecDeque::new();
             let (mut issued, mut solved, mut sent, mut acked) = (0, 0, 0, 0);
             let mut halt = false;
@@ -189,9 +232,17 @@ impl Array {
                     let (a, b) = steps[issued];
                     let g = self.core.lock_range(a, b);
                     let v = self.core.view.load();
-                    if !job.current(&v) || !same_sources(&v) {
+                    if !all_current(&v) || !same_sources(&v) {
                         halt = true;
                         run = Run::Again;
+                        break;
+                    }
+                    if let Some(d) = job.joiner(&v) {
+                        // One pass for both from here: the rest of this
+                        // member's rebuild is read together with the
+                        // newcomer's, instead of a second pass after it.
+                        halt = true;
+                        run = Run::Regroup(format!("{} joins this rebuild", d.name()));
                         break;
                     }
                     guards.push_back(g);
@@ -220,9 +271,14 @@ impl Array {
                         run = Run::Again;
                     } else {
                         match self.solve_step(job, &bufs, &bads, a, b) {
-                            Ok((out, lost)) => {
-                                if wtx.send((solved, a, out, lost)).is_ok() {
+                            Ok((outs, lost)) => {
+                                let all = wtxs
+                                    .iter()
+                                    .zip(outs)
+                                    .all(|(w, out)| w.send((solved, a, out, lost.clone())).is_ok());
+                                if all {
                                     sent += 1;
+                                    answers.push_back(0);
                                 } else {
                                     halt = true;
                                 }
@@ -264,16 +320,33 @@ impl Array {
                         }
                     };
                     wait = false;
-                    let (i, r) = ack;
+                    let (i, k, r) = ack;
+                    if let Err(e) = r {
+                        if write_failed.is_none() {
+                            write_failed = Some((k, e));
+                        }
+                        halt = true;
+                    }
+                    // (A step not every writer took, as its thread had
+                    // ended, was never counted as sent: its answers are
+                    // left aside.)
+                    if let Some(n) = answers.get_mut(i - acked) {
+                        *n += 1;
+                    }
+                    // Steps end in order: each writer answers in order.
+                    if answers.front().is_none_or(|&n| n < targets.len()) {
+                        continue;
+                    }
+                    answers.pop_front();
                     acked += 1;
                     guards.pop_front();
-                    if let Err(e) = r {
-                        write_failed = Some(e);
-                        halt = true;
+                    if write_failed.is_some() {
                         continue;
                     }
                     let (a, b) = steps[i];
-                    job.sync.cursor.store(b * chunk, Ordering::Release);
+                    for t in &targets {
+                        t.sync.cursor.fetch_max(b * chunk, Ordering::AcqRel);
+                    }
                     let bytes = (b - a) * chunk;
                     if process.checkpoint_due() {
                         if let Err(e) = self.checkpoint(job) {
@@ -293,7 +366,7 @@ impl Array {
             }
             drop(cmds);
             drop(results);
-            drop(wtx);
+            drop(wtxs);
             drop(guards);
         });
         if let Some(e) = spawn_failed {
@@ -304,8 +377,9 @@ impl Array {
         if let Some(e) = solve_failed {
             return Err(e);
         }
-        if let Some(e) = write_failed {
-            self.core.fail_disk_by_ptr(t, &e.to_string());
+        if let Some((k, e)) = write_failed {
+            self.core
+                .fail_disk_by_ptr(&targets[k].target, &e.to_string());
             return Ok(Run::Again);
         }
         if !read_failed.is_empty() {
@@ -346,7 +420,8 @@ impl Array {
         Ok(bad)
     }
 
-    /// The job member's contents for stripes `[s0, s1)` from the sources'
+    /// The contents of the members the job builds (one buffer each, in
+    /// `job.targets()` order) for stripes `[s0, s1)` from the sources'
     /// data (`bads`: the offsets of each source's bad blocks in its
     /// buffer), and the offsets of the blocks that could not be rebuilt.
     fn solve_step(
@@ -356,10 +431,10 @@ impl Array {
         bads: &[Vec<u64>],
         s0: u64,
         s1: u64,
-    ) -> Result<(Vec<u8>, Vec<u64>)> {
+    ) -> Result<(Vec<Vec<u8>>, Vec<u64>)> {
         let chunk = self.core.geom().chunk;
         let len = ((s1 - s0) * chunk) as usize;
-        let mut out = vec![0u8; len];
+        let mut outs = vec![vec![0u8; len]; job.targets().count()];
         let mut lost = Vec::new();
         let cl = chunk as usize;
         let whole: Vec<Option<&[u8]>> = bufs.iter().map(|b| b.as_deref()).collect();
@@ -371,7 +446,7 @@ impl Array {
                     .any(|&b| (lo..lo + n).contains(&(b as usize)))
             };
             if !(0..bufs.len()).any(|r| touched(r, at, cl)) {
-                self.solve_piece(job, s, &whole, at, cl, &mut out[at..at + cl])?;
+                self.solve_piece(job, s, &whole, at, cl, &mut outs)?;
                 continue;
             }
             // Bad blocks in this stripe: block by block, each source's bad
@@ -384,18 +459,23 @@ impl Array {
                     .enumerate()
                     .map(|(r, x)| x.filter(|_| !touched(r, from, b)))
                     .collect();
-                let dst = &mut out[from..from + b];
-                if self.solve_piece(job, s, &usable, from, b, dst).is_err() {
-                    dst.fill(0);
+                if self
+                    .solve_piece(job, s, &usable, from, b, &mut outs)
+                    .is_err()
+                {
+                    for out in &mut outs {
+                        out[from..from + b].fill(0);
+                    }
                     lost.push(from as u64);
                 }
             }
         }
-        Ok((out, lost))
+        Ok((outs, lost))
     }
 
-    /// One piece (`len` bytes at `at` of the step's buffers) of the job
-    /// member's contents in stripe `sm`.
+    /// One piece (`len` bytes at `at` of the step's buffers) of the
+    /// contents in stripe `stripe` of each member the job builds, written
+    /// at `at` of its buffer in `outs`.
     fn solve_piece(
         &self,
         job: &Job,
@@ -403,11 +483,12 @@ impl Array {
         bufs: &[Option<&[u8]>],
         at: usize,
         len: usize,
-        dst: &mut [u8],
+        outs: &mut [Vec<u8>],
     ) -> Result<()> {
         let piece = |r: usize| bufs[r].map(|b| &b[at..at + len]);
         if let Some(src) = piece(job.role) {
-            dst.copy_from_slice(src); // replacing: copy the member in service
+            // replacing: copy the member in service
+            outs[0][at..at + len].copy_from_slice(src);
             return Ok(());
         }
         let sm = &self.core.geom().stripe_map(stripe);
@@ -425,11 +506,15 @@ impl Array {
                 ),
             }
         })?;
-        if let Some(dd) = sm.data.iter().position(|&r| r == job.role) {
-            dst.copy_from_slice(&rows[dd]);
-        } else {
-            let (p, q) = parity_of(sm, &rows, len);
-            dst.copy_from_slice(if job.role == sm.p { &p } else { &q });
+        let mut parity = None;
+        for (t, out) in job.targets().zip(outs) {
+            let dst = &mut out[at..at + len];
+            if let Some(dd) = sm.data.iter().position(|&r| r == t.role) {
+                dst.copy_from_slice(&rows[dd]);
+            } else {
+                let (p, q) = parity.get_or_insert_with(|| parity_of(sm, &rows, len));
+                dst.copy_from_slice(if t.role == sm.p { p } else { q });
+            }
         }
         Ok(())
     }
