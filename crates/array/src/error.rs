@@ -39,8 +39,10 @@ pub enum Error {
         uuid: String,
         name: String,
     },
-    #[error("{member} holds data (its first MiB is not blank); use --force to overwrite it")]
-    HoldsData { member: String },
+    #[error(
+        "{member} holds data (bytes at offset {offset} are not zero); use --force to overwrite it"
+    )]
+    HoldsData { member: String, offset: u64 },
     #[error("range {offset}+{len} lies beyond the end of the array ({size} bytes)")]
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("data at array offset {offset} is unavailable: {detail}")]

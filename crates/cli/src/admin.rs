@@ -589,7 +589,12 @@ pub fn stop(a: StopArgs) -> Result<()> {
         if closed.is_none() {
             let ask = json!({"cmd": "closed", "wait_ms": 1000});
             match call(&path, &ask, Duration::from_secs(5)) {
-                Ok(r) if r["closed"] == true => closed = Some(r),
+                Ok(r) if r["closed"] == true => {
+                    closed = Some(r);
+                    // Say so: the server keeps its socket until then.
+                    let ack = json!({"cmd": "closed", "ack": true});
+                    let _ = call(&path, &ack, Duration::from_secs(5));
+                }
                 Ok(_) => continue,
                 Err(ControlError::Refused(_)) => closed = Some(Value::Null),
                 Err(_) => {}

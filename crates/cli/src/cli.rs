@@ -330,6 +330,10 @@ pub struct WriteArgs {
     /// that is refused, naming the missing members.
     #[arg(long)]
     pub run: bool,
+    /// Print what was written as JSON ({"written": bytes, "offset": bytes})
+    /// on stdout, instead of the line on stderr.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub io: IoArgs,
     #[command(flatten)]

@@ -687,7 +687,7 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
             );
         }
         println!();
-        println!("    Role  State    Domain        Member");
+        println!("    Role  State      Domain        Member");
         for r in &rows {
             let role = match &r["role"] {
                 Value::String(s) => s.clone(),
@@ -699,7 +699,7 @@ fn cmd_detail(a: DetailArgs) -> Result<()> {
                 .map(|s| format!("  ({s})"))
                 .unwrap_or_default();
             println!(
-                "    {role:>4}  {:<8} {:<13} {path}{reason}",
+                "    {role:>4}  {:<10} {:<13} {path}{reason}",
                 r["state"].as_str().unwrap_or("?"),
                 r["domain"].as_str().unwrap_or("-")
             );
@@ -795,6 +795,10 @@ fn cmd_write(a: WriteArgs) -> Result<()> {
         array.write(part, a.offset + (i * STEP) as u64)?;
     }
     array.close()?;
-    eprintln!("raidkit: wrote {} bytes at offset {}", data.len(), a.offset);
+    if a.json {
+        println!("{}", json!({"written": data.len(), "offset": a.offset}));
+    } else {
+        eprintln!("raidkit: wrote {} bytes at offset {}", data.len(), a.offset);
+    }
     Ok(())
 }

@@ -214,6 +214,69 @@ fn bad_input_is_refused_and_overwrites_nothing() {
     assert_eq!(std::fs::read(&junk).unwrap(), junk_data);
     assert_eq!(digest(&ms), before);
 
+    // Data further in: a few bytes anywhere in the metadata area past its
+    // first MiB or in the last MiB (md's 0.90 and 1.0 superblocks, a
+    // backup GPT), a MiB of a file's data in the middle of the disk (the
+    // middle is looked at in places: a disk of terabytes is not read
+    // whole). Each refused without --force, nothing written.
+    let cases = [
+        ((1 << 20) + 12345, 8, "metadata area"),
+        (8 << 20, 1 << 20, "middle"),
+        ((16 << 20) - 8, 8, "end"),
+    ];
+    for (at, len, what) in cases {
+        let mut img = vec![0u8; 16 << 20];
+        img[at..at + len].fill(0x5a);
+        let used = write_file(dir.path(), "used.img", &img);
+        let with_used = vec![ms[0].clone(), used.clone(), ms[1].clone()];
+        let e = fails(&args(&["create", "--level", "5"], &with_used), "holds data");
+        let seen: usize = e
+            .split("offset ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no offset in {e}"));
+        assert!((at..at + len).contains(&seen), "{what}: {e}");
+        assert!(
+            std::fs::read(&used).unwrap() == img,
+            "{what}: the member was written"
+        );
+        assert_eq!(digest(&ms), before);
+    }
+
+    // New files (--size): one named twice in two spellings is said to be,
+    // and a create that fails on one of them leaves none behind.
+    let new = |n: &str| dir.path().join(n).display().to_string();
+    let dotted = format!("{}/./n0.img", dir.path().display());
+    fails(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--size",
+            "16M",
+            &new("n0.img"),
+            &new("n1.img"),
+            &dotted,
+        ],
+        "more than once",
+    );
+    let nowhere = new("nodir/n2.img");
+    fails(
+        &[
+            "create",
+            "--level",
+            "5",
+            "--size",
+            "16M",
+            &new("n0.img"),
+            &new("n1.img"),
+            &nowhere,
+        ],
+        "No such file",
+    );
+    assert!(!Path::new(&new("n0.img")).exists() && !Path::new(&new("n1.img")).exists());
+
     // A real array, then a second one: members of one are refused by the other.
     ok(&args(&["create", "--level", "5", "--name", "first"], &ms));
     let other = members(&dir.path().join("o"), 3);
@@ -293,7 +356,15 @@ fn torn_superblock_update_still_assembles() {
     ok(&args(&["create", "--level", "5", "--size", "16M"], &ms));
     let data = vec![0x5au8; 100_000];
     let input = write_file(dir.path(), "in.bin", &data);
-    ok(&args(&["write", "--offset", "1000", "--in", &input], &ms));
+    let out = ok(&args(
+        &["write", "--offset", "1000", "--in", &input, "--json"],
+        &ms,
+    ));
+    let said: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (said["written"].as_u64(), said["offset"].as_u64()),
+        (Some(100_000), Some(1000))
+    );
     // Tear copy A of member 0: a sector of it is garbage.
     {
         use std::os::unix::fs::FileExt;

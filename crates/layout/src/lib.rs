@@ -41,7 +41,7 @@ pub enum LayoutError {
     /// unknown RAID level '{0}' (expected linear, 0, 1, 4, 5, 6 or 10)
     #[error("unknown RAID level '{0}' (expected linear, 0, 1, 4, 5, 6 or 10)")]
     UnknownLevel(String),
-    #[error("unknown layout '{0}' (expected left-symmetric, right-symmetric, left-asymmetric, right-asymmetric, parity-first, parity-last, or nN for RAID-10)")]
+    #[error("unknown layout '{0}' (expected left-symmetric, right-symmetric, left-asymmetric, right-asymmetric, parity-first, parity-last, or for RAID-10 nN, fN or oN: N copies near, far or offset)")]
     UnknownLayout(String),
     #[error("layout {layout} does not apply to {level}")]
     LayoutNotForLevel { level: Level, layout: Layout },

@@ -73,9 +73,23 @@ impl FileMember {
             .create_new(true)
             .open(path)
             .map_err(|e| MemberError::new(&name, Op::Open, 0, 0, e))?;
-        sys::lock(&file, &name)?;
-        file.set_len(len)
-            .map_err(|e| MemberError::new(&name, Op::Write, 0, len, e))?;
+        // Made here: taken away again if it cannot be used.
+        let made = |e: MemberError| {
+            let _ = std::fs::remove_file(path);
+            e
+        };
+        sys::lock(&file, &name).map_err(made)?;
+        file.set_len(len).map_err(|e| {
+            let what = if e.raw_os_error() == Some(libc::EFBIG) {
+                io::Error::new(
+                    e.kind(),
+                    format!("the file system cannot hold a file of {len} bytes ({e})"),
+                )
+            } else {
+                e
+            };
+            made(MemberError::new(&name, Op::Create, 0, len, what))
+        })?;
         let o = sys::Opened {
             rotational: sys::rotational(&file, true),
             file,

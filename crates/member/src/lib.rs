@@ -60,6 +60,8 @@ use std::io;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     Open,
+    /// Making a new member file of its size.
+    Create,
     Read,
     Write,
     Flush,
@@ -70,6 +72,7 @@ impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Op::Open => "open",
+            Op::Create => "create",
             Op::Read => "read",
             Op::Write => "write",
             Op::Flush => "flush",
@@ -97,6 +100,7 @@ impl MemberError {
     fn describe(&self) -> String {
         match self.op {
             Op::Open => format!("{}: cannot open: {}", self.member, self.source),
+            Op::Create => format!("{}: cannot create: {}", self.member, self.source),
             op => format!(
                 "{}: {op} of {} bytes at offset {} failed: {}",
                 self.member, self.len, self.offset, self.source

@@ -252,13 +252,39 @@ pub(crate) fn first_repeat(specs: &[Spec]) -> Option<(String, String)> {
                 true => (0, m.rdev()),
                 false => (m.dev(), m.ino()),
             });
+        // A file not made yet (create --size makes it) by where it would
+        // be: m0.img, ./m0.img and its full path are one file.
+        let key = match id {
+            Some(_) => p.to_string(),
+            None => would_be(p),
+        };
         if let Some((first, _)) = seen
             .iter()
-            .find(|(q, qid)| q == p || (id.is_some() && *qid == id))
+            .find(|(q, qid)| *q == key || (id.is_some() && *qid == id))
         {
-            return Some((first.clone(), p.to_string()));
+            let first = specs
+                .iter()
+                .flat_map(|s| s.files())
+                .find(|f| *f == first.as_str() || would_be(f) == *first)
+                .unwrap_or(first)
+                .to_string();
+            return Some((first, p.to_string()));
         }
-        seen.push((p.to_string(), id));
+        seen.push((key, id));
     }
     None
+}
+
+/// Where a path that does not exist yet would be: its directory's real
+/// path and its name (the path as given if its directory is not there).
+fn would_be(p: &str) -> String {
+    let path = std::path::Path::new(p);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    match (std::fs::canonicalize(dir), path.file_name()) {
+        (Ok(d), Some(name)) => d.join(name).display().to_string(),
+        _ => p.to_string(),
+    }
 }

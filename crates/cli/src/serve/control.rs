@@ -33,7 +33,7 @@ pub(super) struct Closing {
     done: std::sync::Condvar,
     /// Someone follows the close (`raidkit stop` asked `closed`).
     followed: AtomicBool,
-    /// A `closed` answer with the outcome went out.
+    /// The follower has the outcome: it said so (`closed` with `ack`).
     taken: AtomicBool,
 }
 
@@ -65,21 +65,18 @@ impl Closing {
         g.clone()
     }
 
-    /// When someone follows the close, let a `closed` answer carrying the
-    /// outcome go out before the socket goes (at most 2 s): between two
-    /// of its requests the follower would find the socket gone and never
-    /// learn how it ended.
+    /// When someone follows the close, keep the socket until it says it
+    /// has the outcome (at most 10 s): between two of its requests, or
+    /// with an answer not yet written when the process exits (a loaded
+    /// machine), the follower would find the socket gone and never learn
+    /// how it ended.
     pub(super) fn let_followers_answer(&self) {
         let t = Instant::now();
         while self.followed.load(Ordering::Acquire)
             && !self.taken.load(Ordering::Acquire)
-            && t.elapsed() < Duration::from_secs(2)
+            && t.elapsed() < Duration::from_secs(10)
         {
             std::thread::sleep(Duration::from_millis(5));
-        }
-        if self.taken.load(Ordering::Acquire) {
-            // The answer is written after the handler returns.
-            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }
@@ -120,6 +117,13 @@ pub(super) fn control_handler(
             // How closing the array ended, waiting up to `wait_ms` (at
             // most 30 s) for it: `raidkit stop` reports it.
             // Every array of this process (a stop stops them all).
+            "closed" if flag("ack") => {
+                // The follower has the outcome: the socket may go.
+                for c in served.closings.iter() {
+                    c.taken.store(true, Ordering::Release);
+                }
+                Ok(one("closed", json!(true)))
+            }
             "closed" => {
                 let wait = args.get("wait_ms").and_then(Value::as_u64).unwrap_or(0);
                 let until = Instant::now() + Duration::from_millis(wait.min(30_000));
@@ -133,11 +137,6 @@ pub(super) fn control_handler(
                     })
                     .collect();
                 let clean = got.iter().all(|(_, r)| matches!(r, Some(Ok(true))));
-                if all {
-                    for (c, _) in &got {
-                        c.taken.store(true, Ordering::Release);
-                    }
-                }
                 let mut m = one("closed", json!(all));
                 m.insert("clean".into(), json!(all && clean));
                 m.insert(
