@@ -248,33 +248,14 @@ fn bad_input_is_refused_and_overwrites_nothing() {
     // and a create that fails on one of them leaves none behind.
     let new = |n: &str| dir.path().join(n).display().to_string();
     let dotted = format!("{}/./n0.img", dir.path().display());
-    fails(
-        &[
-            "create",
-            "--level",
-            "5",
-            "--size",
-            "16M",
-            &new("n0.img"),
-            &new("n1.img"),
-            &dotted,
-        ],
-        "more than once",
-    );
-    let nowhere = new("nodir/n2.img");
-    fails(
-        &[
-            "create",
-            "--level",
-            "5",
-            "--size",
-            "16M",
-            &new("n0.img"),
-            &new("n1.img"),
-            &nowhere,
-        ],
-        "No such file",
-    );
+    for (third, why) in [
+        (dotted, "more than once"),
+        (new("nodir/n2.img"), "No such file"),
+    ] {
+        let (n0, n1) = (new("n0.img"), new("n1.img"));
+        let create = ["create", "--level", "5", "--size", "16M", &n0, &n1, &third];
+        fails(&create, why);
+    }
     assert!(!Path::new(&new("n0.img")).exists() && !Path::new(&new("n1.img")).exists());
 
     // A real array, then a second one: members of one are refused by the other.
