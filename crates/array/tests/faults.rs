@@ -167,6 +167,23 @@ fn a_rebuilding_member_can_be_failed_and_status_shows_the_roles_latest_member() 
     assert_eq!(line("m0.img"), Some((None, "faulty")), "{st:?}");
     let e = a.fail_member("0", false).unwrap_err().to_string();
     assert!(e.contains("new.img"), "role 0 is new.img's now: {e}");
+    // Its latest member removed, the role is missing: the one before it
+    // does not come back into it.
+    a.remove_member(&fresh).unwrap();
+    let st = a.members_status();
+    let role0: Vec<_> = st.iter().filter(|m| m.role == Some(0)).collect();
+    assert!(
+        role0.len() == 1 && role0[0].state == "missing" && role0[0].path.is_none(),
+        "{st:?}"
+    );
+    let old = st
+        .iter()
+        .find(|m| m.path.as_deref().is_some_and(|x| x.ends_with("m0.img")));
+    assert_eq!(
+        old.map(|m| (m.role, m.state)),
+        Some((None, "faulty")),
+        "{st:?}"
+    );
     check(&a, &model);
     done(a);
 }

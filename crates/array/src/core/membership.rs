@@ -312,7 +312,9 @@ impl Core {
             }
         };
         let lost = self.note_lost(&disk, !spare);
-        v.failed.push((disk.clone(), role, why.to_string()));
+        // A replacement carrying the role on took it from this member.
+        let held = role.filter(|&r| v.roles[r].disk.is_none());
+        v.failed.push((disk.clone(), held, why.to_string()));
         let failed = !self.geom().survives(&v.degraded_roles());
         // A failed array answers nothing, so members whose link went do
         // not rejoin it while it runs: what it takes back (which stale
@@ -487,6 +489,12 @@ impl Core {
         meta.sb.roles[r].state = RoleState::Rebuilding;
         v.failed
             .retain(|f| !(f.1 == Some(r) && f.0.uuid == disk.uuid));
+        // The role's earlier members failed are its members no more: shown
+        // without a role (and not tried back into it), so that the role
+        // never shows one of them again once this one has gone.
+        for f in v.failed.iter_mut().filter(|f| f.1 == Some(r)) {
+            f.1 = None;
+        }
         // Membership changes reach the log at the default level: an
         // administrator reading it afterwards must see every one.
         tracing::warn!(
