@@ -651,7 +651,7 @@ pub fn stop(a: StopArgs) -> Result<()> {
         }
         if closed.as_ref().is_some_and(|c| c["clean"] == false) {
             println!(
-                "raidkit: array '{name}' is left dirty (a resync not finished): the next start resyncs what it must"
+                "raidkit: array '{name}' is left dirty (a resync not finished, or requests given up on: see its log): the next start resyncs what it must"
             );
         }
     }

@@ -223,15 +223,7 @@ fn a_mirror_resync_goes_on_when_a_member_is_lost() {
         // the resync is done, the array is left dirty, and `stop` says so
         // (without failing).
         let s = Served::start(dir.path(), &ms, &slow);
-        let ctl = s.control.display().to_string();
-        let o = raidkit(&["stop", "--json", "--control", &ctl]);
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        assert_eq!(o.status.code(), Some(0), "RAID-{level}: {v}");
-        assert_eq!(
-            (v["clean"].as_bool(), v["error"].as_str()),
-            (Some(false), None),
-            "{v}"
-        );
+        stopped_dirty(&s.control);
         drop(s);
         let mut s = Served::start(dir.path(), &ms, &[]);
         let ctl = s.control.display().to_string();

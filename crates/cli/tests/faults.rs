@@ -1374,6 +1374,49 @@ fn a_member_failed_because_it_hung_does_not_hold_the_stop() {
     assert_eq!(s.stop().code(), Some(0));
 }
 
+/// Many requests in flight when a mirror's disk hangs (every operation
+/// waits ten minutes): the disk is failed for it, but the requests that
+/// wait on its operations never end. The stop gives up on them after the
+/// member timeout (and a margin) instead of waiting for ever, and leaves
+/// the array dirty: the next start resyncs it, and it is whole.
+#[test]
+fn requests_held_by_a_member_that_hangs_do_not_hold_the_stop() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("1", &ms, "64M");
+    let hung = [
+        ms[0].clone(),
+        format!("fault:{}?hang-after=3s", ms[1]),
+        ms[2].clone(),
+    ];
+    let s = Served::start(dir.path(), &hung, &["--member-timeout", "2"]);
+    // A client with 16 writes in flight, killed once the disk has hung
+    // (its requests then wait on the hung operations).
+    let _ = Command::new("timeout")
+        .args(["-s", "KILL", "10", "fio", "--name=j", "--ioengine=nbd"])
+        .arg(format!("--uri={}", s.uri))
+        .args([
+            "--rw=randwrite",
+            "--bs=4k-64k",
+            "--iodepth=16",
+            "--size=32m",
+        ])
+        .args(["--time_based", "--runtime=8", "--output=/dev/null"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    assert!(member_state(&status(&s), 1).is_empty(), "{}", status(&s));
+    let t = Instant::now();
+    stopped_dirty(&s.control);
+    assert!(t.elapsed() < Duration::from_secs(40), "{:?}", t.elapsed());
+    drop(s);
+    let mut s = Served::start(dir.path(), &ms, &[]);
+    ctl(&s, &["wait", "--timeout", "60"]);
+    assert_eq!(status(&s)["state"], "optimal");
+    assert_eq!(s.stop().code(), Some(0));
+    check_offline(&ms);
+}
+
 /// A member being rebuilt, failed and removed, then added straight back:
 /// the rebuild lets go of it when its batch ends, a moment after the
 /// remove; the add waits for that instead of being refused as a member

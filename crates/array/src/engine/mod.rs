@@ -831,14 +831,41 @@ impl Array {
                 .all(|d| d.member.buffered())
         })
     }
-    /// written, mark it clean.
+
+    /// Close the array: stop its background work, flush every member and,
+    /// everything written, mark it clean.
     pub fn close(&self) -> Result<()> {
+        self.close_as(true)
+    }
+
+    /// Close with requests still in flight that will never end (held by a
+    /// member that was failed because it hangs, and given up on by the
+    /// stop): members flushed and closed, but the array left dirty (and
+    /// the journal as it is), so that the next start replays or resyncs
+    /// what those requests may have left half done.
+    pub fn close_leaving_dirty(&self) -> Result<()> {
+        self.close_as(false)
+    }
+
+    /// The member timeout: how long an operation may take before its
+    /// member is failed.
+    pub fn member_timeout(&self) -> Duration {
+        self.core.member_timeout()
+    }
+
+    fn close_as(&self, settled: bool) -> Result<()> {
         self.core.wake.stop();
-        self.journal_settle();
+        if settled {
+            self.journal_settle();
+        }
         let flushed = self.flush();
         let mut meta = self.core.meta.locked();
         let unfinished = self.recovery.parity_unfinished.load(Ordering::Acquire);
-        if self.core.write_ready.swap(false, Ordering::AcqRel) && flushed.is_ok() && !unfinished {
+        if settled
+            && self.core.write_ready.swap(false, Ordering::AcqRel)
+            && flushed.is_ok()
+            && !unfinished
+        {
             meta.sb.state = ArrayState::Clean;
             self.core.write_superblocks(&mut meta)?;
         }

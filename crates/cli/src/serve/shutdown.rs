@@ -25,8 +25,23 @@ pub(super) fn stop_all(
         Err(_) => crate::say::note("the start failed: stopping what was started"),
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-    for server in servers {
-        server.shutdown();
+    // A request still in flight once the member timeout has passed waits
+    // on a member the stall watch has failed (it fails a member with an
+    // operation outstanding that long) and that may never answer: it is
+    // given up on, and the arrays are left dirty for the next start to
+    // replay or resync what it left half done.
+    let patience = started
+        .iter()
+        .map(|s| s.array.member_timeout())
+        .max()
+        .unwrap_or_default()
+        + std::time::Duration::from_secs(5);
+    let abandoned: usize = servers.iter().map(|s| s.shutdown_within(patience)).sum();
+    if abandoned > 0 {
+        crate::say::warning(&format!(
+            "{abandoned} connection(s) still waited on a failed member's operations {}s after the stop began: their requests were given up on, unanswered",
+            patience.as_secs()
+        ));
     }
     let mut failed = None;
     let mut lost_writes: Vec<Option<String>> = vec![None; started.len()];
@@ -46,15 +61,38 @@ pub(super) fn stop_all(
         }
         s.array.stop_background();
     }
+    // The background threads (rebuild, housekeeping) end at their next
+    // step; one held by a failed member's operation that never returns (a
+    // flush begun before it was failed) is left, as the requests are.
+    let until = std::time::Instant::now() + patience;
+    let mut held = 0;
     for r in recovery {
-        let _ = r.join();
+        while !r.is_finished() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        if r.is_finished() {
+            let _ = r.join();
+        } else {
+            held += 1;
+        }
     }
+    if held > 0 {
+        crate::say::warning(&format!(
+            "{held} background thread(s) still waited on a failed member's operations: left as they are"
+        ));
+    }
+    let abandoned = abandoned + held;
     for ((s, closing), lost) in started.iter().zip(closings).zip(lost_writes) {
         if let Some(p) = &s.plan.socket {
             let _ = std::fs::remove_file(p);
         }
         let name = s.array.superblock().name;
-        match s.array.close() {
+        let closed = if abandoned > 0 {
+            s.array.close_leaving_dirty()
+        } else {
+            s.array.close()
+        };
+        match closed {
             // The close itself worked, but members failed on the way (the
             // last superblock writes): the array did not survive it.
             Ok(()) if s.array.health() == raidkit_array::Health::Failed => {
@@ -68,6 +106,10 @@ pub(super) fn stop_all(
                     s.array.superblock().state == raidkit_array::superblock::ArrayState::Clean;
                 crate::say::note(&if clean {
                     format!("stopped; array '{name}' is clean")
+                } else if abandoned > 0 {
+                    format!(
+                        "stopped; array '{name}' is left dirty (requests given up on): the next start replays or resyncs what it must"
+                    )
                 } else {
                     format!(
                         "stopped; array '{name}' is left dirty (a resync not finished): the next start resyncs what it must"

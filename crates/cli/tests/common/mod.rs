@@ -387,6 +387,29 @@ impl Drop for Served {
     }
 }
 
+/// `raidkit stop --json` of the server at `control` reported success and
+/// said it left the array dirty (nothing failed): the JSON it printed.
+pub fn stopped_dirty(control: &Path) -> serde_json::Value {
+    let c = control.display().to_string();
+    let o = raidkit(&[
+        "stop",
+        "--force",
+        "--json",
+        "--timeout",
+        "60",
+        "--control",
+        &c,
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert_eq!(
+        (v["clean"].as_bool(), v["error"].as_str()),
+        (Some(false), None),
+        "{v}"
+    );
+    v
+}
+
 /// Create an array with `raidkit create`.
 pub fn create(level: &str, ms: &[String], size: &str) {
     ok(&args(

@@ -31,8 +31,10 @@ pub(super) struct Accepting {
 
 impl Accepting {
     /// Stop accepting, let every connection finish the requests it has
-    /// read, and wait for them.
-    pub(super) fn shutdown(&self) {
+    /// read, and wait for them: for at most `patience`, if given. Returns
+    /// how many connections were still serving a request then; they are
+    /// left to themselves (their clients get no more answers).
+    pub(super) fn shutdown(&self, patience: Option<Duration>) -> usize {
         self.stopping.store(true, Ordering::Release);
         for h in self.acceptors.locked().drain(..) {
             let _ = h.join();
@@ -43,9 +45,19 @@ impl Accepting {
             // already received.
             s.shutdown(Shutdown::Read);
         }
+        let until = patience.map(|p| std::time::Instant::now() + p);
+        let mut left = 0;
         for (_, h) in conns {
-            let _ = h.join();
+            while until.is_some_and(|u| std::time::Instant::now() < u) && !h.is_finished() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if until.is_none() || h.is_finished() {
+                let _ = h.join();
+            } else {
+                left += 1;
+            }
         }
+        left
     }
 }
 

@@ -337,7 +337,15 @@ impl Server {
     /// Stop accepting, let every connection finish the requests it has
     /// read, and wait for them. The caller then flushes and closes the device.
     pub fn shutdown(&self) {
-        self.accepting.shutdown();
+        self.accepting.shutdown(None);
+    }
+
+    /// `shutdown`, waiting at most `patience` for the requests in flight
+    /// (a request held by a device that never answers would hold the stop
+    /// for ever). Returns how many connections were given up on, their
+    /// requests unanswered.
+    pub fn shutdown_within(&self, patience: std::time::Duration) -> usize {
+        self.accepting.shutdown(Some(patience))
     }
 }
 
