@@ -737,6 +737,46 @@ fn a_write_error_fails_the_member_durably_before_the_request_completes() {
     }
 }
 
+/// A member that fails a superblock write (here the one that marks the
+/// array dirty before the first write) has it counted among its write
+/// errors, as a data write's.
+#[test]
+fn a_failed_superblock_write_counts_as_a_write_error() {
+    let dir = tmp();
+    let ms = members(dir.path(), 4);
+    create("5", &ms, "16M");
+    let mut faulty = ms.clone();
+    faulty[1] = format!("fault:{}?fail-writes-after=2", ms[1]);
+    let mut s = Served::start(dir.path(), &faulty, &[]);
+    tool(
+        "timeout",
+        &[
+            "30",
+            "qemu-io",
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x77 64k 4k",
+            &s.uri,
+        ],
+    );
+    let st = status(&s);
+    let m1 = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["path"].as_str().is_some_and(|p| p.ends_with("d1.img")))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(m1["state"], "faulty", "{st}");
+    assert!(
+        m1["reason"].as_str().unwrap_or("").contains("superblock"),
+        "{m1}"
+    );
+    assert!(m1["errors"]["write"].as_u64() >= Some(1), "{m1}");
+    assert_eq!(s.stop().code(), Some(0));
+}
+
 #[test]
 fn an_unreadable_journal_refuses_to_start() {
     let dir = tmp();

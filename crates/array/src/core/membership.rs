@@ -150,6 +150,7 @@ fn write_each(
                 // A thread that cannot be had (the process is at its
                 // limit) is no reason to stop: this copy is written here.
                 if let Err(e) = write_one(v, role, &d, sb.clone(), rebuilding, &abandoned) {
+                    d.write_errors.fetch_add(1, Ordering::Relaxed);
                     failed.push((d, e));
                 }
                 waiting.push(None);
@@ -173,7 +174,12 @@ fn write_each(
         let (d, _) = waiting[i].take().expect("each writer answers once");
         match r {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => failed.push((d, e)),
+            Ok(Err(e)) => {
+                // A superblock write the member refused is one of its
+                // write errors, as a data write's is.
+                d.write_errors.fetch_add(1, Ordering::Relaxed);
+                failed.push((d, e));
+            }
             Err(panic) => std::panic::resume_unwind(panic),
         }
     }
