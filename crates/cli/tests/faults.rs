@@ -748,18 +748,7 @@ fn a_failed_superblock_write_counts_as_a_write_error() {
     let mut faulty = ms.clone();
     faulty[1] = format!("fault:{}?fail-writes-after=2", ms[1]);
     let mut s = Served::start(dir.path(), &faulty, &[]);
-    tool(
-        "timeout",
-        &[
-            "30",
-            "qemu-io",
-            "-f",
-            "raw",
-            "-c",
-            "write -P 0x77 64k 4k",
-            &s.uri,
-        ],
-    );
+    qemu_cmd(&s.uri, "write -P 0x77 64k 4k");
     let st = status(&s);
     let m1 = st["members"]
         .as_array()
@@ -1167,20 +1156,7 @@ fn a_member_that_hangs_while_idle_is_failed_by_the_stall_watch() {
     let hung = [ms[0].clone(), format!("fault:{}?hang-after=8s", ms[1])];
     let t = Instant::now();
     let mut s = Served::start(dir.path(), &hung, &["--member-timeout", "3"]);
-    let write = |at: &str| {
-        tool(
-            "timeout",
-            &[
-                "30",
-                "qemu-io",
-                "-f",
-                "raw",
-                "-c",
-                &format!("write -P 0x21 {at} 64k"),
-                &s.uri,
-            ],
-        )
-    };
+    let write = |at: &str| qemu_cmd(&s.uri, &format!("write -P 0x21 {at} 64k"));
     write("0");
     std::thread::sleep(Duration::from_secs(6).saturating_sub(t.elapsed()));
     write("1M");
@@ -1194,18 +1170,7 @@ fn a_member_that_hangs_while_idle_is_failed_by_the_stall_watch() {
         m1["reason"].as_str().unwrap().contains("member timeout"),
         "{m1}"
     );
-    let o = tool(
-        "timeout",
-        &[
-            "30",
-            "qemu-io",
-            "-f",
-            "raw",
-            "-c",
-            "read -P 0x21 1M 64k",
-            &s.uri,
-        ],
-    );
+    let o = qemu_cmd(&s.uri, "read -P 0x21 1M 64k");
     assert!(!String::from_utf8_lossy(&o.stdout).contains("verification failed"));
     s.kill9();
 }
@@ -1223,20 +1188,7 @@ fn one_operation_that_never_ends_fails_its_member_while_others_complete() {
     let at = e["data_offset"].as_u64().unwrap() + (4 << 20);
     let hung = [ms[0].clone(), format!("fault:{}?hang-at={at}", ms[1])];
     let mut s = Served::start(dir.path(), &hung, &["--member-timeout", "2"]);
-    let write = |at: &str| {
-        tool(
-            "timeout",
-            &[
-                "30",
-                "qemu-io",
-                "-f",
-                "raw",
-                "-c",
-                &format!("write -P 0x5d {at} 64k"),
-                &s.uri,
-            ],
-        )
-    };
+    let write = |at: &str| qemu_cmd(&s.uri, &format!("write -P 0x5d {at} 64k"));
     write("0");
     // Never answered while the member is in service: killed at the end.
     let _stuck = Guarded::spawn(
@@ -1379,18 +1331,7 @@ fn a_member_failed_because_it_hung_does_not_hold_the_stop() {
     let hung = [ms[0].clone(), format!("fault:{}?hang-after=3s", ms[1])];
     let mut s = Served::start(dir.path(), &hung, &["--member-timeout", "2"]);
     std::thread::sleep(Duration::from_secs(4));
-    tool(
-        "timeout",
-        &[
-            "30",
-            "qemu-io",
-            "-f",
-            "raw",
-            "-c",
-            "write -P 0x44 0 1M",
-            &s.uri,
-        ],
-    );
+    qemu_cmd(&s.uri, "write -P 0x44 0 1M");
     wait_for("the hung member to be failed", 30, || {
         member_state(&status(&s), 1).is_empty()
     });
@@ -1398,18 +1339,7 @@ fn a_member_failed_because_it_hung_does_not_hold_the_stop() {
     assert_eq!(s.stop().code(), Some(0), "{}", s.log());
     // The data is there, the failed member stale and resynced.
     let mut s = Served::start(dir.path(), &ms, &[]);
-    let o = tool(
-        "timeout",
-        &[
-            "30",
-            "qemu-io",
-            "-f",
-            "raw",
-            "-c",
-            "read -P 0x44 0 1M",
-            &s.uri,
-        ],
-    );
+    let o = qemu_cmd(&s.uri, "read -P 0x44 0 1M");
     assert!(!String::from_utf8_lossy(&o.stdout).contains("verification failed"));
     assert_eq!(s.stop().code(), Some(0));
 }

@@ -410,6 +410,11 @@ pub fn stopped_dirty(control: &Path) -> serde_json::Value {
     v
 }
 
+/// One qemu-io command on the NBD export `uri` (at most 30 s); its output.
+pub fn qemu_cmd(uri: &str, cmd: &str) -> std::process::Output {
+    tool("timeout", &["30", "qemu-io", "-f", "raw", "-c", cmd, uri])
+}
+
 /// Create an array with `raidkit create`.
 pub fn create(level: &str, ms: &[String], size: &str) {
     ok(&args(
