@@ -214,21 +214,36 @@ fn bad_input_is_refused_and_overwrites_nothing() {
     assert_eq!(std::fs::read(&junk).unwrap(), junk_data);
     assert_eq!(digest(&ms), before);
 
-    // Data further in: a few bytes anywhere in the metadata area past its
-    // first MiB or in the last MiB (md's 0.90 and 1.0 superblocks, a
-    // backup GPT), a MiB of a file's data in the middle of the disk (the
-    // middle is looked at in places: a disk of terabytes is not read
-    // whole). Each refused without --force, nothing written.
+    // Data further in, on members of 256 MiB (sparse; a metadata area of
+    // 2 MiB): a few bytes anywhere in the metadata area past its first MiB
+    // or in the last MiB (md's 0.90 and 1.0 superblocks, a backup GPT), a
+    // few MiB of a file's data in the middle of the disk (the middle is
+    // looked at in places: a disk of terabytes is not read whole). Each
+    // refused without --force, nothing written.
+    const BIG: usize = 256 << 20;
     let cases = [
         ((1 << 20) + 12345, 8, "metadata area"),
-        (8 << 20, 1 << 20, "middle"),
-        ((16 << 20) - 8, 8, "end"),
+        (100 << 20, 4 << 20, "middle"),
+        (BIG - 8, 8, "end"),
     ];
+    let blank: Vec<String> = (0..2)
+        .map(|i| {
+            let p = dir.path().join(format!("big{i}.img"));
+            std::fs::File::create(&p)
+                .unwrap()
+                .set_len(BIG as u64)
+                .unwrap();
+            p.display().to_string()
+        })
+        .collect();
     for (at, len, what) in cases {
-        let mut img = vec![0u8; 16 << 20];
-        img[at..at + len].fill(0x5a);
-        let used = write_file(dir.path(), "used.img", &img);
-        let with_used = vec![ms[0].clone(), used.clone(), ms[1].clone()];
+        let used = dir.path().join("used.img");
+        let f = std::fs::File::create(&used).unwrap();
+        f.set_len(BIG as u64).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &vec![0x5a; len], at as u64).unwrap();
+        let used = used.display().to_string();
+        let before_used = std::fs::read(&used).unwrap();
+        let with_used = vec![blank[0].clone(), used.clone(), blank[1].clone()];
         let e = fails(&args(&["create", "--level", "5"], &with_used), "holds data");
         let seen: usize = e
             .split("offset ")
@@ -238,10 +253,15 @@ fn bad_input_is_refused_and_overwrites_nothing() {
             .unwrap_or_else(|| panic!("{what}: no offset in {e}"));
         assert!((at..at + len).contains(&seen), "{what}: {e}");
         assert!(
-            std::fs::read(&used).unwrap() == img,
+            std::fs::read(&used).unwrap() == before_used,
             "{what}: the member was written"
         );
-        assert_eq!(digest(&ms), before);
+        for b in &blank {
+            assert!(
+                std::fs::read(b).unwrap().iter().all(|&x| x == 0),
+                "{what}: {b} written"
+            );
+        }
     }
 
     // New files (--size): one named twice in two spellings is said to be,
