@@ -525,6 +525,13 @@ impl Checked {
     /// A block found to disagree with its checksum is a checksum error:
     /// counted once until rewritten, and part of an incident of rot.
     fn count_bad(&self, off: u64) {
+        // A block a rebuild marked lost is not this member's rot (what it
+        // was rebuilt from was bad): it reads as an error until written,
+        // as md's bad block list, and never counts toward failing the
+        // member (two new members of a RAID-6 were failed for it).
+        if self.is_lost(off).unwrap_or(false) {
+            return;
+        }
         if !self.known_bad.locked().insert(off) {
             return;
         }
