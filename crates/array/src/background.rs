@@ -334,6 +334,7 @@ impl<'a> Process<'a> {
                 "kind": plan.kind,
                 "resumed_from": plan.resumed_from,
                 "bytes_total": plan.bytes_total,
+                "with": plan.with,
             }),
         );
         if !plan.member.is_empty() {
@@ -414,6 +415,17 @@ impl<'a> Process<'a> {
     /// End the run with `result` ("done", or why it stopped), recorded as
     /// the last recovery.
     pub fn end(self, result: String) {
+        self.end_as(result, true);
+    }
+
+    /// End the run because it is taken up again at once with another
+    /// member (`Outcome::Regroup`): recorded, but no end event goes out
+    /// (the rebuild has not ended; its next run's start says who joined).
+    pub fn end_regrouped(self, result: String) {
+        self.end_as(result, false);
+    }
+
+    fn end_as(self, result: String, event: bool) {
         let bytes = self.array.recovery.done.load(Ordering::Relaxed);
         let seconds = self.began.elapsed().as_secs_f64();
         tracing::info!(
@@ -427,7 +439,7 @@ impl<'a> Process<'a> {
         );
         let (_, finished) = event_names(self.kind);
         // A scrub's end goes out with its counts (from the scrub itself).
-        if self.kind != "scrub" {
+        if self.kind != "scrub" && event {
             let mut e = NewEvent::new(
                 finished,
                 if result == "done" {
@@ -439,6 +451,7 @@ impl<'a> Process<'a> {
             )
             .data(serde_json::json!({
                 "kind": self.kind, "result": result, "bytes": bytes, "seconds": seconds,
+                "with": self.with,
             }));
             if !self.member.is_empty() {
                 e = e.member(self.member.clone(), self.role);

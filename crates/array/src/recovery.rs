@@ -351,11 +351,12 @@ impl Array {
                     .map(|()| Outcome::Done),
                 other => Ok(other),
             });
-        process.end(match &outcome {
-            Ok(Outcome::Done) => "done".to_string(),
-            Ok(Outcome::Stopped(why) | Outcome::Regroup(why)) => why.clone(),
-            Err(e) => e.to_string(),
-        });
+        match &outcome {
+            Ok(Outcome::Regroup(why)) => process.end_regrouped(why.clone()),
+            Ok(Outcome::Done) => process.end("done".to_string()),
+            Ok(Outcome::Stopped(why)) => process.end(why.clone()),
+            Err(e) => process.end(e.to_string()),
+        }
         if matches!(outcome, Ok(Outcome::Done)) {
             // After RebuildFinished, as md sends them.
             for t in job.targets() {

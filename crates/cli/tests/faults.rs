@@ -199,7 +199,16 @@ fn slowly_rebuilding(
 ) -> (Vec<String>, Vec<u8>, Served, String) {
     let ms = members(dir, n);
     let data = created_with_pattern(dir, &ms, level, mib, shift);
-    let s = Served::start(dir, &ms, &["--rebuild-min", "8M", "--rebuild-max", "8M"]);
+    let log = dir.join("events.jsonl").display().to_string();
+    let slow = [
+        "--rebuild-min",
+        "8M",
+        "--rebuild-max",
+        "8M",
+        "--events-log",
+        &log,
+    ];
+    let s = Served::start(dir, &ms, &slow);
     let fresh = swap_for_blank(&s, dir, &ms[role], name);
     (ms, data, s, fresh)
 }
@@ -317,6 +326,24 @@ fn raid6_rebuilds_a_member_added_mid_rebuild_in_the_same_pass_and_after_a_crash(
         r["role"] == 1 && r["with"][0]["role"] == 3
     });
     assert_eq!(status(&s)["recovery"]["resumed_from"], 0);
+    // The events: the pass taken up again names the newcomer, and no
+    // RebuildFinished says the rebuild ended when it had not.
+    let events: Vec<Value> = std::fs::read_to_string(dir.path().join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let named = |e: &Value, name: &str| e["event"] == name;
+    assert!(
+        events
+            .iter()
+            .any(|e| named(e, "RebuildStarted") && e["data"]["with"][0]["role"] == 3),
+        "{events:?}"
+    );
+    assert!(
+        !events.iter().any(|e| named(e, "RebuildFinished")),
+        "{events:?}"
+    );
     s.kill9();
     let e: Value = serde_json::from_slice(&ok(&["examine", "--json", &new1]).stdout).unwrap();
     let checkpoint = e["recovery_offset"].as_u64().expect("a checkpoint");
