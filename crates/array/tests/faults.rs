@@ -278,6 +278,43 @@ fn raid6_rebuilds_two_members_in_one_pass() {
     whole_and_again_from(a, &model, &now);
 }
 
+/// Two members of a RAID-5 failed at the same moment by two
+/// administrators: one is failed, the other refused, every time; never
+/// both (the array would stop serving).
+#[test]
+fn two_members_failed_at_once_on_raid5_one_is_refused() {
+    let d = tmp();
+    let members = make(d.path(), Level::Raid5, 4, 0);
+    for round in 0..20 {
+        let a = open(&members);
+        let step = std::sync::Barrier::new(2);
+        let results: Vec<bool> = std::thread::scope(|s| {
+            let runs: Vec<_> = [&members[1], &members[2]]
+                .into_iter()
+                .map(|m| {
+                    let (a, step) = (&a, &step);
+                    s.spawn(move || {
+                        step.wait();
+                        a.fail_member(m, false).is_ok()
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(
+            results.iter().filter(|&&ok| ok).count(),
+            1,
+            "round {round}: {results:?}"
+        );
+        assert_eq!(a.health(), raidkit_array::Health::Degraded, "round {round}");
+        done(a);
+        // Both back in sync for the next round.
+        let _ = std::fs::remove_dir_all(d.path());
+        std::fs::create_dir_all(d.path()).unwrap();
+        make(d.path(), Level::Raid5, 4, 0);
+    }
+}
+
 #[test]
 fn refusals_are_clear() {
     let d = tmp();

@@ -250,6 +250,71 @@ fn a_scrub_fails_a_member_that_rots_at_many_places() {
     }
 }
 
+/// Two members of a RAID-5 rotting at twelve places each, read by two
+/// clients in step: both pass their checksum limit at the same moment.
+/// Failing one leaves the array without redundancy, so the other must stay
+/// (its good blocks are better than none): never both, which would fail
+/// the array.
+#[test]
+fn two_members_past_their_checksum_limit_at_once_fail_one_only() {
+    let dir = tmp();
+    let members = make_sized(dir.path(), Level::Raid5, 4, 32 << 20);
+    let a = open(&members);
+    let data: Vec<u8> = (0..a.capacity()).map(|i| (i % 253) as u8).collect();
+    a.write(&data, 0).unwrap();
+    let g = raidkit_layout::Geometry::new(
+        Level::Raid5,
+        Level::Raid5.default_layout(),
+        CHUNK,
+        vec![a.capacity() / 3; 4],
+    )
+    .unwrap();
+    a.close().unwrap();
+    drop(a);
+    // Member 1's places 2 MiB apart, member 2's 1 MiB after each: every
+    // place an incident of its own, each in a stripe of its own.
+    let places = |m: usize, first: u64| -> Vec<u64> {
+        (0..12u64)
+            .map(|i| {
+                let mut row = (first + i * (2 << 20)) / CHUNK;
+                while g.stripe_map(row).p == m {
+                    row += 1;
+                }
+                flip(&members[m], row * CHUNK + 100);
+                let d = g.stripe_map(row).data.iter().position(|&x| x == m).unwrap();
+                (row * 3 + d as u64) * CHUNK
+            })
+            .collect()
+    };
+    let rot = [places(1, 0), places(2, 1 << 20)];
+    let a = open(&members);
+    let step = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        for at in &rot {
+            let (a, step, data) = (&a, &step, &data);
+            s.spawn(move || {
+                for &off in at {
+                    step.wait();
+                    let mut buf = vec![0u8; 4096];
+                    // Once one member is failed, the other's rot is beyond
+                    // the level: an error then, never wrong data.
+                    if a.read(&mut buf, off).is_ok() {
+                        assert!(buf == data[off as usize..off as usize + 4096], "at {off}");
+                    }
+                }
+            });
+        }
+    });
+    let faulty: Vec<_> = a
+        .members_status()
+        .into_iter()
+        .filter(|m| m.state == "faulty")
+        .filter_map(|m| m.path)
+        .collect();
+    assert_eq!(faulty.len(), 1, "{faulty:?}");
+    assert_eq!(a.health(), raidkit_array::Health::Degraded);
+}
+
 /// More rotten blocks in one stripe than the level has parity, but each
 /// in a column of its own (the same offset on every member): every column
 /// is short of one block only, so a read of the whole stripe is served

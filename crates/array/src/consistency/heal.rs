@@ -214,10 +214,7 @@ impl Core {
     /// torn write, unless its column holds a block a rebuild lost.
     pub(crate) fn window_torn(&self, d: &Disk, at: u64) -> HealResult {
         let v = self.view.load_full();
-        let role = v
-            .roles
-            .iter()
-            .position(|r| r.disk.as_ref().is_some_and(|x| std::ptr::eq(x.as_ref(), d)));
+        let role = v.role_of(d);
         match role {
             Some(role) if !self.is_reshaping() && peer_lost(&v, role, at - d.data_offset) => {
                 HealResult::Lost
@@ -231,11 +228,7 @@ impl Core {
         if self.is_reshaping() || blk.len() != BLOCK as usize {
             return HealResult::Torn;
         }
-        let Some(role) = v
-            .roles
-            .iter()
-            .position(|r| r.disk.as_ref().is_some_and(|x| std::ptr::eq(x.as_ref(), d)))
-        else {
+        let Some(role) = v.role_of(d) else {
             return HealResult::Torn;
         };
         let dev = at - d.data_offset;

@@ -413,8 +413,26 @@ impl Core {
 
     /// Fail a member found to be faulty by the I/O path.
     pub(crate) fn fail_disk_by_ptr(&self, d: &Disk, why: &str) {
+        self.fail_disk_if(d, why, |_| true);
+    }
+
+    /// Fail `d` if `allowed` says so of the members as they are once the
+    /// metadata lock is held: the look and the failure are one step, so
+    /// two members failed at once each see the other gone (two members
+    /// past their checksum limit within 2 ms both passed a survival check
+    /// made before the lock, and a RAID-6 lost three).
+    /// Whether it was allowed (a member already failed was).
+    pub(crate) fn fail_disk_if(
+        &self,
+        d: &Disk,
+        why: &str,
+        allowed: impl FnOnce(&View) -> bool,
+    ) -> bool {
         let changed = {
             let mut meta = self.meta.locked();
+            if !allowed(&self.view.load()) {
+                return false;
+            }
             let changed = self.fail_locked(&mut meta, d, why);
             if changed {
                 let _ = self.write_superblocks(&mut meta);
@@ -425,6 +443,7 @@ impl Core {
             let _ = self.use_spares();
             self.wake.kick();
         }
+        true
     }
 
     /// Put spares into roles that have no member, to be rebuilt there.
@@ -586,7 +605,19 @@ impl Core {
             }
         };
         let name = d.name().to_string();
-        self.fail_disk_by_ptr(&d, "failed by the administrator");
+        // Looked at again under the lock: two members failed at once (two
+        // `raidkit fail`, or one and the I/O path) must not both pass.
+        let failed = self.fail_disk_if(&d, "failed by the administrator", |v| {
+            force
+                || v.role_of(&d)
+                    .is_none_or(|r| v.geom.survives(&v.gone_with(r)))
+        });
+        if !failed {
+            return Err(Error::Invalid(format!(
+                "failing {name} would leave {} unable to serve (another member was lost meanwhile); use --force to fail it anyway",
+                self.geom().level
+            )));
+        }
         Ok(name)
     }
 

@@ -226,6 +226,13 @@ impl View {
             .collect()
     }
 
+    /// The role `d` is the member of (not a replacement's or a spare's).
+    pub fn role_of(&self, d: &Disk) -> Option<usize> {
+        self.roles
+            .iter()
+            .position(|r| r.disk.as_ref().is_some_and(|x| std::ptr::eq(x.as_ref(), d)))
+    }
+
     /// The roles gone if `role` went too: a role still rebuilding holds
     /// no redundancy yet, and is counted once.
     pub fn gone_with(&self, role: usize) -> Vec<usize> {
@@ -675,12 +682,7 @@ impl Core {
         {
             return;
         }
-        let role = self
-            .view
-            .load()
-            .roles
-            .iter()
-            .position(|r| r.disk.as_ref().is_some_and(|x| std::ptr::eq(x.as_ref(), d)));
+        let role = self.view.load().role_of(d);
         self.emit(
             crate::events::NewEvent::new(
                 "ChecksumError",
@@ -698,17 +700,10 @@ impl Core {
     /// Fail a member that keeps going bad, unless the array could not
     /// serve without it (its good blocks are then better than none).
     fn fail_if_survivable(&self, d: &Disk, why: &str) {
-        let v = self.view.load();
-        let Some(role) = v
-            .roles
-            .iter()
-            .position(|r| r.disk.as_ref().is_some_and(|x| std::ptr::eq(x.as_ref(), d)))
-        else {
-            return;
-        };
-        if self.geom().survives(&v.gone_with(role)) {
-            self.fail_disk_by_ptr(d, why);
-        }
+        self.fail_disk_if(d, why, |v| {
+            v.role_of(d)
+                .is_some_and(|role| v.geom.survives(&v.gone_with(role)))
+        });
     }
 
     /// Write to a member's data area at `dev`, timed, its errors counted.
