@@ -39,7 +39,9 @@ pub struct Finding {
     pub length: u64,
     /// checksum (a block disagrees with its checksum), parity (P or Q
     /// disagrees with data that checks out), copies (mirror copies that
-    /// both check out differ), read-error (the member could not be read).
+    /// both check out differ), read-error (the member could not be read),
+    /// lost (a block a rebuild could not make: what it was rebuilt from
+    /// was bad; an error until written, never this member's rot).
     pub kind: &'static str,
     /// repaired, reported (a check-only scrub), or unrepaired (more
     /// damage than redundancy covers: reads of it fail).
@@ -417,8 +419,11 @@ impl Array {
             for role in 0..g.members() {
                 match self.scan(v, role, dev, chunk, ahead) {
                     Ok((buf, b)) => {
-                        if !b.is_empty() {
-                            bad.push((role, b, "checksum"));
+                        let (lost, rot) = self.split_lost(v, role, b);
+                        for (b, kind) in [(lost, "lost"), (rot, "checksum")] {
+                            if !b.is_empty() {
+                                bad.push((role, b, kind));
+                            }
                         }
                         rows.push(buf);
                     }
@@ -459,21 +464,34 @@ impl Array {
                 // against each bad block's own checksum, rewritten, read
                 // back); then P and Q recomputed from the data.
                 // Blocks a rebuild could not make stay as they are (an
-                // error until written); the rest is rebuilt around them.
-                let need: Vec<bool> = sm
-                    .data
-                    .iter()
-                    .map(|&r| !self.core.lost_in(v, r, dev, chunk))
-                    .collect();
-                if let Ok(r) = self.read_rows(v, u, 0, chunk, &need) {
+                // error until written), and so does parity over them; the
+                // rest is rebuilt around them, one block column at a time
+                // where the stripe holds one (taken whole, a lost block
+                // left every other column of the stripe unrepaired).
+                let lost = |r: usize, col: u64, len: u64| self.core.lost_in(v, r, dev + col, len);
+                let cols: Vec<(u64, u64)> = if (0..g.members()).any(|r| lost(r, 0, chunk)) {
+                    (0..chunk)
+                        .step_by(BLOCK as usize)
+                        .map(|c| (c, BLOCK.min(chunk - c)))
+                        .collect()
+                } else {
+                    vec![(0, chunk)]
+                };
+                for (col, len) in cols {
+                    let need: Vec<bool> = sm.data.iter().map(|&r| !lost(r, col, len)).collect();
+                    let Ok(r) = self.read_rows(v, u, col, len, &need) else {
+                        continue;
+                    };
                     r.into_iter().for_each(scratch::give);
-                    let _ = self.recompute_parity(
-                        v,
-                        u,
-                        0,
-                        chunk,
-                        crate::levels::parity::DataFrom::OrRedundancy,
-                    );
+                    if need.iter().all(|&n| n) {
+                        let _ = self.recompute_parity(
+                            v,
+                            u,
+                            col,
+                            len,
+                            crate::levels::parity::DataFrom::OrRedundancy,
+                        );
+                    }
                 }
             }
             for (role, blocks, kind) in bad {
@@ -489,27 +507,16 @@ impl Array {
                 } else {
                     Vec::new()
                 };
-                for (lo, n) in runs(&blocks) {
-                    let fixed = repair && !still.iter().any(|&o| o >= lo && o < lo + n * BLOCK);
-                    let base = member_at(role, 0);
-                    each(Finding {
-                        member: name(role),
-                        role,
-                        member_offset: lo,
-                        array_offset: array_of(role, lo - base),
-                        length: if kind == "read-error" {
-                            chunk
-                        } else {
-                            n * BLOCK
-                        },
-                        kind,
-                        action: match (repair, fixed) {
-                            (false, _) => "reported",
-                            (true, true) => "repaired",
-                            (true, false) => "unrepaired",
-                        },
-                    });
-                }
+                let base = member_at(role, 0);
+                let run = Run {
+                    role,
+                    kind,
+                    unit: chunk,
+                    repair,
+                };
+                run.report(each, &name(role), &blocks, &still, |lo| {
+                    array_of(role, lo - base)
+                });
             }
             rows.into_iter().for_each(scratch::give);
             return Ok(());
@@ -596,30 +603,83 @@ impl Array {
                 } else {
                     blocks.clone()
                 };
-                for (lo, n) in runs(&blocks) {
-                    let fixed = !still.iter().any(|&o| o >= lo && o < lo + n * BLOCK);
-                    let base = member_at(role, dev);
-                    each(Finding {
-                        member: name(role),
+                let (lost, rot) = match kind {
+                    "checksum" => self.split_lost(v, role, blocks),
+                    _ => (Vec::new(), blocks),
+                };
+                let base = member_at(role, dev);
+                for (blocks, kind) in [(lost, "lost"), (rot, kind)] {
+                    let run = Run {
                         role,
-                        member_offset: lo,
-                        array_offset: p.logical + (lo - base),
-                        length: if kind == "read-error" {
-                            p.len
-                        } else {
-                            n * BLOCK
-                        },
                         kind,
-                        action: match (repair, fixed) {
-                            (false, _) => "reported",
-                            (true, true) => "repaired",
-                            (true, false) => "unrepaired",
-                        },
+                        unit: p.len,
+                        repair,
+                    };
+                    run.report(each, &name(role), &blocks, &still, |lo| {
+                        p.logical + (lo - base)
                     });
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// What a scrub found on one member of a unit, to be reported.
+struct Run {
+    role: usize,
+    kind: &'static str,
+    /// A read error's length (the whole piece read).
+    unit: u64,
+    repair: bool,
+}
+
+impl Run {
+    /// One finding per run of `blocks` (member offsets): repaired where
+    /// `still` (the blocks a read after the repair found bad) has none of
+    /// it. `array_of` gives a member offset's array offset.
+    fn report(
+        &self,
+        each: &mut dyn FnMut(Finding),
+        member: &str,
+        blocks: &[u64],
+        still: &[u64],
+        array_of: impl Fn(u64) -> u64,
+    ) {
+        for (lo, n) in runs(blocks) {
+            let fixed = !still.iter().any(|&o| o >= lo && o < lo + n * BLOCK);
+            each(Finding {
+                member: member.to_string(),
+                role: self.role,
+                member_offset: lo,
+                array_offset: array_of(lo),
+                length: if self.kind == "read-error" {
+                    self.unit
+                } else {
+                    n * BLOCK
+                },
+                kind: self.kind,
+                action: match (self.repair, fixed) {
+                    (false, _) => "reported",
+                    (true, true) => "repaired",
+                    (true, false) => "unrepaired",
+                },
+            });
+        }
+    }
+}
+
+impl Array {
+    /// `blocks` of role `role` (member offsets) split into those a rebuild
+    /// marked lost (what it was rebuilt from was bad: not this member's
+    /// rot) and the rest.
+    fn split_lost(&self, v: &View, role: usize, blocks: Vec<u64>) -> (Vec<u64>, Vec<u64>) {
+        let Some(c) = v.roles[role].disk.as_ref().and_then(|d| d.checked.as_ref()) else {
+            return (Vec::new(), blocks);
+        };
+        blocks
+            .into_iter()
+            .partition(|&at| c.is_lost(at).unwrap_or(false))
     }
 }
 

@@ -315,6 +315,83 @@ fn two_members_past_their_checksum_limit_at_once_fail_one_only() {
     assert_eq!(a.health(), raidkit_array::Health::Degraded);
 }
 
+/// A RAID-5 rebuild that found a source block rotten could not make that
+/// block of the new member: it is marked lost. The rest of its stripe is
+/// still whole, column by column: a scrub must repair rot there (parity
+/// in one column, data in another) and leave only the lost column as it
+/// is, never reading or rebuilding over the lost block.
+#[test]
+fn a_scrub_repairs_the_rest_of_a_stripe_holding_a_lost_block() {
+    let dir = tmp();
+    let members = make(dir.path(), Level::Raid5, 4);
+    let a = open(&members);
+    let data: Vec<u8> = (0..a.capacity()).map(|i| (i % 251) as u8).collect();
+    a.write(&data, 0).unwrap();
+    let g = (*a.geometry()).clone();
+    a.close().unwrap();
+    drop(a);
+    // A stripe with data on members 1 and 2; member 1 rots in column 0.
+    let u = (2..)
+        .find(|&u| {
+            let sm = g.stripe_map(u);
+            sm.data.contains(&1) && sm.data.contains(&2)
+        })
+        .unwrap();
+    let sm = g.stripe_map(u);
+    let dev = u * CHUNK;
+    flip(&members[1], dev + 100);
+    // Member 2 replaced by a blank disk and rebuilt: its column 0 is lost.
+    let a = open(&members);
+    a.fail_member(&members[2], false).unwrap();
+    a.remove_member(&members[2]).unwrap();
+    let fresh = dir.path().join("new.img").display().to_string();
+    std::fs::File::create(&fresh)
+        .unwrap()
+        .set_len(MEMBER)
+        .unwrap();
+    raidkit_open::add_member(&a, &fresh, false).unwrap();
+    a.recover_all().unwrap();
+    a.close().unwrap();
+    drop(a);
+    let now = [&members[0], &members[1], &fresh, &members[3]].map(|m| m.to_string());
+    // Then parity rots in column 1, and the third data member in column 2.
+    let third = *sm.data.iter().find(|&&r| r != 1 && r != 2).unwrap();
+    flip(&now[sm.p], dev + 4096 + 100);
+    flip(&now[third], dev + 8192 + 100);
+    let a = open(&now);
+    let s = scrub(&a, false);
+    let at = |role: usize, col: u64| {
+        s.mismatches
+            .iter()
+            .find(|f| f.role == role && f.member_offset == data_offset(&now[role]) + dev + col)
+            .map(|f| f.action)
+    };
+    assert_eq!(at(sm.p, 4096), Some("repaired"), "parity: {s:?}");
+    assert_eq!(at(third, 8192), Some("repaired"), "data: {s:?}");
+    assert_eq!(at(1, 0), Some("unrepaired"), "beside the lost block: {s:?}");
+    assert_eq!(at(2, 0), Some("unrepaired"), "the lost block: {s:?}");
+    // Only the lost column is left, the lost block named as such;
+    // everything else reads right.
+    let again = scrub(&a, true);
+    let kinds: Vec<_> = again.mismatches.iter().map(|f| (f.role, f.kind)).collect();
+    assert_eq!(kinds, [(1, "checksum"), (2, "lost")], "{again:?}");
+    for (i, want) in data.chunks(4096).enumerate() {
+        let mut buf = vec![0u8; 4096];
+        let off = i as u64 * 4096;
+        match a.read(&mut buf, off) {
+            Ok(()) => assert!(buf == want, "block {i} read wrong data"),
+            Err(e) => {
+                // The lost column: member 1's and member 2's blocks.
+                let col0 = [1usize, 2].map(|r| {
+                    let dd = sm.data.iter().position(|&x| x == r).unwrap();
+                    g.stripe_data_offset(u, dd)
+                });
+                assert!(col0.contains(&off), "block {i}: {e}");
+            }
+        }
+    }
+}
+
 /// More rotten blocks in one stripe than the level has parity, but each
 /// in a column of its own (the same offset on every member): every column
 /// is short of one block only, so a read of the whole stripe is served

@@ -278,6 +278,7 @@ fn check_members(a: crate::cli::CheckArgs) -> Result<Option<String>> {
                     "checksum" => "disagrees with its checksum",
                     "read-error" => "could not be read",
                     "parity" => "parity disagrees with data that checks out",
+                    "lost" => "a rebuild could not make it (an error until written)",
                     _ => "copies that check out differ",
                 }
             );
