@@ -742,28 +742,30 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                     .context("starting the link watch thread")?,
             );
         }
-        // Housekeeping (bitmap bits of idle regions, every 2 s) flushes
-        // members: on a thread of its own, so that a disk that hangs in it
-        // holds neither the stall watch nor the stop.
-        let arrays: Vec<Arc<Array>> = started.iter().map(|s| s.array.clone()).collect();
-        let keep_stop = stop.clone();
-        recovery.push(
-            std::thread::Builder::new()
-                .name("housekeeping".into())
-                .spawn(move || {
-                    let mut ticks = 0u64;
-                    while !keep_stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(50));
-                        ticks += 1;
-                        if ticks.is_multiple_of(40) {
-                            for a in &arrays {
+        // Housekeeping (bitmap bits of idle regions, journal checkpoints,
+        // every 2 s) flushes members: on a thread of its own for each
+        // array, so that a disk that hangs in it holds neither the stall
+        // watch, nor the stop, nor the other arrays' housekeeping (the
+        // hung system call cannot be taken back).
+        for s in &started {
+            let a = s.array.clone();
+            let keep_stop = stop.clone();
+            recovery.push(
+                std::thread::Builder::new()
+                    .name("housekeeping".into())
+                    .spawn(move || {
+                        let mut ticks = 0u64;
+                        while !keep_stop.load(Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(50));
+                            ticks += 1;
+                            if ticks.is_multiple_of(40) {
                                 a.housekeeping();
                             }
                         }
-                    }
-                })
-                .context("starting the housekeeping thread")?,
-        );
+                    })
+                    .context("starting the housekeeping thread")?,
+            );
+        }
         while !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
         }
