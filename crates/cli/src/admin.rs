@@ -295,7 +295,10 @@ pub fn scrub(a: ScrubArgs) -> Result<()> {
         b.finish_and_clear();
     }
     let unrepaired = last["unrepaired"].as_u64().unwrap_or(0);
-    let found = last["mismatches"].as_array().map_or(0, Vec::len);
+    // `mismatches` lists the first 1000; `found` counts them all.
+    let found = last["found"]
+        .as_u64()
+        .unwrap_or_else(|| last["mismatches"].as_array().map_or(0, |m| m.len() as u64));
     if a.json {
         println!("{last}");
     } else {

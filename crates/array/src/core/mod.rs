@@ -10,6 +10,7 @@
 
 pub(crate) mod checked;
 mod io;
+mod joining;
 mod locks;
 mod membership;
 mod outstanding;
