@@ -424,6 +424,9 @@ fn reshape_survives_cuts(
     let tpl = images(level, n, add, policy, seed.is_multiple_of(2));
     let mut resumed_critical = 0;
     let mut cut_during = 0;
+    // Cuts inside a change of chunk's batch (set aside in each member's
+    // slot, the journal's space), and how many of them had a slot rotted.
+    let (mut in_batch, mut rotted) = (0, 0);
     for c in 0..scaled(cuts) {
         let mut rng = CutRng::new(seed * 1_000_003 + c);
         let (pcs, wire, wired) = wired(&tpl, rng.next_u64());
@@ -538,8 +541,32 @@ fn reshape_survives_cuts(
         wire.cut();
         a.stop_background();
         bg.join().unwrap();
-        let imgs: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();
+        let mut imgs: Vec<Vec<u8>> = pcs.iter().map(|p| p.durable()).collect();
         drop(a);
+        // Every other cut inside a batch, one member's slot rots: that
+        // member is as good as lost for the batch, and the array must
+        // start without it (failed), not refuse to start.
+        // The newest superblock, the one the start goes by.
+        let sb = imgs
+            .iter()
+            .filter_map(|img| {
+                raidkit_array::superblock::read_superblock(&PowerCutMember::new("sb", img.clone()))
+                    .ok()
+            })
+            .map(|r| r.sb)
+            .max_by_key(|sb| sb.events)
+            .unwrap();
+        let rot = matches!(change, Change::Chunk(_))
+            && policy == Policy::Journal
+            && sb.reshape.is_some_and(|r| r.backup > 0)
+            && {
+                in_batch += 1;
+                in_batch % 2 == 1
+            };
+        if rot {
+            imgs[1][(sb.journal.offset + 4096 + 100) as usize] ^= 0x40;
+            rotted += 1;
+        }
 
         let (b, _) = open(&imgs).unwrap_or_else(|e| {
             for (i, img) in imgs.iter().enumerate() {
@@ -562,6 +589,14 @@ fn reshape_survives_cuts(
         {
             resumed_critical += 1;
         }
+        if rot {
+            let st = b.members_status();
+            let failed: Vec<_> = st.iter().filter(|m| m.state == "faulty").collect();
+            assert!(
+                failed.len() == 1 && failed[0].path.as_deref() == Some("m1"),
+                "{level} cut {c}: the member with the rotten slot: {st:?}"
+            );
+        }
         b.recover_all().unwrap();
         assert!(
             !b.reshape_in_progress(),
@@ -576,7 +611,9 @@ fn reshape_survives_cuts(
             .filter(|((g, d), &dirty)| !dirty && g != d)
             .count();
         assert_eq!(bad, 0, "{level} cut {c}: sectors lost or changed");
-        if level.has_redundancy() {
+        // Degraded (a member failed for its rotten slot): the data read
+        // above came through parity wherever that member held it.
+        if level.has_redundancy() && !rot {
             let mut found = Vec::new();
             b.scan_mismatches(&mut |m| found.push(m)).unwrap();
             if !found.is_empty() {
@@ -621,6 +658,9 @@ fn reshape_survives_cuts(
         resumed_critical > 0,
         "{level}: no cut in the critical section"
     );
+    if matches!(change, Change::Chunk(_)) && policy == Policy::Journal {
+        assert!(rotted > 0, "{level}: no cut in a batch had its slot rotted");
+    }
 }
 
 #[test]

@@ -602,8 +602,9 @@ pub struct MemberArgs {
 
 #[derive(Debug, Args)]
 pub struct AddArgs {
-    /// The member to add (a path, or any member spec). A file that does
-    /// not exist is created, as large as the array's members.
+    /// The member to add (a path, or any member spec). A plain path that
+    /// does not exist is created, as large as the array's members (the
+    /// file a spec such as fault: or sim: wraps must exist).
     pub member: String,
     /// Use it even if it holds data or another array's superblock.
     #[arg(long)]
@@ -617,8 +618,9 @@ pub struct AddArgs {
 
 #[derive(Debug, Args)]
 pub struct GrowArgs {
-    /// Members to add (paths or member specs); a file that does not exist
-    /// is created, as large as the array's members.
+    /// Members to add (paths or member specs); a plain path that does not
+    /// exist is created, as large as the array's members (the file a spec
+    /// such as fault: or sim: wraps must exist).
     #[arg(long, num_args = 1.., value_name = "MEMBER")]
     pub add: Vec<String>,
     /// Convert to another level where no data moves: `5` turns a RAID-4
@@ -639,8 +641,9 @@ pub struct GrowArgs {
     /// metadata, the smallest one's, in whole chunks). No data moves; the
     /// new stripes' redundancy is made consistent in the background (an
     /// initial sync of the new space). Not for linear arrays; with
-    /// checksums, up to what the checksum area was made for (the members'
-    /// size at create).
+    /// checksums, only within what the checksum area was made for (the
+    /// members' size at create): a growth past it is refused, with
+    /// nothing changed.
     #[arg(long, value_name = "max")]
     pub size: Option<String>,
     /// Use the new members even if they hold data or another array's superblock.
@@ -657,8 +660,9 @@ pub struct GrowArgs {
 pub struct ReplaceArgs {
     /// The member to replace: its path, or its role number.
     pub member: String,
-    /// The new member (a path, or any member spec). A file that does not
-    /// exist is created, as large as the array's members.
+    /// The new member (a path, or any member spec). A plain path that does
+    /// not exist is created, as large as the array's members (the file a
+    /// spec such as fault: or sim: wraps must exist).
     #[arg(long, value_name = "PATH")]
     pub with: String,
     /// Use the new member even if it holds data or another array's superblock.

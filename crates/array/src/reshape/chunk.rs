@@ -235,8 +235,15 @@ impl Array {
     pub(super) fn restore_slots(&self, r: &Reshaping, p: u64) -> Result<()> {
         let Slot { at, len, .. } = r.slot.expect("a change of chunk has a slot");
         let uuid = self.core.meta.locked().sb.array_uuid;
+        // Every member's slot read and checked first: a member whose slot
+        // does not give back its old bytes intact (rot, a read error) is
+        // as good as lost for this batch, and is failed where the array
+        // survives that (its bytes of the batch come back from the
+        // others' through parity, as a missing member's do); refusing to
+        // start kept an array from its data for one rotten sector.
         let v = self.core.view.load_full();
-        let mut restored = 0;
+        let mut slots = Vec::new();
+        let mut bad = Vec::new();
         for role in 0..r.new.members() {
             if !crate::core::Core::writable(&v, role) {
                 continue;
@@ -253,15 +260,50 @@ impl Array {
             let intact = n.is_some()
                 && d.member.read_at(&mut b, at + SLOT_HEADER).is_ok()
                 && crate::superblock::get_u32(&h, 40) == crate::checksums::crc32c(&b);
-            if !intact {
+            match intact {
+                true => slots.push((role, b)),
+                false => bad.push((role, d.clone())),
+            }
+        }
+        if !bad.is_empty() {
+            let mut gone = v.degraded_roles();
+            gone.extend(bad.iter().map(|(role, _)| *role));
+            let names: Vec<String> = bad
+                .iter()
+                .map(|(role, d)| format!("{} (role {role})", d.name()))
+                .collect();
+            if !r.new.survives(&gone) {
                 return Err(Error::NotEnoughMembers {
                     name: self.core.name.clone(),
                     detail: format!(
-                        "a change of chunk was cut in the batch at member offset {}, and {} (role {role}) does not give back its old bytes of it intact: refusing to serve data that may be wrong",
+                        "a change of chunk was cut in the batch at member offset {}, and {} {} not give back {} old bytes of it intact, more members than the array can do without: refusing to serve data that may be wrong",
                         p * r.new.chunk,
-                        d.name()
+                        names.join(", "),
+                        if names.len() == 1 { "does" } else { "do" },
+                        if names.len() == 1 { "its" } else { "their" },
                     ),
                 });
+            }
+            // Failed without taking spares in: a role is not rebuilt
+            // while the reshape runs (the spare waits for its end).
+            let mut meta = self.core.meta.locked();
+            for (_, d) in &bad {
+                self.core.fail_locked(
+                    &mut meta,
+                    d,
+                    &format!(
+                        "its copy of the change of chunk's batch at member offset {} is not intact",
+                        p * r.new.chunk
+                    ),
+                );
+            }
+            self.core.write_superblocks(&mut meta)?;
+        }
+        let v = self.core.view.load_full();
+        let mut restored = 0;
+        for (role, b) in slots {
+            if !crate::core::Core::writable(&v, role) {
+                continue;
             }
             self.core.member_write(&v, role, &b, p * r.new.chunk)?;
             restored += b.len();
