@@ -79,8 +79,15 @@ fn main() {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("RAIDKIT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // A log line that cannot be written is dropped: a server whose stderr
+    // reader went away (`serve --daemon 2>&1 | head -1`, a log collector
+    // restarted) must go on serving. With the subscriber's own report of
+    // the failure on, that report's `eprintln!` panicked on the same
+    // broken stderr, in whichever thread logged: the one failing a member,
+    // with the metadata lock held, so the array hung.
     let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .log_internal_errors(false)
         .with_writer(std::io::stderr);
     match args.log_format {
         // Colour only for a person at a terminal, never into a log file.

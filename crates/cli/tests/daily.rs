@@ -927,6 +927,64 @@ fn serve_daemon_returns_once_serving_and_endpoints_are_uri_encoded() {
     assert_eq!(json(&rk_ok(t, &["list", "--json"])), serde_json::json!([]));
 }
 
+/// A daemon whose stderr reader went away (`serve --daemon 2>&1 | head
+/// -1`, a log collector restarted) goes on: failing a member logs, and a
+/// log line that cannot be written panicked the thread that logged it
+/// (there, with the metadata lock held), so `fail` got no answer and the
+/// member stayed in service.
+#[test]
+fn a_daemon_whose_log_reader_is_gone_still_fails_members_and_stops() {
+    let dir = tmp();
+    let t = dir.path();
+    let ms = members(t, 3);
+    let mut c = vec!["create", "--level", "5", "--size", "8M"];
+    c.extend(ms.iter().map(String::as_str));
+    rk_ok(t, &c);
+    let ctl = t.join("c.sock").display().to_string();
+    let mut c = vec![
+        "-s",
+        "KILL",
+        "60",
+        BIN,
+        "serve",
+        "--daemon",
+        "--listen",
+        "127.0.0.1:0",
+        "--control",
+        &ctl,
+    ];
+    c.extend(ms.iter().map(String::as_str));
+    let mut child = Command::new("timeout")
+        .env("TMPDIR", t)
+        .args(&c)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+    assert!(child.wait().unwrap().success(), "{out}");
+    let pid: u32 = out
+        .lines()
+        .find_map(|l| l.split("(PID ").nth(1)?.split(')').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no PID in: {out}"));
+    let _guard = KillOnDrop(pid);
+    // The only reader of the daemon's stderr goes.
+    drop(child.stderr.take());
+    rk_ok(t, &["fail", "--control", &ctl, &ms[1]]);
+    let st = json(&rk_ok(t, &["status", "--json", "--control", &ctl]));
+    assert_eq!(st["members"][1]["state"], "faulty", "{st}");
+    assert_eq!(st["state"], "degraded", "{st}");
+    rk_ok(t, &["stop", "--control", &ctl]);
+    let gone = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        // SAFETY: kill(2) with signal 0 only asks whether the PID is there.
+        let alive = unsafe { libc::kill(pid as i32, 0) } == 0;
+        !alive
+    });
+    assert!(gone, "the daemon did not stop");
+}
+
 #[test]
 fn create_can_leave_the_initial_sync_to_the_server() {
     let dir = tmp();
