@@ -195,6 +195,10 @@ pub(crate) struct Pacer<'a> {
     bytes: u64,
     last_fg: u64,
     last_rate: u64,
+    /// Until when the bytes counted so far ask it to rest (none: no limit).
+    until: Option<Instant>,
+    /// Whether clients were busy at the last count (the busy rate in force).
+    busy: bool,
 }
 
 impl<'a> Pacer<'a> {
@@ -205,15 +209,28 @@ impl<'a> Pacer<'a> {
             bytes: 0,
             last_fg: array.fg_ops.load(Ordering::Relaxed),
             last_rate: u64::MAX,
+            until: None,
+            busy: false,
         }
     }
 
     /// Count `bytes` and sleep as long as the rate asks; `before_wait`
     /// runs first if it will sleep at all.
     pub fn pace(&mut self, bytes: u64, before_wait: &mut dyn FnMut()) {
+        self.count(bytes);
+        if self.owes() {
+            before_wait();
+            self.settle();
+        }
+    }
+
+    /// Count `bytes` without sleeping: the sleep they call for is owed
+    /// until `settle` (or time) pays it.
+    pub fn count(&mut self, bytes: u64) {
         let fg = self.array.fg_ops.load(Ordering::Relaxed);
         let (min, max) = self.array.rebuild_speed();
-        let rate = if fg != self.last_fg { min } else { max };
+        self.busy = fg != self.last_fg;
+        let rate = if self.busy { min } else { max };
         self.last_fg = fg;
         if rate != self.last_rate || self.since.elapsed() > Duration::from_secs(2) {
             self.since = Instant::now();
@@ -221,19 +238,37 @@ impl<'a> Pacer<'a> {
             self.last_rate = rate;
         }
         self.bytes += bytes;
-        if rate == 0 {
+        self.until = (rate != 0)
+            .then(|| self.since + Duration::from_secs_f64(self.bytes as f64 / rate as f64));
+    }
+
+    /// Whether the bytes counted call for a sleep not yet taken.
+    pub fn owes(&self) -> bool {
+        self.until.is_some_and(|t| Instant::now() < t)
+    }
+
+    /// Sleep what is owed, cut short when the array stops or the limit
+    /// in force is changed (`raidkit speed`): a new limit starts a new
+    /// count, so raising a slow one takes effect at once.
+    pub fn settle(&mut self) {
+        let Some(until) = self.until else {
             return;
-        }
-        let want = Duration::from_secs_f64(self.bytes as f64 / rate as f64);
-        if self.since.elapsed() < want {
-            before_wait();
-        }
-        while self.since.elapsed() < want && !self.array.core.wake.stopped() {
-            // Saturating: time passes between the test above and this.
-            std::thread::sleep(
-                want.saturating_sub(self.since.elapsed())
-                    .min(Duration::from_millis(100)),
-            );
+        };
+        loop {
+            let now = Instant::now();
+            if now >= until || self.array.core.wake.stopped() {
+                return;
+            }
+            let (min, max) = self.array.rebuild_speed();
+            if self.last_rate != if self.busy { min } else { max } {
+                self.since = now;
+                self.bytes = 0;
+                self.last_rate = u64::MAX;
+                self.until = None;
+                return;
+            }
+            // In short naps: a stop or a new limit is noticed within 100 ms.
+            std::thread::sleep((until - now).min(Duration::from_millis(100)));
         }
     }
 }
@@ -366,6 +401,14 @@ impl<'a> Process<'a> {
     /// As `advance`; `before_wait` runs first if the pace makes it sleep
     /// (to release what clients may be waiting for).
     pub fn advance_then(&mut self, bytes: u64, before_wait: &mut dyn FnMut()) {
+        self.progress(bytes);
+        self.pacer.pace(bytes, before_wait);
+    }
+
+    /// A process that paces what it starts rather than what it finishes
+    /// (`owe` as it starts work, `settle` with nothing held): `bytes` more
+    /// done, counted in the progress only.
+    pub fn progress(&mut self, bytes: u64) {
         let r = &self.array.recovery;
         let done = r.done.fetch_add(bytes, Ordering::Relaxed) + bytes;
         r.sample(done);
@@ -392,7 +435,24 @@ impl<'a> Process<'a> {
                 self.next_step += 20;
             }
         }
-        self.pacer.pace(bytes, before_wait);
+    }
+
+    /// `bytes` about to be worked on, counted by the throttle: a sleep may
+    /// be owed from now (`owes`).
+    pub fn owe(&mut self, bytes: u64) {
+        self.pacer.count(bytes);
+    }
+
+    /// Whether the throttle asks for a rest before more work is started.
+    pub fn owes(&self) -> bool {
+        self.pacer.owes()
+    }
+
+    /// Take the rest the throttle asks for. The caller holds nothing a
+    /// client may wait for (no stripe locks): the point of pacing what is
+    /// started is that a throttled process sleeps with nothing locked.
+    pub fn settle(&mut self) {
+        self.pacer.settle();
     }
 
     /// Whether it is time to record the position reached (every

@@ -52,8 +52,17 @@ impl Array {
     ) -> Result<Outcome> {
         let chunk = self.core.geom().chunk;
         let stripes = total / chunk;
-        // Steps of about 1 MiB per member.
-        let step = ((1u64 << 20) / chunk).max(1);
+        // Steps of about 1 MiB per member; under a low speed limit, of
+        // what it allows in 1/16 s, so that the rebuild comes in small
+        // steps between rests rather than a burst of 1 MiB per member and
+        // a long rest (a client meeting a step waits for the whole of it).
+        let (min, max) = self.rebuild_speed();
+        let per_member = [min, max]
+            .into_iter()
+            .filter(|&r| r != 0)
+            .min()
+            .map_or(1 << 20, |r| (r / 16).clamp(64 << 10, 1 << 20));
+        let step = (per_member / chunk).max(1);
         loop {
             if let Some(end) = self.interrupted(job, process)? {
                 return Ok(end);
@@ -228,7 +237,19 @@ impl Array {
             let (mut issued, mut solved, mut sent, mut acked) = (0, 0, 0, 0);
             let mut halt = false;
             loop {
-                while !halt && issued < steps.len() && issued - acked < DEPTH {
+                // Throttled: rest with no step in flight, so with no
+                // stripe locked; a client's degraded read of a stripe
+                // waits for one step's reads and writes, never for a
+                // sleep (it waited seconds when the pipeline slept on
+                // what it had locked ahead).
+                if !halt && issued == acked && issued < steps.len() && process.owes() {
+                    process.settle();
+                    if process.stopped() {
+                        halt = true;
+                        run = Run::Stopped("the array was stopped".into());
+                    }
+                }
+                while !halt && issued < steps.len() && issued - acked < DEPTH && !process.owes() {
                     let (a, b) = steps[issued];
                     let g = self.core.lock_range(a, b);
                     let v = self.core.view.load();
@@ -249,6 +270,9 @@ impl Array {
                     for c in cmds.iter().flatten() {
                         let _ = c.send((a, b));
                     }
+                    // Paced as it is started: the throttle decides what
+                    // is locked and read, not only when progress is told.
+                    process.owe((b - a) * chunk);
                     issued += 1;
                 }
                 if !halt && solved < issued {
@@ -354,7 +378,7 @@ impl Array {
                             halt = true;
                         }
                     }
-                    process.advance(bytes);
+                    process.progress(bytes);
                     if !halt && process.stopped() {
                         halt = true;
                         run = Run::Stopped("the array was stopped".into());
