@@ -70,9 +70,13 @@ fn main() {
         }
     }
     // A server's log is the record of what happened to its array (every
-    // recovery, every connection that ended in an error): info. Other
+    // recovery, every connection that ended in an error, a client's failed
+    // TLS handshake): info, for an export's server too. Other
     // commands report for themselves: warnings only.
-    let default_level = if matches!(args.command, cli::Command::Serve(_)) {
+    let default_level = if matches!(
+        args.command,
+        cli::Command::Serve(_) | cli::Command::Export(_)
+    ) {
         "info"
     } else {
         "warn"

@@ -338,6 +338,41 @@ fn tls_on_every_connection_and_only_allowed_peers() {
     ]);
     assert!(std::fs::read(&back).unwrap() == data);
     ok(&["check", &local, &remote]);
+    // A wrong key, an identity the host has no key for: the error says
+    // which (OpenSSL's own text is "alert illegal parameter").
+    let keyed = |user: &str, file: &std::path::Path| {
+        format!(
+            "{}?tls-psk-file={}",
+            kuri.replacen("nbds://", &format!("nbds://{user}@"), 1),
+            file.display()
+        )
+    };
+    let read_one = |m: &str, needle: &str| {
+        fails(
+            &[
+                "read",
+                m,
+                "-o",
+                "0",
+                "-n",
+                "4K",
+                "--out",
+                &back.display().to_string(),
+            ],
+            needle,
+        )
+    };
+    read_one(
+        &keyed("alice", &wrong),
+        &format!(
+            "the key for 'alice' in {} is not the server's",
+            wrong.display()
+        ),
+    );
+    read_one(
+        &keyed("mallory", &mallory),
+        "the server has no key for identity 'mallory'",
+    );
     // Keys without TLS, keys and certificates at once, a file that is
     // not keys: refused, nothing served.
     let f = dir.path().join("h0.img").display().to_string();

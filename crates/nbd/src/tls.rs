@@ -117,7 +117,10 @@ impl ServerTls {
         b.set_min_proto_version(Some(SslVersion::TLS1_2))
             .map_err(bad)?;
         b.set_cipher_list(PSK_CIPHERS).map_err(bad)?;
-        b.set_psk_server_callback(move |_ssl, identity, out| {
+        b.set_psk_server_callback(move |ssl, identity, out| {
+            if let (Some(id), Ok(ix)) = (identity, identity_index()) {
+                ssl.set_ex_data(ix, String::from_utf8_lossy(id).into_owned());
+            }
             let key = identity.and_then(|id| keys.iter().find(|(i, _)| i.as_bytes() == id));
             match key {
                 Some((_, k)) if k.len() <= out.len() => {
@@ -142,10 +145,47 @@ impl ServerTls {
                 let conn = rustls::ServerConnection::new(config.clone()).map_err(bad)?;
                 carry(rustls::Connection::Server(conn), s)
             }
-            Kind::Psk(ctx) => carry_openssl(ctx, s, true),
+            Kind::Psk(ctx) => carry_openssl(ctx, s, true, &|ssl, reason| {
+                let who = ssl
+                    .ex_data(identity_index().ok()?)
+                    .map_or("the client's identity".to_string(), |id| {
+                        format!("identity '{id}'")
+                    });
+                Some(match reason {
+                    BINDER_DOES_NOT_VERIFY | BAD_RECORD_MAC => {
+                        format!("the client's key for {who} is not the one in this server's --tls-psk file")
+                    }
+                    NO_SUITABLE_SIGNATURE_ALGORITHM | NO_SHARED_CIPHER => format!(
+                        "this server's --tls-psk file has no key for {who} (or the client offered no pre-shared key)"
+                    ),
+                    _ => return None,
+                })
+            }),
         }
     }
 }
+
+/// Where a PSK server connection keeps the identity its client gave, for
+/// the log line of a handshake that failed.
+fn identity_index() -> Result<openssl::ex_data::Index<openssl::ssl::Ssl, String>, ()> {
+    static INDEX: std::sync::OnceLock<Option<openssl::ex_data::Index<openssl::ssl::Ssl, String>>> =
+        std::sync::OnceLock::new();
+    INDEX
+        .get_or_init(|| openssl::ssl::Ssl::new_ex_index().ok())
+        .ok_or(())
+}
+
+// OpenSSL's reason codes (ssl/sslerr.h) of the failures a wrong key or an
+// unknown identity gives; an alert received is 1000 + the alert's number.
+const BINDER_DOES_NOT_VERIFY: i32 = 253;
+const NO_SUITABLE_SIGNATURE_ALGORITHM: i32 = 118;
+const NO_SHARED_CIPHER: i32 = 193;
+const BAD_RECORD_MAC: i32 = 281;
+const ALERT_BAD_RECORD_MAC: i32 = 1020;
+const ALERT_HANDSHAKE_FAILURE: i32 = 1040;
+const ALERT_ILLEGAL_PARAMETER: i32 = 1047;
+const ALERT_DECRYPT_ERROR: i32 = 1051;
+const ALERT_UNKNOWN_PSK_IDENTITY: i32 = 1115;
 
 /// The keys of a PSK file: `IDENTITY:HEXKEY` per line.
 fn psk_keys(file: &Path) -> io::Result<Vec<(String, Vec<u8>)>> {
@@ -185,10 +225,23 @@ fn psk_keys(file: &Path) -> io::Result<Vec<(String, Vec<u8>)>> {
 /// (TLS 1.3 has its own suites).
 const PSK_CIPHERS: &str = "kECDHEPSK:kDHEPSK:!eNULL";
 
+/// Says what a failed handshake means, from the connection and OpenSSL's
+/// reason code, where that can be told.
+type Explain<'a> = &'a dyn Fn(&openssl::ssl::SslRef, i32) -> Option<String>;
+
 /// The TLS handshake with OpenSSL on `net` (as the server or the client),
 /// then one thread that pumps both directions between the connection and
-/// a local socket pair; returns the pair's plain end.
-fn carry_openssl(ctx: &openssl::ssl::SslContext, net: &Stream, server: bool) -> io::Result<Stream> {
+/// a local socket pair; returns the pair's plain end. A failed handshake
+/// is explained by `explain` where it can be (OpenSSL's own text, "sslv3
+/// alert illegal parameter", does not say that a key is wrong), OpenSSL's
+/// text kept after it.
+fn carry_openssl(
+    ctx: &openssl::ssl::SslContext,
+    net: &Stream,
+    server: bool,
+    explain: Explain,
+) -> io::Result<Stream> {
+    use openssl::ssl::HandshakeError;
     let ssl = openssl::ssl::Ssl::new(ctx).map_err(bad)?;
     let net = net.try_clone()?;
     let tls = if server {
@@ -196,7 +249,24 @@ fn carry_openssl(ctx: &openssl::ssl::SslContext, net: &Stream, server: bool) -> 
     } else {
         ssl.connect(net)
     }
-    .map_err(|e| io::Error::other(format!("TLS handshake: {e}")))?;
+    .map_err(|e| {
+        let meaning = match &e {
+            HandshakeError::Failure(mid) => mid
+                .error()
+                .ssl_error()
+                .into_iter()
+                .flat_map(|stack| stack.errors())
+                .find_map(|x| explain(mid.ssl(), x.reason_code())),
+            _ => None,
+        };
+        match meaning {
+            Some(m) => io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("TLS handshake: {m} ({e})"),
+            ),
+            None => io::Error::other(format!("TLS handshake: {e}")),
+        }
+    })?;
     let (mine, theirs) = UnixStream::pair()?;
     mine.set_nonblocking(true)?;
     tls.get_ref().set_nonblocking(true)?;
@@ -335,7 +405,12 @@ enum ClientKind {
         config: Arc<rustls::ClientConfig>,
         name: ServerName<'static>,
     },
-    Psk(openssl::ssl::SslContext),
+    Psk {
+        ctx: openssl::ssl::SslContext,
+        /// The identity and its key file, for the error of a refused key.
+        user: String,
+        file: String,
+    },
 }
 
 impl std::fmt::Debug for ClientTls {
@@ -344,7 +419,7 @@ impl std::fmt::Debug for ClientTls {
             ClientKind::X509 { name, .. } => {
                 f.debug_struct("ClientTls").field("name", name).finish()
             }
-            ClientKind::Psk(_) => f.write_str("ClientTls(psk)"),
+            ClientKind::Psk { user, .. } => f.debug_struct("ClientTls").field("psk", user).finish(),
         }
     }
 }
@@ -404,7 +479,11 @@ impl ClientTls {
             }
         });
         Ok(ClientTls {
-            kind: ClientKind::Psk(b.build()),
+            kind: ClientKind::Psk {
+                ctx: b.build(),
+                user: user.to_string(),
+                file: file.display().to_string(),
+            },
         })
     }
 
@@ -417,7 +496,17 @@ impl ClientTls {
                     rustls::ClientConnection::new(config.clone(), name.clone()).map_err(bad)?;
                 carry(rustls::Connection::Client(conn), s)
             }
-            ClientKind::Psk(ctx) => carry_openssl(ctx, s, false),
+            ClientKind::Psk { ctx, user, file } => carry_openssl(ctx, s, false, &|_, reason| {
+                Some(match reason {
+                    ALERT_ILLEGAL_PARAMETER | ALERT_DECRYPT_ERROR | ALERT_BAD_RECORD_MAC => format!(
+                        "the server refused the key of identity '{user}': the key for '{user}' in {file} is not the server's"
+                    ),
+                    ALERT_HANDSHAKE_FAILURE | ALERT_UNKNOWN_PSK_IDENTITY => format!(
+                        "the server has no key for identity '{user}' (or takes no pre-shared keys)"
+                    ),
+                    _ => return None,
+                })
+            }),
         }
     }
 }
