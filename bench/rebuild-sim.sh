@@ -5,7 +5,7 @@
 # (the target is at least 90%: the new disk is written at its full speed
 # while the others are read in parallel). Several runs, medians reported.
 #
-# usage: bench/rebuild-sim.sh [RUNS] [MEMBERS] [MEMBER_SIZE] [BW] [SEEK]
+# usage: [REBUILD_MAX=RATE] bench/rebuild-sim.sh [RUNS] [MEMBERS] [MEMBER_SIZE] [BW] [SEEK]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-3}
@@ -13,6 +13,8 @@ N=${2:-5}
 SIZE=${3:-256M}
 BW=${4:-100M}
 SEEK=${5:-8ms}
+# The idle rebuild limit (raidkit speed --rebuild-max); 0: none.
+REBUILD_MAX=${REBUILD_MAX:-0}
 . bench/sim-lib.sh
 sim_setup rebuild
 bw_bytes=$(python3 -c "import sys; s='$BW'; m={'K':1e3,'M':1e6,'G':1e9}; print(int(float(s[:-1])*m[s[-1]]) if s[-1] in m else int(s))")
@@ -26,7 +28,7 @@ for level in 5 6; do
     "$R" create --level "$level" --size "$SIZE" --assume-clean --name sim "${files[@]}" >/dev/null
     specs=()
     for f in "${files[@]}"; do specs+=("$(sim "$f")"); done
-    "$R" serve --listen 127.0.0.1:0 --control "$W/ctl" --rebuild-min 0 "${specs[@]}" >"$W/serve.out" 2>"$W/serve.err" &
+    "$R" serve --listen 127.0.0.1:0 --control "$W/ctl" --rebuild-min 0 --rebuild-max "$REBUILD_MAX" "${specs[@]}" >"$W/serve.out" 2>"$W/serve.err" &
     PID=$!
     for _ in $(seq 100); do [ -S "$W/ctl" ] && break; sleep 0.1; done
     "$R" fail 1 --control "$W/ctl" >/dev/null

@@ -244,7 +244,14 @@ impl<'a> Pacer<'a> {
 
     /// Whether the bytes counted call for a sleep not yet taken.
     pub fn owes(&self) -> bool {
-        self.until.is_some_and(|t| Instant::now() < t)
+        self.owed().is_some()
+    }
+
+    /// How long a sleep the bytes counted still call for, if any.
+    pub fn owed(&self) -> Option<Duration> {
+        self.until
+            .map(|t| t.saturating_duration_since(Instant::now()))
+            .filter(|d| !d.is_zero())
     }
 
     /// Sleep what is owed, cut short when the array stops or the limit
@@ -446,6 +453,12 @@ impl<'a> Process<'a> {
     /// Whether the throttle asks for a rest before more work is started.
     pub fn owes(&self) -> bool {
         self.pacer.owes()
+    }
+
+    /// How long the throttle still asks to wait before more work is
+    /// started, if at all.
+    pub fn owed(&self) -> Option<std::time::Duration> {
+        self.pacer.owed()
     }
 
     /// Take the rest the throttle asks for. The caller holds nothing a

@@ -325,22 +325,32 @@ impl Array {
                 // nothing else to do), so that reads are issued far ahead.
                 let mut wait = all_solved || solved == issued;
                 loop {
-                    let ack = if wait {
-                        match ack_rx.recv() {
-                            Ok(x) => x,
-                            Err(_) => {
-                                // The writer has stopped (a write failed):
-                                // what it had not taken is never written,
-                                // and no answer comes for it.
+                    // Steps held back by the throttle alone are started
+                    // as soon as it allows, even with others in flight:
+                    // a member slower than the limit is kept busy.
+                    let held_back = !halt && issued < steps.len() && issued - acked < DEPTH;
+                    let owed = process.owed().filter(|_| held_back && wait);
+                    // Err(true): the writers have stopped (a write
+                    // failed): what they had not taken is never written,
+                    // and no answer comes for it. Err(false): nothing
+                    // more for now, or the throttle lets more steps start.
+                    let got = if let Some(owed) = owed {
+                        ack_rx
+                            .recv_timeout(owed)
+                            .map_err(|e| e == std::sync::mpsc::RecvTimeoutError::Disconnected)
+                    } else if wait {
+                        ack_rx.recv().map_err(|_| true)
+                    } else {
+                        ack_rx.try_recv().map_err(|_| false)
+                    };
+                    let ack = match got {
+                        Ok(x) => x,
+                        Err(gone) => {
+                            if gone {
                                 halt = true;
                                 sent = acked;
-                                break;
                             }
-                        }
-                    } else {
-                        match ack_rx.try_recv() {
-                            Ok(x) => x,
-                            Err(_) => break,
+                            break;
                         }
                     };
                     wait = false;
