@@ -816,3 +816,78 @@ fn bench_clients_on_three_hosts_share_one_array() {
         String::from_utf8_lossy(&left.stdout)
     );
 }
+
+/// A member's server that is asked to stop (nbdkit answers the requests
+/// in flight with NBD_ESHUTDOWN, then waits for its clients to go) is a
+/// link lost: the member is disconnected, not failed for good; the
+/// connection is closed at once, so the server exits; and once it is
+/// back at its address the member rejoins by itself, resynced where it
+/// missed writes, every byte a client wrote still right.
+#[test]
+fn a_member_server_that_shuts_down_is_disconnected_and_rejoins() {
+    let dir = tmp();
+    let local = sized_files(dir.path(), "local", 1, 64 << 20).remove(0);
+    let remote_file = sized_files(dir.path(), "remote", 1, 64 << 20).remove(0);
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port().to_string()
+    };
+    let nbdkit = || {
+        let g = Guarded::spawn(
+            Command::new("nbdkit")
+                .args(["-f", "-i", "127.0.0.1", "-p", &port, "file", &remote_file])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
+        wait_for("nbdkit to listen", 30, || {
+            std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_ok()
+        });
+        g
+    };
+    let mut host = nbdkit();
+    let members = vec![local.clone(), format!("nbd://127.0.0.1:{port}/")];
+    create("1", &members, "48M");
+    let mut s = Served::start(dir.path(), &members, &["--rejoin-timeout", "120"]);
+    // Writes (verified as they are read back at the end of the job) going
+    // on while the member's server stops.
+    let uri = s.uri.clone();
+    let writer = std::thread::spawn(move || {
+        try_tool(
+            "timeout",
+            &[
+                "120",
+                "fio",
+                "--name=w",
+                "--ioengine=nbd",
+                &format!("--uri={uri}"),
+                "--rw=randwrite",
+                "--bs=64k",
+                "--size=40M",
+                "--iodepth=8",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_fatal=1",
+            ],
+        )
+    });
+    wait_for("writes to begin", 30, || {
+        s.status()["io"]["writes"].as_u64().unwrap_or(0) > 50
+    });
+    // SAFETY: kill(2) on our own child, still running.
+    unsafe { libc::kill(host.id() as i32, libc::SIGTERM) };
+    host.wait_within(Duration::from_secs(10));
+    wait_for("the member to be seen gone", 30, || {
+        s.status()["members"][1]["state"] != "active"
+    });
+    let st = s.status();
+    assert_eq!(st["members"][1]["state"], "disconnected", "{st:#}");
+    let _back = nbdkit();
+    wait_for("the member to rejoin", 60, || {
+        let st = s.status();
+        st["state"] == "optimal" && st["members"][1]["state"] == "active"
+    });
+    let out = writer.join().unwrap();
+    assert!(out.status.success(), "fio: {out:?}");
+    assert_eq!(s.stop().code(), Some(0));
+    ok(&["check", &members[0], &members[1]]);
+}

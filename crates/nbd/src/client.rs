@@ -193,6 +193,17 @@ impl Shared {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&handle)
             .ok_or_else(|| format!("reply for unknown handle {handle}"))?;
+        if error == ESHUTDOWN {
+            // The server is going away (nbdkit answers so once asked to
+            // stop): the connection is lost, as if cut, so that a member
+            // is disconnected and rejoins when its server is back, not
+            // failed for good; and it is closed now, as the server waits
+            // for its clients to go before it exits.
+            let why = "the server is shutting down (NBD_ESHUTDOWN)";
+            w.slot
+                .complete(Err(io::Error::new(io::ErrorKind::BrokenPipe, why)));
+            return Err(why.into());
+        }
         if error != 0 {
             w.slot
                 .complete(Err(io::Error::from_raw_os_error(error as i32)));
@@ -412,6 +423,7 @@ fn handshake(
                 let what = match k {
                     REP_ERR_UNKNOWN => "no such export",
                     REP_ERR_POLICY => "refused by the server's policy",
+                    REP_ERR_TLS_REQD => "the server requires TLS (nbds://)",
                     _ => "refused",
                 };
                 return Err(io::Error::new(
@@ -541,12 +553,24 @@ impl NbdClient {
         // connection resets.
         let raw = s.try_clone()?;
         // A server that never answers must not hang us at the handshake.
-        let handshake_limit = Duration::from_secs(30);
-        s.set_read_timeout(Some(
-            timeout.map_or(handshake_limit, |t| t.min(handshake_limit)),
-        ))?;
-        let info = handshake(&mut s, &addr.export, tls.as_ref())
-            .map_err(|e| io::Error::new(e.kind(), format!("{uri}: {e}")))?;
+        let handshake_limit =
+            timeout.map_or(Duration::from_secs(30), |t| t.min(Duration::from_secs(30)));
+        s.set_read_timeout(Some(handshake_limit))?;
+        let info = handshake(&mut s, &addr.export, tls.as_ref()).map_err(|e| match e.kind() {
+            // The socket's read timeout ran out ("Resource temporarily
+            // unavailable" says nothing of that).
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "{uri}: no answer to the NBD handshake within {:.0}s: the connection was \
+                     taken but the server said nothing (not an NBD server, a link that \
+                     went down, or a server already serving all the clients it takes: \
+                     qemu-nbd takes one unless --shared)",
+                    handshake_limit.as_secs_f64()
+                ),
+            ),
+            _ => io::Error::new(e.kind(), format!("{uri}: {e}")),
+        })?;
         // From now on the request timeout: a read that waits longer for a
         // reply, or a write for room to send, gives up.
         s.set_read_timeout(timeout)?;

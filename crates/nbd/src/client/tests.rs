@@ -653,3 +653,18 @@ fn requests_in_flight_when_the_connection_is_cut_all_end() {
     drop(c);
     server.shutdown();
 }
+
+/// A server that takes the connection and says nothing (not an NBD
+/// server, one at its client limit, a link gone down after the connect):
+/// the client gives up within its limit, with a timeout, not "resource
+/// temporarily unavailable".
+#[test]
+fn a_server_that_never_greets_is_a_timeout() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let uri = format!("nbd://{}/x", l.local_addr().unwrap());
+    let t = std::time::Instant::now();
+    let e = NbdClient::connect_with(&uri, Some(Duration::from_millis(500))).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    drop(l);
+}
