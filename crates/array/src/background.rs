@@ -53,7 +53,8 @@ pub struct RecoveryStatus {
     pub rate: f64,
     /// Bytes per second over the whole run so far.
     pub rate_average: f64,
-    /// Seconds until this run ends at `rate` (none before a rate is known).
+    /// Seconds until this run ends at `rate`, or at the speed limits if
+    /// they are lower (none before a rate is known).
     pub seconds_left: Option<f64>,
     #[serde(skip)]
     pub(crate) began: Option<Instant>,
@@ -199,6 +200,9 @@ pub(crate) struct Pacer<'a> {
     until: Option<Instant>,
     /// Whether clients were busy at the last count (the busy rate in force).
     busy: bool,
+    /// What tells the process to stop, besides the array stopping (a
+    /// scrub's `--stop`).
+    told_to_stop: Option<&'a std::sync::atomic::AtomicBool>,
 }
 
 impl<'a> Pacer<'a> {
@@ -211,6 +215,7 @@ impl<'a> Pacer<'a> {
             last_rate: u64::MAX,
             until: None,
             busy: false,
+            told_to_stop: None,
         }
     }
 
@@ -254,27 +259,35 @@ impl<'a> Pacer<'a> {
             .filter(|d| !d.is_zero())
     }
 
-    /// Sleep what is owed, cut short when the array stops or the limit
-    /// in force is changed (`raidkit speed`): a new limit starts a new
-    /// count, so raising a slow one takes effect at once.
+    /// Sleep what is owed, cut short when the array stops, when the limit
+    /// in force is changed (`raidkit speed`: a new limit starts a new
+    /// count, so raising a slow one takes effect at once), and when what
+    /// the process works on changes under it (a member fails, is removed
+    /// or joins; a scrub is told to stop): the rest is forgiven, so that
+    /// the process looks at once, not after a rest of minutes at a low
+    /// limit.
     pub fn settle(&mut self) {
         let Some(until) = self.until else {
             return;
         };
+        let view = self.array.core.view.load_full();
         loop {
             let now = Instant::now();
             if now >= until || self.array.core.wake.stopped() {
                 return;
             }
             let (min, max) = self.array.rebuild_speed();
-            if self.last_rate != if self.busy { min } else { max } {
+            if self.last_rate != if self.busy { min } else { max }
+                || !std::sync::Arc::ptr_eq(&view, &self.array.core.view.load())
+                || self.told_to_stop.is_some_and(|f| f.load(Ordering::Acquire))
+            {
                 self.since = now;
                 self.bytes = 0;
                 self.last_rate = u64::MAX;
                 self.until = None;
                 return;
             }
-            // In short naps: a stop or a new limit is noticed within 100 ms.
+            // In short naps: any of those is noticed within 100 ms.
             std::thread::sleep((until - now).min(Duration::from_millis(100)));
         }
     }
@@ -392,7 +405,10 @@ impl<'a> Process<'a> {
             with: plan.with,
             resumed_from: plan.resumed_from,
             began,
-            pacer: Pacer::new(array),
+            pacer: Pacer {
+                told_to_stop: (plan.kind == "scrub").then_some(&r.scrub_stop),
+                ..Pacer::new(array)
+            },
             last_checkpoint: began,
             before: plan.bytes_before,
             whole,
@@ -604,6 +620,20 @@ impl Array {
         )
     }
 
+    /// What a background process may do in one step under the lower of
+    /// the speed limits (none without one): what that limit allows in
+    /// 1/16 s, so that a process under a low limit comes in small steps
+    /// between rests rather than a burst and a long rest (a client that
+    /// meets a step waits for the whole of it).
+    pub(crate) fn paced_step(&self) -> Option<u64> {
+        let (min, max) = self.rebuild_speed();
+        [min, max]
+            .into_iter()
+            .filter(|&r| r != 0)
+            .min()
+            .map(|r| r / 16)
+    }
+
     pub fn recovery_status(&self) -> Option<RecoveryStatus> {
         let st = self.recovery.state.locked();
         st.running.clone().map(|mut r| {
@@ -624,8 +654,18 @@ impl Array {
                 .recovery
                 .recent_rate(r.bytes_done)
                 .unwrap_or(r.rate_average);
+            // Never faster than the limits let it go: the first step after
+            // a start runs at once, and a rate measured over it promised
+            // minutes where a low limit takes hours.
+            let (min, max) = self.rebuild_speed();
+            let most = if min == 0 || max == 0 {
+                f64::INFINITY
+            } else {
+                min.max(max) as f64
+            };
+            let speed = r.rate.min(most);
             r.seconds_left =
-                (r.rate > 0.0).then(|| r.bytes_total.saturating_sub(r.bytes_done) as f64 / r.rate);
+                (speed > 0.0).then(|| r.bytes_total.saturating_sub(r.bytes_done) as f64 / speed);
             r
         })
     }

@@ -230,6 +230,19 @@ impl Reshaping {
         safe.min(most).min(self.new.stripes()).max(p + 1)
     }
 
+    /// A batch from row `p` that `batch_end` ends at `q`, cut to about
+    /// `bytes` of array data (one row at least; whole units of a chunk
+    /// change).
+    fn paced_end(&self, p: u64, q: u64, bytes: u64) -> u64 {
+        if self.chunk_change() {
+            let unit = self.unit();
+            let units = (bytes / (unit * self.new.data_members() as u64)).max(1);
+            q.min(p + units * (unit / self.new.chunk))
+        } else {
+            q.min(p + (bytes / self.width()).max(1))
+        }
+    }
+
     /// Whether a request to `[off, off + len)` (a `write` or not) must
     /// wait for the batch under way.
     fn in_motion(&self, off: u64, len: u64, write: bool) -> bool {
@@ -749,7 +762,13 @@ impl Array {
                 if !self.core.alive.load(Ordering::Acquire) {
                     return Ok("the array has failed".into());
                 }
-                let q = r.batch_end(p);
+                let mut q = r.batch_end(p);
+                // Past the first batch (whose backup the restart after a
+                // crash redoes as `batch_end(0)` says), smaller under a
+                // low speed limit.
+                if let Some(bytes) = self.paced_step().filter(|_| p > 0) {
+                    q = r.paced_end(p, q, bytes);
+                }
                 self.reshape_batch(&r, p, q, None)?;
                 let moved = ((q * width).min(total)).saturating_sub(p * width);
                 process.advance(moved);

@@ -691,6 +691,28 @@ fn mirror_reads_skip_a_slow_copy_while_another_is_fine() {
     array.close().unwrap();
 }
 
+/// A RAID-5 of four members and a spare, filled with data from `seed`:
+/// its directory, members, the array and the data.
+fn raid5_with_a_spare(seed: u64) -> (tempfile::TempDir, Vec<String>, Array, Vec<u8>) {
+    let d = tmp();
+    let members = make(d.path(), Level::Raid5, 4, 1);
+    let mut all = members.clone();
+    all.push(path(d.path(), "s0.img"));
+    let a = open(&all);
+    let mut model = Vec::new();
+    fill(&a, &mut model, seed);
+    (d, members, a, model)
+}
+
+/// Wait for the background process of `a` to have done a first step.
+fn first_step(a: &Array) {
+    let t0 = std::time::Instant::now();
+    while a.recovery_status().is_none_or(|r| r.bytes_done == 0) {
+        assert!(t0.elapsed().as_secs() < 60, "the process made no step");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// A throttled rebuild rests with no stripe locked: a degraded read of a
 /// stripe ahead of it is answered at once, not after the pace's sleep
 /// (it waited seconds when the rebuild slept on the steps it had locked
@@ -698,29 +720,31 @@ fn mirror_reads_skip_a_slow_copy_while_another_is_fine() {
 /// 12,000 idle).
 #[test]
 fn a_throttled_rebuild_does_not_hold_reads_ahead_of_it() {
-    let d = tmp();
-    let members = make(d.path(), Level::Raid5, 4, 1);
-    let mut all = members.clone();
-    all.push(path(d.path(), "s0.img"));
-    let a = open(&all);
-    let mut model = Vec::new();
-    fill(&a, &mut model, 9);
-    // One step of the rebuild (1 MiB of the member) owes 4 s of rest.
-    a.set_rebuild_speed(Some(256 << 10), Some(256 << 10));
+    let (d, members, a, model) = raid5_with_a_spare(9);
+    // One step of the rebuild (64 KiB of the member, the least) owes 4 s
+    // of rest.
+    a.set_rebuild_speed(Some(16 << 10), Some(16 << 10));
     a.fail_member(&members[1], false).unwrap();
     assert_eq!(state(&a, 1), "rebuilding");
     let g = a.geometry();
     let width = g.chunk * (g.members() as u64 - 1);
     std::thread::scope(|s| {
         let rebuild = s.spawn(|| a.recover_all());
-        let t0 = std::time::Instant::now();
-        while a.recovery_status().is_none_or(|r| r.bytes_done == 0) {
-            assert!(t0.elapsed().as_secs() < 60, "the rebuild made no step");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        // The last two stripes: past the first step, and degraded (role
-        // 1 holds data in one of them, read through parity).
-        let at = (g.stripes() - 2) * width;
+        first_step(&a);
+        // The time left is told at the limit, not at the speed of the
+        // first step (which ran at once).
+        let r = a.recovery_status().unwrap();
+        let at_limit = (r.bytes_total - r.bytes_done) as f64 / (16 << 10) as f64;
+        let left = r.seconds_left.unwrap();
+        assert!(
+            left >= at_limit * 0.99,
+            "{left} s left, {at_limit} s at the limit"
+        );
+        // Stripes 5 and 6: in the second step (of 4 stripes: 64 KiB of
+        // the member in chunks of 16 KiB), which a pipeline that slept
+        // with steps locked ahead held; degraded (role 1 holds data in
+        // one of them, read through parity).
+        let at = 5 * width;
         let mut buf = vec![0u8; 2 * width as usize];
         let t = std::time::Instant::now();
         a.read(&mut buf, at).unwrap();
@@ -744,4 +768,36 @@ fn a_throttled_rebuild_does_not_hold_reads_ahead_of_it() {
         members[3].clone(),
     ];
     whole_and_again_from(a, &model, &now);
+}
+
+/// A member change ends a throttled rest at once: the member being
+/// rebuilt failed during a rest of many seconds stops the rebuild then,
+/// not when the rest is over (status named the failed member, and a new
+/// one waited, for the rest of it).
+#[test]
+fn a_member_failed_during_a_throttled_rest_stops_the_rebuild_at_once() {
+    let (d, members, a, model) = raid5_with_a_spare(11);
+    // One step (64 KiB of the member) owes 16 s of rest.
+    a.set_rebuild_speed(Some(4 << 10), Some(4 << 10));
+    a.fail_member(&members[2], false).unwrap();
+    std::thread::scope(|s| {
+        let rebuild = s.spawn(|| a.recover_all());
+        first_step(&a);
+        a.fail_member(&path(d.path(), "s0.img"), false).unwrap();
+        let t = std::time::Instant::now();
+        while a.recovery_status().is_some() && t.elapsed().as_secs() < 30 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let waited = t.elapsed();
+        rebuild.join().unwrap().unwrap();
+        assert!(
+            waited < std::time::Duration::from_secs(4),
+            "the rebuild went on for {waited:?} after its member failed"
+        );
+    });
+    let last = a.last_recovery().unwrap();
+    assert_ne!(last.result, "done", "{last:?}");
+    assert_eq!(a.health(), Health::Degraded);
+    check(&a, &model);
+    done(a);
 }

@@ -602,3 +602,36 @@ fn a_journal_laid_over_the_checksums_is_refused_then_moved_off_them() {
     assert_eq!(checksum_errors(&a), 0);
     a.close().unwrap();
 }
+
+/// `scrub --stop` ends a throttled scrub at once, not after its rest
+/// (which at a low limit lasts minutes: the scrub stayed in the status,
+/// and a new one was refused, meanwhile).
+#[test]
+fn a_throttled_scrub_stops_at_once_when_told() {
+    let (_dir, members, _data) = written_and_closed(Level::Raid5, 4);
+    let a = open(&members);
+    // Each chunk (16 KiB) scrubbed owes 16 s of rest.
+    a.set_rebuild_speed(Some(1 << 10), Some(1 << 10));
+    a.start_scrub(true).unwrap();
+    std::thread::scope(|s| {
+        let run = s.spawn(|| a.recover_all());
+        let t0 = std::time::Instant::now();
+        while a.recovery_status().is_none_or(|r| r.bytes_done == 0) {
+            assert!(t0.elapsed().as_secs() < 60, "the scrub made no step");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(a.stop_scrub().unwrap());
+        let t = std::time::Instant::now();
+        run.join().unwrap().unwrap();
+        let waited = t.elapsed();
+        assert!(
+            waited < std::time::Duration::from_secs(4),
+            "the scrub went on for {waited:?} after it was told to stop"
+        );
+    });
+    assert_eq!(a.last_scrub().expect("a scrub ran").result, "stopped");
+    // A new scrub may start now.
+    a.start_scrub(true).unwrap();
+    assert!(a.stop_scrub().unwrap());
+    a.close().unwrap();
+}

@@ -52,16 +52,11 @@ impl Array {
     ) -> Result<Outcome> {
         let chunk = self.core.geom().chunk;
         let stripes = total / chunk;
-        // Steps of about 1 MiB per member; under a low speed limit, of
-        // what it allows in 1/16 s, so that the rebuild comes in small
-        // steps between rests rather than a burst of 1 MiB per member and
-        // a long rest (a client meeting a step waits for the whole of it).
-        let (min, max) = self.rebuild_speed();
-        let per_member = [min, max]
-            .into_iter()
-            .filter(|&r| r != 0)
-            .min()
-            .map_or(1 << 20, |r| (r / 16).clamp(64 << 10, 1 << 20));
+        // Steps of about 1 MiB per member, smaller under a low speed
+        // limit (`paced_step`).
+        let per_member = self
+            .paced_step()
+            .map_or(1 << 20, |b| b.clamp(64 << 10, 1 << 20));
         let step = (per_member / chunk).max(1);
         loop {
             if let Some(end) = self.interrupted(job, process)? {
