@@ -182,11 +182,28 @@ pub fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn Member>> {
         Spec::Nbd(uri) => {
             let c = raidkit_nbd::NbdClient::connect_with(uri, crate::remote_timeout()).map_err(
                 |e| {
+                    use std::io::ErrorKind as K;
+                    // What to do about a host that is down: its member's
+                    // superblock cannot be read, so it cannot be assembled.
+                    let hint = if matches!(
+                        e.kind(),
+                        K::ConnectionRefused
+                            | K::TimedOut
+                            | K::HostUnreachable
+                            | K::NetworkUnreachable
+                            | K::ConnectionReset
+                    ) {
+                        "; a member that cannot be reached cannot be assembled: to start \
+                         without it, leave it off the command line (with --run if the array \
+                         did not know it gone), then `raidkit add` it once its host is back"
+                    } else {
+                        ""
+                    };
                     // The client's errors name the URI already: once is enough.
                     let e = e.to_string();
                     Error::Invalid(match e.strip_prefix(uri.as_str()) {
-                        Some(rest) => format!("member {uri}{rest}"),
-                        None => format!("member {uri}: {e}"),
+                        Some(rest) => format!("member {uri}{rest}{hint}"),
+                        None => format!("member {uri}: {e}{hint}"),
                     })
                 },
             )?;
