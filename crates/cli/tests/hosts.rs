@@ -867,6 +867,7 @@ fn a_member_server_that_shuts_down_is_disconnected_and_rejoins() {
                 "--verify=crc32c",
                 "--do_verify=1",
                 "--verify_fatal=1",
+                "--verify_state_save=0",
             ],
         )
     });
