@@ -47,6 +47,10 @@ pub enum Error {
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("data at array offset {offset} is unavailable: {detail}")]
     Unavailable { offset: u64, detail: String },
+    /// A remote member whose host did not answer (refused, timed out, no
+    /// route): the detail names it and what was tried.
+    #[error("{detail}")]
+    Unreachable { member: String, detail: String },
     #[error("{0}")]
     Invalid(String),
 }

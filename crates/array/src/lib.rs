@@ -40,7 +40,8 @@ mod seams;
 pub use metadata::{bitmap, checksums, journal, superblock};
 
 pub use crate::core::{
-    Added, ErrorCounts, MemberIo, MemberStatus, Slow, DEFAULT_MEMBER_TIMEOUT, LATENCY_BOUNDS_US,
+    Added, ErrorCounts, MemberIo, MemberStatus, Reopen, Slow, DEFAULT_MEMBER_TIMEOUT,
+    LATENCY_BOUNDS_US,
 };
 pub use assemble::Health;
 pub use background::{LastRecovery, RecoveryStatus, DEFAULT_MIN_RATE};

@@ -42,7 +42,58 @@ pub fn open_array_with(
     force: bool,
 ) -> Result<Array> {
     let specs = parse_specs(members)?;
-    let ms = spec::open_all(&specs, opts.read_only)?;
+    // With --run, remote members whose hosts do not answer are left out
+    // (the array starts degraded and takes them back when they answer);
+    // without it their absence is an error that says so.
+    let (ms, unreached) = if opts.run {
+        spec::open_reachable(&specs, opts.read_only)?
+    } else {
+        let ms = spec::open_all(&specs, opts.read_only).map_err(|e| match e {
+            raidkit_array::Error::Unreachable { detail, .. } => anyhow::anyhow!(
+                "{detail}; a member that cannot be reached cannot be assembled: give --run to \
+                 start the array without it (it then takes its role back by itself once its \
+                 host answers), or leave it off and `raidkit add` it once its host is back"
+            ),
+            e => e.into(),
+        })?;
+        (ms, Vec::new())
+    };
+    let not_reached = || {
+        unreached
+            .iter()
+            .map(|(_, why)| why.as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    for (_, why) in &unreached {
+        crate::say::warning(&format!("{why}: starting without it (--run)"));
+    }
+    let started = (|| -> Result<Array> {
+        let a = open_assembled(ms, opts, force)?;
+        for (s, why) in &unreached {
+            let (name, s) = (s.to_string(), s.clone());
+            let reopen: raidkit_array::Reopen = Box::new(move |limit| {
+                spec::open_limited(&s, false, limit).map_err(|e| e.to_string())
+            });
+            a.await_member(&name, why, reopen);
+        }
+        Ok(a)
+    })();
+    match started {
+        Err(e) if !unreached.is_empty() => Err(anyhow::anyhow!(
+            "{e:#}; left out, as they could not be reached: {}",
+            not_reached()
+        )),
+        r => r,
+    }
+}
+
+/// Start an array from the members opened.
+fn open_assembled(
+    ms: Vec<std::sync::Arc<dyn raidkit_member::Member>>,
+    opts: raidkit_array::OpenOptions,
+    force: bool,
+) -> Result<Array> {
     let mut asm = assemble(ms)?;
     for w in &asm.warnings {
         crate::say::warning(w);

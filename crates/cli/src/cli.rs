@@ -456,7 +456,10 @@ pub struct ServeArgs {
     pub force: bool,
     /// Start the array degraded although members are missing that it did
     /// not know to be gone when it stopped (mdadm's --run); without it
-    /// that is refused, naming the missing members.
+    /// that is refused, naming the missing members. A remote member whose
+    /// host does not answer is then left out, tried again in the
+    /// background, and takes its role back by itself if it answers within
+    /// --rejoin-timeout.
     #[arg(long)]
     pub run: bool,
     /// Serve every array of this config file (TOML; default

@@ -747,6 +747,9 @@ fn cmd_write(a: WriteArgs) -> Result<()> {
     raidkit_open::set_io_mode(a.io.io);
     let opts = raidkit_array::OpenOptions {
         run: a.run,
+        // A command that ends when its write does takes nothing back in
+        // the background.
+        rejoin_timeout: std::time::Duration::ZERO,
         ..Default::default()
     };
     // The size from the superblocks alone: bad input is refused before

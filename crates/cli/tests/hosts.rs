@@ -47,6 +47,40 @@ fn write_pattern(dir: &std::path::Path, uri: &str, shift: u32) -> Vec<u8> {
     data
 }
 
+/// A RAID-1's two 64 MiB files in `dir`, one local and one to be served
+/// (by `nbdkit_file`), and a free loopback port for it.
+fn local_and_remote(dir: &std::path::Path) -> (String, String, String) {
+    let local = sized_files(dir, "local", 1, 64 << 20).remove(0);
+    let remote_file = sized_files(dir, "remote", 1, 64 << 20).remove(0);
+    // The tests of this file run at once, and a port freed here may be
+    // handed out again at the next bind: none is given to two tests.
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    let port = loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        if !given.contains(&p) {
+            given.push(p);
+            break p.to_string();
+        }
+    };
+    (local, remote_file, port)
+}
+
+/// nbdkit serving `file` on 127.0.0.1:`port`, listening when this returns.
+fn nbdkit_file(port: &str, file: &str) -> Guarded {
+    let g = Guarded::spawn(
+        Command::new("nbdkit")
+            .args(["-f", "-i", "127.0.0.1", "-p", port, "file", file])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    wait_for("nbdkit to listen", 30, || {
+        std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_ok()
+    });
+    g
+}
+
 /// `n` files `<prefix><i>.img` of `len` bytes in `dir`, by path.
 fn sized_files(dir: &std::path::Path, prefix: &str, n: usize, len: u64) -> Vec<String> {
     (0..n)
@@ -211,10 +245,14 @@ struct Hosts {
 
 impl Hosts {
     fn new() -> Hosts {
+        // Tests of one process run at once: each set of hosts gets names
+        // and a network of its own.
+        static SETS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let k = SETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let pid = std::process::id();
         Hosts {
-            prefix: format!("rk{}", pid % 100_000),
-            net: 100 + pid % 100,
+            prefix: format!("rk{}{}", pid % 100_000, (b'a' + (k % 26) as u8) as char),
+            net: 100 + (pid % 50 * 3 + k) % 150,
             made: Vec::new(),
         }
     }
@@ -826,24 +864,8 @@ fn bench_clients_on_three_hosts_share_one_array() {
 #[test]
 fn a_member_server_that_shuts_down_is_disconnected_and_rejoins() {
     let dir = tmp();
-    let local = sized_files(dir.path(), "local", 1, 64 << 20).remove(0);
-    let remote_file = sized_files(dir.path(), "remote", 1, 64 << 20).remove(0);
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port().to_string()
-    };
-    let nbdkit = || {
-        let g = Guarded::spawn(
-            Command::new("nbdkit")
-                .args(["-f", "-i", "127.0.0.1", "-p", &port, "file", &remote_file])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
-        );
-        wait_for("nbdkit to listen", 30, || {
-            std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_ok()
-        });
-        g
-    };
+    let (local, remote_file, port) = local_and_remote(dir.path());
+    let nbdkit = || nbdkit_file(&port, &remote_file);
     let mut host = nbdkit();
     let members = vec![local.clone(), format!("nbd://127.0.0.1:{port}/")];
     create("1", &members, "48M");
@@ -891,4 +913,113 @@ fn a_member_server_that_shuts_down_is_disconnected_and_rejoins() {
     assert!(out.status.success(), "fio: {out:?}");
     assert_eq!(s.stop().code(), Some(0));
     ok(&["check", &members[0], &members[1]]);
+}
+
+/// A host that is down when the array starts: without `--run` the start is
+/// refused; with it the array starts degraded, lists the member as
+/// disconnected, and takes it back in its role (with the writes it missed)
+/// once its host answers. A member the array had failed before it stopped
+/// is not taken back by itself, and one whose host stays away is given up
+/// on at the rejoin timeout.
+#[test]
+fn a_member_host_down_at_start_is_taken_back_when_it_answers() {
+    let dir = tmp();
+    let (local, remote_file, port) = local_and_remote(dir.path());
+    let nbdkit = || nbdkit_file(&port, &remote_file);
+    let remote = format!("nbd://127.0.0.1:{port}/");
+    let members = vec![local.clone(), remote.clone()];
+    let evlog = dir.path().join("events.jsonl");
+    let ev = evlog.display().to_string();
+    let mut host = nbdkit();
+    create("1", &members, "48M");
+    let mut s = Served::start(dir.path(), &members, &[]);
+    let old = write_pattern(dir.path(), &s.uri, 0);
+    assert_eq!(s.stop().code(), Some(0));
+    host.kill();
+
+    // Without --run: refused, nothing started.
+    let out = raidkit(&args(&["serve", "--listen", "127.0.0.1:0"], &members));
+    assert!(!out.status.success(), "{out:?}");
+
+    let mut s = Served::start(
+        dir.path(),
+        &members,
+        &["--run", "--rejoin-timeout", "120", "--events-log", &ev],
+    );
+    let st = s.status();
+    assert_eq!(st["state"], "degraded", "{st:#}");
+    assert_eq!(st["members"][1]["state"], "missing", "{st:#}");
+    let waiting = &st["members"][2];
+    assert_eq!(waiting["path"], remote.as_str(), "{st:#}");
+    assert_eq!(waiting["state"], "disconnected", "{st:#}");
+    assert!(waiting["role"].is_null(), "{st:#}");
+    // Written while the member is away: it must get these too.
+    let new = write_pattern(dir.path(), &s.uri, 3);
+    assert_ne!(old, new);
+    let _host = nbdkit();
+    wait_for("the member to take its role back", 60, || {
+        let st = s.status();
+        st["state"] == "optimal" && st["members"][1]["path"] == remote.as_str()
+    });
+    let st = s.status();
+    assert_eq!(st["members"].as_array().unwrap().len(), 2, "{st:#}");
+    assert_eq!(st["members"][1]["state"], "active", "{st:#}");
+    let evs = events(&evlog);
+    assert_eq!(count(&evs, "MemberReturned"), 1, "{evs:#?}");
+    assert_eq!(s.stop().code(), Some(0));
+    // The member that came back holds what was written without it: read
+    // it alone (the local member left out, the array started degraded).
+    let mut s = Served::start(
+        dir.path(),
+        std::slice::from_ref(&remote),
+        &["--run", "--read-only"],
+    );
+    let back = dir.path().join("back.raw");
+    tool(
+        "timeout",
+        &["60", "nbdcopy", &s.uri, &back.display().to_string()],
+    );
+    assert!(std::fs::read(&back).unwrap()[..new.len()] == new[..]);
+    assert_eq!(s.stop().code(), Some(0));
+    ok(&["check", &members[0], &members[1]]);
+
+    // A member the array failed before it stopped waits for `add`.
+    let mut s = Served::start(dir.path(), &members, &[]);
+    let ctl = s.control.display().to_string();
+    ok(&["fail", "--control", &ctl, "1"]);
+    assert_eq!(s.stop().code(), Some(0));
+    drop(_host);
+    std::fs::remove_file(&evlog).unwrap();
+    let mut s = Served::start(
+        dir.path(),
+        &members,
+        &["--run", "--rejoin-timeout", "120", "--events-log", &ev],
+    );
+    let _host = nbdkit();
+    wait_for("the member to be refused", 60, || {
+        count(&events(&evlog), "RejoinRefused") == 1
+    });
+    let st = s.status();
+    assert_eq!(st["state"], "degraded", "{st:#}");
+    assert_eq!(st["members"].as_array().unwrap().len(), 2, "{st:#}");
+    assert_eq!(s.stop().code(), Some(0));
+
+    // A host that stays away is given up on at the rejoin timeout.
+    drop(_host);
+    std::fs::remove_file(&evlog).unwrap();
+    let s = Served::start(
+        dir.path(),
+        &members,
+        &["--run", "--rejoin-timeout", "2", "--events-log", &ev],
+    );
+    assert_eq!(s.status()["members"][2]["state"], "disconnected");
+    wait_for("the member to be given up on", 30, || {
+        s.status()["members"].as_array().unwrap().len() == 2
+    });
+    let evs = events(&evlog);
+    assert!(
+        evs.iter()
+            .any(|e| e["event"] == "Fail" && e["member"] == remote.as_str()),
+        "{evs:#?}"
+    );
 }

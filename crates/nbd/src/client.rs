@@ -513,13 +513,32 @@ impl NbdClient {
     /// the requests in flight fail.
     pub fn connect_with(uri: &str, timeout: Option<Duration>) -> io::Result<NbdClient> {
         let (shared, size) = Self::open(uri, timeout)?;
-        Ok(NbdClient {
+        Ok(Self::of(uri, shared, size, timeout))
+    }
+
+    fn of(uri: &str, shared: Shared, size: u64, timeout: Option<Duration>) -> NbdClient {
+        NbdClient {
             name: uri.to_string(),
             size,
             shared: ArcSwap::from_pointee(shared),
             timeout,
             closed: AtomicBool::new(false),
-        })
+        }
+    }
+
+    /// As `connect_with` with a request timeout of `timeout`, but connecting
+    /// and negotiating may take only `connect`: a host tried again in the
+    /// background is given a short while each time, its requests the
+    /// usual time once it answers.
+    pub fn connect_limited(
+        uri: &str,
+        connect: Duration,
+        timeout: Option<Duration>,
+    ) -> io::Result<NbdClient> {
+        let (shared, size) = Self::open(uri, Some(timeout.map_or(connect, |t| t.min(connect))))?;
+        shared.ctl.set_read_timeout(timeout)?;
+        shared.ctl.set_write_timeout(timeout)?;
+        Ok(Self::of(uri, shared, size, timeout))
     }
 
     /// A new connection to `uri`, negotiated: its state and the export's size.

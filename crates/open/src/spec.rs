@@ -13,6 +13,7 @@ use raidkit_array::assemble::assemble;
 use raidkit_array::{Array, Error, Result};
 use raidkit_member::{open_member, FaultConfig, FaultMember, Member, SimConfig, SimDisk};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A parsed member specification.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,8 +171,20 @@ fn split_top_level(s: &str) -> std::result::Result<Vec<String>, String> {
 
 /// Open the member a spec names; nested arrays are assembled and started.
 /// Files and devices are opened in the process's I/O mode
-/// ([`crate::set_io_mode`]), and what each got is logged.
+/// ([`crate::set_io_mode`]), and what each got is logged. A remote member
+/// whose host cannot be reached is [`Error::Unreachable`].
 pub fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn Member>> {
+    open_in(spec, read_only, None)
+}
+
+/// As [`open`], with connecting to a remote member limited to `connect`
+/// (its requests get the usual remote timeout once it answers): for a
+/// member tried again in the background.
+pub fn open_limited(spec: &Spec, read_only: bool, connect: Duration) -> Result<Arc<dyn Member>> {
+    open_in(spec, read_only, Some(connect))
+}
+
+fn open_in(spec: &Spec, read_only: bool, connect: Option<Duration>) -> Result<Arc<dyn Member>> {
     Ok(match spec {
         Spec::File(p) => {
             let o = open_member(p, read_only, crate::io_mode())?;
@@ -180,33 +193,40 @@ pub fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn Member>> {
             o.member
         }
         Spec::Nbd(uri) => {
-            let c = raidkit_nbd::NbdClient::connect_with(uri, crate::remote_timeout()).map_err(
-                |e| {
-                    use std::io::ErrorKind as K;
-                    // What to do about a host that is down: its member's
-                    // superblock cannot be read, so it cannot be assembled.
-                    let hint = if matches!(
-                        e.kind(),
-                        K::ConnectionRefused
-                            | K::TimedOut
-                            | K::HostUnreachable
-                            | K::NetworkUnreachable
-                            | K::ConnectionReset
-                    ) {
-                        "; a member that cannot be reached cannot be assembled: to start \
-                         without it, leave it off the command line (with --run if the array \
-                         did not know it gone), then `raidkit add` it once its host is back"
-                    } else {
-                        ""
-                    };
-                    // The client's errors name the URI already: once is enough.
-                    let e = e.to_string();
-                    Error::Invalid(match e.strip_prefix(uri.as_str()) {
-                        Some(rest) => format!("member {uri}{rest}{hint}"),
-                        None => format!("member {uri}: {e}{hint}"),
-                    })
-                },
-            )?;
+            let c = match connect {
+                None => raidkit_nbd::NbdClient::connect_with(uri, crate::remote_timeout()),
+                Some(limit) => {
+                    raidkit_nbd::NbdClient::connect_limited(uri, limit, crate::remote_timeout())
+                }
+            }
+            .map_err(|e| {
+                use std::io::ErrorKind as K;
+                // The client's errors name the URI already: once is enough.
+                let kind = e.kind();
+                let e = e.to_string();
+                let detail = match e.strip_prefix(uri.as_str()) {
+                    Some(rest) => format!("member {uri}{rest}"),
+                    None => format!("member {uri}: {e}"),
+                };
+                // A host that is down: its member's superblock cannot be
+                // read, so it cannot be assembled, but the array may start
+                // without it (see `serve --run`).
+                if matches!(
+                    kind,
+                    K::ConnectionRefused
+                        | K::TimedOut
+                        | K::HostUnreachable
+                        | K::NetworkUnreachable
+                        | K::ConnectionReset
+                ) {
+                    Error::Unreachable {
+                        member: uri.clone(),
+                        detail,
+                    }
+                } else {
+                    Error::Invalid(detail)
+                }
+            })?;
             if c.read_only() && !read_only {
                 return Err(Error::Invalid(format!(
                     "member {uri}: the export is read-only"
@@ -216,10 +236,13 @@ pub fn open(spec: &Spec, read_only: bool) -> Result<Arc<dyn Member>> {
             Arc::new(c)
         }
         Spec::Array(_) => Arc::new(open_array(spec, read_only)?),
-        Spec::Fault(inner, config, _) => {
-            Arc::new(FaultMember::new(open(inner, read_only)?, config.clone()))
+        Spec::Fault(inner, config, _) => Arc::new(FaultMember::new(
+            open_in(inner, read_only, connect)?,
+            config.clone(),
+        )),
+        Spec::Sim(inner, config, _) => {
+            Arc::new(SimDisk::new(open_in(inner, read_only, connect)?, *config))
         }
-        Spec::Sim(inner, config, _) => Arc::new(SimDisk::new(open(inner, read_only)?, *config)),
     })
 }
 
@@ -245,6 +268,31 @@ pub fn open_all(specs: &[Spec], read_only: bool) -> Result<Vec<Arc<dyn Member>>>
         )));
     }
     specs.iter().map(|s| open(s, read_only)).collect()
+}
+
+/// As [`open_all`], but remote members whose hosts do not answer
+/// ([`Error::Unreachable`]) are left out and returned, each with why, for
+/// a start without them (`serve --run`).
+#[allow(clippy::type_complexity)]
+pub fn open_reachable(
+    specs: &[Spec],
+    read_only: bool,
+) -> Result<(Vec<Arc<dyn Member>>, Vec<(Spec, String)>)> {
+    if let Some((first, p)) = crate::first_repeat(specs) {
+        return Err(Error::Invalid(format!(
+            "{first} and {p} are the same member; give each member once"
+        )));
+    }
+    let mut opened = Vec::new();
+    let mut unreached = Vec::new();
+    for s in specs {
+        match open(s, read_only) {
+            Ok(m) => opened.push(m),
+            Err(Error::Unreachable { detail, .. }) => unreached.push((s.clone(), detail)),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((opened, unreached))
 }
 
 #[cfg(test)]

@@ -148,29 +148,12 @@ impl Core {
             if let Role::Active(r) = msb.role {
                 let r = r as usize;
                 if v.roles[r].disk.is_none() && meta.sb.roles[r].member_uuid == msb.member_uuid {
-                    let dirty = self.missed_writes(&meta, msb);
-                    let resync = dirty.is_some();
-                    let disk = Arc::new(Disk::new(m, msb.clone(), true));
-                    let name = disk.name().to_string();
-                    self.enter_role(&mut meta, &mut v, r, disk, dirty)?;
-                    self.commit(&mut meta, v)?;
+                    let name = m.name().to_string();
+                    let resync = self.return_to_role(&mut meta, v, r, m, msb)?;
+                    // Added by hand while it was tried in the background.
+                    self.forget_awaited(&name);
                     drop(meta);
-                    self.emit(
-                        NewEvent::new(
-                            "MemberReturned",
-                            Severity::Info,
-                            format!(
-                                "back in role {r}: {}",
-                                if resync {
-                                    "only the regions written while it was away are resynced"
-                                } else {
-                                    "rebuilt in full"
-                                }
-                            ),
-                        )
-                        .member(name, Some(r)),
-                    );
-                    self.wake.kick();
+                    self.returned(&name, r, resync, "back");
                     return Ok(Added::Role { role: r, resync });
                 }
             }
@@ -178,6 +161,7 @@ impl Core {
         let mut sb = self.new_member_sb(&meta, m.as_ref())?;
         self.init_member(m.as_ref(), &mut sb)?;
         let disk = Arc::new(Disk::new(m, sb, true));
+        let name = disk.name().to_string();
         let added = match open_role {
             Some(r) => {
                 self.enter_role(&mut meta, &mut v, r, disk, None)?;
@@ -194,8 +178,51 @@ impl Core {
         };
         self.commit(&mut meta, v)?;
         drop(meta);
+        self.forget_awaited(&name);
         self.wake.kick();
         Ok(added)
+    }
+
+    /// The member that held role `r` coming back with its superblock `msb`
+    /// (the caller checked that it is this array's and that the role
+    /// waits for it): it takes the role again, resynced only where the
+    /// bitmap says writes went while it was away, else rebuilt in full.
+    /// Returns whether it is only resynced.
+    pub(super) fn return_to_role(
+        &self,
+        meta: &mut Meta,
+        mut v: View,
+        r: usize,
+        m: Arc<dyn Member>,
+        msb: &Superblock,
+    ) -> Result<bool> {
+        let dirty = self.missed_writes(meta, msb);
+        let resync = dirty.is_some();
+        let disk = Arc::new(Disk::new(m, msb.clone(), true));
+        self.enter_role(meta, &mut v, r, disk, dirty)?;
+        self.commit(meta, v)?;
+        Ok(resync)
+    }
+
+    /// Say that `name` is back in role `r` (`how`: what brought it back),
+    /// and wake the background worker to resync or rebuild it.
+    pub(super) fn returned(&self, name: &str, r: usize, resync: bool, how: &str) {
+        self.emit(
+            NewEvent::new(
+                "MemberReturned",
+                Severity::Info,
+                format!(
+                    "{how} in role {r}: {}",
+                    if resync {
+                        "only the regions written while it was away are resynced"
+                    } else {
+                        "rebuilt in full"
+                    }
+                ),
+            )
+            .member(name, Some(r)),
+        );
+        self.wake.kick();
     }
 
     /// New members joining as new roles for a reshape to geometry `geom`

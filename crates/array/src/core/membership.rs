@@ -618,6 +618,19 @@ impl Core {
     /// Let go of a failed member or a spare (it can then be taken away).
     pub fn remove_member(&self, who: &str) -> Result<String> {
         let _meta = self.meta.locked();
+        // A member not reached at start: no longer tried.
+        if let Some(name) = self.forget_awaited(who) {
+            tracing::warn!(member = name, "member no longer awaited");
+            self.emit(
+                NewEvent::new(
+                    "DeviceDisappeared",
+                    Severity::Info,
+                    "removed from the array (it had not been reached since the start)",
+                )
+                .member(&name, None),
+            );
+            return Ok(name);
+        }
         let mut v = View::clone(&self.view.load());
         let d = match self.find(&v, who)? {
             Place::Failed(i) => v.failed.remove(i).0,

@@ -21,7 +21,7 @@ mod window;
 pub use io::{MemberIo, LATENCY_BOUNDS_US};
 pub(crate) use locks::{locks_held, with_locks_held, StripeGuard};
 pub use membership::Added;
-pub use remote::DEFAULT_REJOIN_TIMEOUT;
+pub use remote::{Reopen, DEFAULT_REJOIN_TIMEOUT};
 pub use status::{MemberStatus, Slow};
 pub(crate) use window::{CrashWindow, Healed};
 
@@ -351,6 +351,9 @@ pub(crate) struct Core {
     pub events: Arc<crate::events::Events>,
     /// Set while a reshape runs: spares wait, no role is rebuilt.
     reshaping: AtomicBool,
+    /// Remote members the array started without because their hosts did
+    /// not answer, tried again in the background.
+    pub(crate) awaited: Mutex<remote::Awaiting>,
 }
 
 impl Core {
@@ -384,6 +387,7 @@ impl Core {
             checksums,
             events,
             reshaping: AtomicBool::new(false),
+            awaited: Mutex::new(remote::Awaiting::default()),
         }
     }
 

@@ -15,8 +15,9 @@ use crate::events::{NewEvent, Severity};
 use crate::superblock::{probe, Role, Superblock};
 use raidkit_member::{Locked, Member};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use uuid::Uuid;
 
 /// Default time a disconnected member may stay away and still rejoin by
 /// itself (the bitmap keeps what it missed meanwhile).
@@ -51,6 +52,38 @@ impl Away {
         self.tries += 1;
         let wait = Duration::from_secs(1 << self.tries.min(3)) / 2;
         self.next_try = Instant::now() + wait.min(MAX_BACKOFF);
+    }
+}
+
+/// Opens a remote member again, connecting for at most the time given.
+pub type Reopen =
+    Box<dyn Fn(Duration) -> std::result::Result<Arc<dyn Member>, String> + Send + Sync>;
+
+/// Remote members the array started without because their hosts did not
+/// answer (`serve --run`), tried again in the background as disconnected
+/// members are.
+#[derive(Default)]
+pub(crate) struct Awaiting {
+    /// The members of roles the array did not know to be gone when it
+    /// started: the only ones that may take their roles back by
+    /// themselves (one failed earlier, for errors say, waits for `add`).
+    pub expected: Vec<Uuid>,
+    pub members: Vec<Arc<Awaited>>,
+}
+
+/// One member named at start that did not answer.
+pub(crate) struct Awaited {
+    pub name: String,
+    reopen: Reopen,
+    /// Its time away (since the start) and why the last attempt failed.
+    state: Mutex<(Away, String)>,
+}
+
+impl Awaited {
+    /// Since when it has been tried, and why the last attempt failed.
+    pub fn since(&self) -> (Instant, String) {
+        let s = self.state.locked();
+        (s.0.since, s.1.clone())
     }
 }
 
@@ -114,20 +147,181 @@ impl Core {
                 due.push((d.clone(), role));
             }
         }
+        let waiting: Vec<Arc<Awaited>> = self.awaited.locked().members.clone();
+        let mut first_tries = Vec::new();
+        for a in waiting {
+            let away = a.state.locked().0;
+            if limit.is_zero() || away.since.elapsed() > limit {
+                self.stop_awaiting(&a, limit);
+            } else if Instant::now() >= away.next_try {
+                first_tries.push(a);
+            }
+        }
         // Attempts at once: a host that does not answer must not hold up
         // the others' return.
         std::thread::scope(|sc| {
             for (d, role) in &due {
-                let attempt = move || self.attempt(d, *role);
-                if std::thread::Builder::new()
-                    .name("reconnect".into())
-                    .spawn_scoped(sc, attempt)
-                    .is_err()
-                {
-                    attempt();
-                }
+                spawn_or_run(sc, move || self.attempt(d, *role));
+            }
+            for a in &first_tries {
+                spawn_or_run(sc, move || self.attempt_awaited(a));
             }
         });
+    }
+
+    /// A remote member named at start whose host did not answer (`why`):
+    /// the array started without it, and it is tried again in the
+    /// background until the rejoin timeout; once it answers with the
+    /// superblock of the member of a role the array did not know to be
+    /// gone, it takes that role back, resynced by bitmap where it can be.
+    pub fn await_member(&self, name: &str, why: &str, reopen: Reopen) {
+        let limit = self.rejoin_timeout();
+        let text = if self.read_only || limit.is_zero() {
+            format!(
+                "not reached at start ({why}): the array started without it; `raidkit add` it once its host is back"
+            )
+        } else {
+            self.awaited.locked().members.push(Arc::new(Awaited {
+                name: name.to_string(),
+                reopen,
+                state: Mutex::new((Away::new(), why.to_string())),
+            }));
+            format!(
+                "not reached at start ({why}): the array started without it; it is tried again in the background and takes its role back by itself if it answers within {}s",
+                limit.as_secs()
+            )
+        };
+        // The event is logged as it is sent.
+        self.emit(NewEvent::new("Disconnected", Severity::Warning, text).member(name, None));
+    }
+
+    /// The members of roles that the array did not know to be gone when it
+    /// started (set once, at start).
+    pub(crate) fn expect_back(&self, members: Vec<Uuid>) {
+        self.awaited.locked().expected = members;
+    }
+
+    /// Take the awaited member `who` names off the list (it was added by
+    /// hand, or removed): its name, if it was awaited.
+    pub(crate) fn forget_awaited(&self, who: &str) -> Option<String> {
+        let mut w = self.awaited.locked();
+        let i = w
+            .members
+            .iter()
+            .position(|a| super::membership::same_member(&a.name, who))?;
+        Some(w.members.remove(i).name.clone())
+    }
+
+    /// Whether `a` is still awaited; takes it off the list if `remove`.
+    fn awaited_still(&self, a: &Arc<Awaited>, remove: bool) -> bool {
+        let mut w = self.awaited.locked();
+        let at = w.members.iter().position(|x| Arc::ptr_eq(x, a));
+        if remove {
+            if let Some(i) = at {
+                w.members.remove(i);
+            }
+        }
+        at.is_some()
+    }
+
+    fn stop_awaiting(&self, a: &Arc<Awaited>, limit: Duration) {
+        if !self.awaited_still(a, true) {
+            return;
+        }
+        let last = a.state.locked().1.clone();
+        let why = format!(
+            "not reached within {}s of the start (last: {last}): no longer tried; `raidkit add` it once its host is back",
+            limit.as_secs()
+        );
+        tracing::warn!(member = a.name, "{why}");
+        self.emit(NewEvent::new("Fail", Severity::Warning, why).member(&a.name, None));
+    }
+
+    fn attempt_awaited(&self, a: &Arc<Awaited>) {
+        let outcome = self.try_first_join(a);
+        match outcome {
+            Attempt::NotYet(why) => {
+                tracing::debug!(member = a.name, "not reached yet: {why}");
+                let mut s = a.state.locked();
+                s.0.retry_later();
+                s.1 = why;
+            }
+            Attempt::Refused(why) => {
+                if !self.awaited_still(a, true) {
+                    return;
+                }
+                let why = format!(
+                    "answered {:.1}s after the start but {why}: refused",
+                    a.since().0.elapsed().as_secs_f64()
+                );
+                tracing::error!(member = a.name, "{why}");
+                self.emit(
+                    NewEvent::new("RejoinRefused", Severity::Warning, why).member(&a.name, None),
+                );
+            }
+            Attempt::Rejoined { .. } => {}
+        }
+    }
+
+    /// Open an awaited member and, if it is the member of a role the
+    /// array expects back, put it in that role.
+    fn try_first_join(&self, a: &Arc<Awaited>) -> Attempt {
+        let m = match (a.reopen)(CONNECT_LIMIT) {
+            Ok(m) => m,
+            Err(e) => return Attempt::NotYet(e),
+        };
+        let (msb, mut meta) = match self.answer_of(m.as_ref()) {
+            Ok(x) => x,
+            Err(a) => return a,
+        };
+        let Role::Active(r) = msb.role else {
+            return Attempt::Refused(
+                "its superblock says it was a spare: `raidkit add` takes it back".into(),
+            );
+        };
+        let r = r as usize;
+        let expected = self.awaited.locked().expected.contains(&msb.member_uuid);
+        let v = View::clone(&self.view.load());
+        if r >= v.roles.len()
+            || v.roles[r].disk.is_some()
+            || meta.sb.roles[r].member_uuid != msb.member_uuid
+        {
+            return Attempt::Refused(format!("role {r} it held has another member now"));
+        }
+        if !expected {
+            return Attempt::Refused(format!(
+                "the array knew it gone from role {r} before this start (failed or removed): `raidkit add` takes it back"
+            ));
+        }
+        if msb.events > meta.sb.events {
+            return Attempt::Refused(format!(
+                "its superblock is newer than ours (events {}, ours {}): the array was written elsewhere meanwhile",
+                msb.events, meta.sb.events
+            ));
+        }
+        // Taken off the list under the metadata lock: a `raidkit add` of
+        // it meanwhile finds the role taken, or this finds the name in
+        // service.
+        if !self.awaited_still(a, true) {
+            return Attempt::Refused("it was given up on meanwhile".into());
+        }
+        let name = m.name().to_string();
+        match self.return_to_role(&mut meta, v, r, m, &msb) {
+            Ok(resync) => {
+                drop(meta);
+                let how = format!(
+                    "reached {:.1}s after the start and",
+                    a.since().0.elapsed().as_secs_f64()
+                );
+                self.returned(&name, r, resync, &how);
+                Attempt::Rejoined { resync }
+            }
+            Err(e) => {
+                // Tried again later.
+                self.awaited.locked().members.push(a.clone());
+                Attempt::NotYet(e.to_string())
+            }
+        }
     }
 
     fn give_up(&self, d: &Arc<Disk>, limit: Duration) {
@@ -169,23 +363,11 @@ impl Core {
                 let since = a.since;
                 *away = None;
                 drop(away);
-                self.emit(
-                    NewEvent::new(
-                        "MemberReturned",
-                        Severity::Info,
-                        format!(
-                            "reconnected after {:.1}s and back in role {role}: {}",
-                            since.elapsed().as_secs_f64(),
-                            if resync {
-                                "only the regions written while it was away are resynced"
-                            } else {
-                                "rebuilt in full"
-                            }
-                        ),
-                    )
-                    .member(d.name(), Some(role)),
+                let how = format!(
+                    "reconnected after {:.1}s and back",
+                    since.elapsed().as_secs_f64()
                 );
-                self.wake.kick();
+                self.returned(d.name(), role, resync, &how);
             }
         }
     }
@@ -211,6 +393,40 @@ impl Core {
         );
     }
 
+    /// The superblock a member that answers again holds, if it is one of
+    /// this array's, with the metadata lock taken (the array still
+    /// alive); else what the attempt came to.
+    fn answer_of(
+        &self,
+        m: &dyn Member,
+    ) -> std::result::Result<(Superblock, std::sync::MutexGuard<'_, super::Meta>), Attempt> {
+        let msb = match probe(m) {
+            Err(e) => return Err(Attempt::NotYet(e.to_string())),
+            Ok(None) => {
+                return Err(Attempt::Refused(
+                    "it has no superblock: another disk answers there".into(),
+                ))
+            }
+            Ok(Some(Err(e))) => {
+                return Err(Attempt::Refused(format!(
+                    "its superblock is unreadable ({e})"
+                )))
+            }
+            Ok(Some(Ok(m))) => m,
+        };
+        let meta = self.meta.locked();
+        if !self.alive.load(Ordering::Acquire) {
+            return Err(Attempt::Refused("the array failed meanwhile".into()));
+        }
+        if msb.array_uuid != meta.sb.array_uuid {
+            return Err(Attempt::Refused(format!(
+                "it answers with the superblock of another array ({})",
+                msb.array_uuid
+            )));
+        }
+        Ok((msb, meta))
+    }
+
     /// Connect again and, if it is the member that left, put it back.
     fn try_rejoin(&self, d: &Arc<Disk>, role: usize) -> Attempt {
         let Some(link) = d.member.remote() else {
@@ -224,26 +440,10 @@ impl Core {
             Some(c) => c.inner().clone(),
             None => d.member.clone(),
         };
-        let msb = match probe(raw.as_ref()) {
-            Err(e) => return Attempt::NotYet(e.to_string()),
-            Ok(None) => {
-                return Attempt::Refused("it has no superblock: another disk answers there".into())
-            }
-            Ok(Some(Err(e))) => {
-                return Attempt::Refused(format!("its superblock is unreadable ({e})"))
-            }
-            Ok(Some(Ok(m))) => m,
+        let (msb, mut meta) = match self.answer_of(raw.as_ref()) {
+            Ok(x) => x,
+            Err(a) => return a,
         };
-        let mut meta = self.meta.locked();
-        if !self.alive.load(Ordering::Acquire) {
-            return Attempt::Refused("the array failed meanwhile".into());
-        }
-        if msb.array_uuid != meta.sb.array_uuid {
-            return Attempt::Refused(format!(
-                "it answers with the superblock of another array ({})",
-                msb.array_uuid
-            ));
-        }
         if msb.member_uuid != d.uuid || msb.role != Role::Active(role as u32) {
             return Attempt::Refused(format!(
                 "it answers with the superblock of another member ({})",
@@ -300,5 +500,19 @@ impl Core {
             Ok(()) => Attempt::Rejoined { resync },
             Err(e) => Attempt::NotYet(e.to_string()),
         }
+    }
+}
+
+/// Run `f` on a thread of the scope, or here if no thread can be had.
+fn spawn_or_run<'scope, F>(sc: &'scope std::thread::Scope<'scope, '_>, f: F)
+where
+    F: FnOnce() + Send + Copy + 'scope,
+{
+    if std::thread::Builder::new()
+        .name("reconnect".into())
+        .spawn_scoped(sc, f)
+        .is_err()
+    {
+        f();
     }
 }

@@ -11,7 +11,8 @@ pub struct MemberStatus {
     /// The role number; None for a spare.
     pub role: Option<usize>,
     /// active, rebuilding, faulty, disconnected (a remote member whose
-    /// link is down, which may rejoin), spare or missing.
+    /// link is down, which may rejoin; with no role, one not reached since
+    /// the start), spare or missing.
     pub state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -168,6 +169,27 @@ impl Core {
                 slow: d.slow(),
                 io: Some(d.io.report()),
                 rotational: d.rotational,
+            });
+        }
+        // Remote members named at start whose hosts have not answered yet:
+        // their roles are not known until their superblocks are read.
+        let limit = self.rejoin_timeout();
+        for a in raidkit_member::Locked::locked(&self.awaited).members.iter() {
+            let (since, last) = a.since();
+            out.push(MemberStatus {
+                path: Some(a.name.clone()),
+                role: None,
+                state: "disconnected",
+                reason: Some(format!(
+                    "not reached since the start {}s ago ({last}); tried again for {}s more",
+                    since.elapsed().as_secs(),
+                    limit.saturating_sub(since.elapsed()).as_secs()
+                )),
+                domain: Some(crate::domains::domain_of("", &a.name)),
+                errors: None,
+                slow: None,
+                io: None,
+                rotational: None,
             });
         }
         out

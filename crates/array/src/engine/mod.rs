@@ -375,6 +375,16 @@ impl Array {
         self.core.set_rejoin_timeout(t)
     }
 
+    /// A remote member named at start that could not be reached (`why`):
+    /// the array started without it. `reopen` connects to it again; the
+    /// link watch (`watch_links`) tries it until the rejoin timeout, and
+    /// it takes back the role the array expected it in, resynced by
+    /// bitmap where it can be. A read-only array, or a rejoin timeout of
+    /// 0, only says so (it waits for `add`).
+    pub fn await_member(&self, name: &str, why: &str, reopen: crate::core::Reopen) {
+        self.core.await_member(name, why, reopen)
+    }
+
     /// Whether some member in service waits on a device for its I/O
     /// (direct I/O, a nested array, a simulated disk) rather than copying
     /// to and from the page cache: requests then spend their time waiting,

@@ -267,6 +267,16 @@ impl Array {
         let resync_from = sb
             .resync
             .filter(|_| geom.level.has_redundancy() || sb.checksums.enabled());
+        // Members of roles the array did not know to be gone: the ones a
+        // remote member not reached at start may turn out to be.
+        let expected: Vec<_> = (0..view.roles.len())
+            .filter(|&r| {
+                view.roles[r].disk.is_none()
+                    && matches!(view.roles[r].absence, Some(Absence::Missing))
+                    && sb.roles[r].state == RoleState::Active
+            })
+            .map(|r| sb.roles[r].member_uuid)
+            .collect();
         let a = Array {
             core: Core::new(name, view, sb, bitmap, &opts),
             journal,
@@ -276,6 +286,7 @@ impl Array {
             edges: std::sync::RwLock::new(()),
             reshape: std::sync::RwLock::new(None),
         };
+        a.core.expect_back(expected);
         a.recovery.note(notes);
         if let Some(l) = &a.core.meta.locked().sb.last_scrub {
             *a.recovery.last_scrub.locked() = Some(crate::scrub::LastScrub::from_summary(l));
