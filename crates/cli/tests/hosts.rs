@@ -1022,4 +1022,26 @@ fn a_member_host_down_at_start_is_taken_back_when_it_answers() {
             .any(|e| e["event"] == "Fail" && e["member"] == remote.as_str()),
         "{evs:#?}"
     );
+    drop(s);
+
+    // An array that fails takes no member back while it runs, not even
+    // one it was waiting for.
+    std::fs::remove_file(&evlog).unwrap();
+    let s = Served::start(
+        dir.path(),
+        &members,
+        &["--run", "--rejoin-timeout", "120", "--events-log", &ev],
+    );
+    assert_eq!(s.status()["members"][2]["state"], "disconnected");
+    let ctl = s.control.display().to_string();
+    ok(&["fail", "--force", "--control", &ctl, "0"]);
+    let st = s.status();
+    assert_eq!(st["state"], "failed", "{st:#}");
+    assert_eq!(st["members"].as_array().unwrap().len(), 2, "{st:#}");
+    let evs = events(&evlog);
+    assert!(
+        evs.iter()
+            .any(|e| e["event"] == "Fail" && e["member"] == remote.as_str()),
+        "{evs:#?}"
+    );
 }

@@ -371,6 +371,14 @@ impl Core {
         if failed {
             self.alive.store(false, Ordering::Release);
             tracing::error!("array '{}' has failed: too many members lost", self.name);
+            // Nor members not reached at start.
+            let awaited = std::mem::take(&mut self.awaited.locked().members);
+            for a in awaited {
+                self.emit(
+                    NewEvent::new("Fail", Severity::Warning, FAILED_WHILE_AWAY)
+                        .member(&a.name, None),
+                );
+            }
         }
         self.view.store(Arc::new(v));
         if failed {
