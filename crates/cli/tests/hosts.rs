@@ -1045,3 +1045,28 @@ fn a_member_host_down_at_start_is_taken_back_when_it_answers() {
         "{evs:#?}"
     );
 }
+
+/// One export named twice is refused by
+/// `create` before anything is written, as a file named twice is: the
+/// second role's superblock would overwrite the first's.
+#[test]
+fn create_refuses_an_export_named_twice() {
+    let dir = tmp();
+    let files = sized_files(dir.path(), "m", 3, 64 << 20);
+    let (_e, uri) = export(&files[2]);
+    let other = uri.clone();
+    let before = std::fs::read(&files[2]).unwrap();
+    let members = vec![uri.clone(), files[0].clone(), files[1].clone(), other];
+    let out = raidkit_refused(&args(&["create", "--level", "5", "--force"], &members));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        std::fs::read(&files[2]).unwrap() == before,
+        "the export was written"
+    );
+    // Each once: made.
+    ok(&args(
+        &["create", "--level", "5", "--force"],
+        &[uri, files[0].clone(), files[1].clone()],
+    ));
+    assert!(std::fs::read(&files[2]).unwrap() != before);
+}

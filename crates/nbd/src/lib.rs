@@ -19,3 +19,4 @@ pub use server::{
     Config, Export, Security, Server, Stats, Target, ZeroCopy, DEFAULT_MAX_CONNECTIONS,
 };
 pub use tls::{Allow, ClientTls, ServerTls};
+pub use uri::{Address, Endpoint};

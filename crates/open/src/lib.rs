@@ -234,8 +234,33 @@ fn check_distinct(specs: &[Spec]) -> Result<()> {
     }
 }
 
-/// The first file `specs` name twice: the first name, and the second.
+/// The first file or NBD export `specs` name twice: the first name, and
+/// the second.
 pub(crate) fn first_repeat(specs: &[Spec]) -> Option<(String, String)> {
+    first_repeat_file(specs).or_else(|| first_repeat_export(specs))
+}
+
+/// The first NBD export named twice: the same server address and export
+/// name, however the URI spells them (a trailing slash, TLS settings).
+/// Two addresses of one server are not caught here; their superblocks
+/// are, once written (assembly refuses a member UUID seen twice).
+fn first_repeat_export(specs: &[Spec]) -> Option<(String, String)> {
+    let mut seen: Vec<(String, String)> = Vec::new();
+    for uri in specs.iter().flat_map(|s| s.exports()) {
+        let key = match raidkit_nbd::Address::parse(uri) {
+            Ok(a) => format!("{:?} {}", a.endpoint, a.export),
+            Err(_) => uri.to_string(),
+        };
+        if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
+            return Some((first.clone(), uri.to_string()));
+        }
+        seen.push((key, uri.to_string()));
+    }
+    None
+}
+
+/// The first file `specs` name twice.
+fn first_repeat_file(specs: &[Spec]) -> Option<(String, String)> {
     let all: Vec<&str> = specs
         .iter()
         .flat_map(|s| s.files())

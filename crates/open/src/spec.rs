@@ -116,6 +116,16 @@ impl Spec {
             Spec::Fault(inner, ..) | Spec::Sim(inner, ..) => inner.files(),
         }
     }
+
+    /// The NBD URIs it names, nested ones included.
+    pub fn exports(&self) -> Vec<&str> {
+        match self {
+            Spec::File(_) => Vec::new(),
+            Spec::Nbd(u) => vec![u.as_str()],
+            Spec::Array(v) => v.iter().flat_map(|x| x.exports()).collect(),
+            Spec::Fault(inner, ..) | Spec::Sim(inner, ..) => inner.exports(),
+        }
+    }
 }
 
 impl std::fmt::Display for Spec {
