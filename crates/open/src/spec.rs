@@ -280,6 +280,10 @@ pub fn open_all(specs: &[Spec], read_only: bool) -> Result<Vec<Arc<dyn Member>>>
     specs.iter().map(|s| open(s, read_only)).collect()
 }
 
+/// How long connecting to a remote member may take at a start that may
+/// leave it out.
+const START_CONNECT_LIMIT: Duration = Duration::from_secs(5);
+
 /// As [`open_all`], but remote members whose hosts do not answer
 /// ([`Error::Unreachable`]) are left out and returned, each with why, for
 /// a start without them (`serve --run`).
@@ -296,7 +300,9 @@ pub fn open_reachable(
     let mut opened = Vec::new();
     let mut unreached = Vec::new();
     for s in specs {
-        match open(s, read_only) {
+        // A host that takes the connection but never answers holds the
+        // start only briefly: it is tried again in the background anyway.
+        match open_limited(s, read_only, START_CONNECT_LIMIT) {
             Ok(m) => opened.push(m),
             Err(Error::Unreachable { detail, .. }) => unreached.push((s.clone(), detail)),
             Err(e) => return Err(e),

@@ -372,12 +372,14 @@ impl Core {
             self.alive.store(false, Ordering::Release);
             tracing::error!("array '{}' has failed: too many members lost", self.name);
             // Nor members not reached at start.
-            let awaited = std::mem::take(&mut self.awaited.locked().members);
+            let awaited = self.awaited.locked().members.clone();
             for a in awaited {
-                self.emit(
-                    NewEvent::new("Fail", Severity::Warning, FAILED_WHILE_AWAY)
-                        .member(&a.name, None),
-                );
+                if self.give_up_on(&a, FAILED_WHILE_AWAY) {
+                    self.emit(
+                        NewEvent::new("Fail", Severity::Warning, FAILED_WHILE_AWAY)
+                            .member(&a.name, None),
+                    );
+                }
             }
         }
         self.view.store(Arc::new(v));

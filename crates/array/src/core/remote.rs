@@ -77,6 +77,9 @@ pub(crate) struct Awaited {
     reopen: Reopen,
     /// Its time away (since the start) and why the last attempt failed.
     state: Mutex<(Away, String)>,
+    /// Why it was refused when it answered: no longer tried, listed as
+    /// faulty until it is removed or added.
+    refused: Mutex<Option<String>>,
 }
 
 impl Awaited {
@@ -84,6 +87,11 @@ impl Awaited {
     pub fn since(&self) -> (Instant, String) {
         let s = self.state.locked();
         (s.0.since, s.1.clone())
+    }
+
+    /// Why it was refused, if it was.
+    pub fn refused(&self) -> Option<String> {
+        self.refused.locked().clone()
     }
 }
 
@@ -149,7 +157,7 @@ impl Core {
         }
         let waiting: Vec<Arc<Awaited>> = self.awaited.locked().members.clone();
         let mut first_tries = Vec::new();
-        for a in waiting {
+        for a in waiting.into_iter().filter(|a| a.refused().is_none()) {
             let away = a.state.locked().0;
             if limit.is_zero() || away.since.elapsed() > limit {
                 self.stop_awaiting(&a, limit);
@@ -185,6 +193,7 @@ impl Core {
                 name: name.to_string(),
                 reopen,
                 state: Mutex::new((Away::new(), why.to_string())),
+                refused: Mutex::new(None),
             }));
             format!(
                 "not reached at start ({why}): the array started without it; it is tried again in the background and takes its role back by itself if it answers within {}s",
@@ -212,6 +221,21 @@ impl Core {
         Some(w.members.remove(i).name.clone())
     }
 
+    /// No longer try `a` (still listed, as faulty, for `why`); false if it
+    /// was taken off the list or given up on meanwhile.
+    pub(crate) fn give_up_on(&self, a: &Arc<Awaited>, why: &str) -> bool {
+        let w = self.awaited.locked();
+        if !w.members.iter().any(|x| Arc::ptr_eq(x, a)) {
+            return false;
+        }
+        let mut r = a.refused.locked();
+        if r.is_some() {
+            return false;
+        }
+        *r = Some(why.to_string());
+        true
+    }
+
     /// Whether `a` is still awaited; takes it off the list if `remove`.
     fn awaited_still(&self, a: &Arc<Awaited>, remove: bool) -> bool {
         let mut w = self.awaited.locked();
@@ -225,14 +249,14 @@ impl Core {
     }
 
     fn stop_awaiting(&self, a: &Arc<Awaited>, limit: Duration) {
-        if !self.awaited_still(a, true) {
-            return;
-        }
         let last = a.state.locked().1.clone();
         let why = format!(
             "not reached within {}s of the start (last: {last}): no longer tried; `raidkit add` it once its host is back",
             limit.as_secs()
         );
+        if !self.give_up_on(a, &why) {
+            return;
+        }
         tracing::warn!(member = a.name, "{why}");
         self.emit(NewEvent::new("Fail", Severity::Warning, why).member(&a.name, None));
     }
@@ -247,13 +271,14 @@ impl Core {
                 s.1 = why;
             }
             Attempt::Refused(why) => {
-                if !self.awaited_still(a, true) {
-                    return;
-                }
+                // Kept in the list, as a failed member is, to say why.
                 let why = format!(
-                    "answered {:.1}s after the start but {why}: refused",
+                    "answered {:.1}s after the start but {why}: refused (`raidkit add` takes it in, `raidkit remove` forgets it)",
                     a.since().0.elapsed().as_secs_f64()
                 );
+                if !self.give_up_on(a, &why) {
+                    return;
+                }
                 tracing::error!(member = a.name, "{why}");
                 self.emit(
                     NewEvent::new("RejoinRefused", Severity::Warning, why).member(&a.name, None),

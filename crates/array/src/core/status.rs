@@ -176,15 +176,22 @@ impl Core {
         let limit = self.rejoin_timeout();
         for a in raidkit_member::Locked::locked(&self.awaited).members.iter() {
             let (since, last) = a.since();
+            let refused = a.refused();
             out.push(MemberStatus {
                 path: Some(a.name.clone()),
                 role: None,
-                state: "disconnected",
-                reason: Some(format!(
-                    "not reached since the start {}s ago ({last}); tried again for {}s more",
-                    since.elapsed().as_secs(),
-                    limit.saturating_sub(since.elapsed()).as_secs()
-                )),
+                state: if refused.is_some() {
+                    "faulty"
+                } else {
+                    "disconnected"
+                },
+                reason: Some(refused.unwrap_or_else(|| {
+                    format!(
+                        "not reached since the start {}s ago ({last}); tried again for {}s more",
+                        since.elapsed().as_secs(),
+                        limit.saturating_sub(since.elapsed()).as_secs()
+                    )
+                })),
                 domain: Some(crate::domains::domain_of("", &a.name)),
                 errors: None,
                 slow: None,
