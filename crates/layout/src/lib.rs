@@ -335,7 +335,12 @@ impl Layout {
                 }
             })
             .ok_or_else(|| LayoutError::UnknownLayout(s.to_string()))?;
-        let fits = layout_fits(level, parsed);
+        // RAID-4 keeps parity on its last member whatever the layout says,
+        // as md's does (its layout field is not read for level 4): any
+        // other name would be recorded and not followed. (Arrays that
+        // recorded another one still open: they were placed parity-last.)
+        let fits = layout_fits(level, parsed)
+            && (level != Level::Raid4 || parsed == Layout::Parity(ParityLayout::ParityLast));
         if !fits {
             return Err(LayoutError::LayoutNotForLevel {
                 level,

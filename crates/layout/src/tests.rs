@@ -337,6 +337,15 @@ fn shape_errors() {
     assert!("raid7".parse::<Level>().is_err());
     assert!(Layout::parse(Level::Raid5, "n2").is_err());
     assert!(Layout::parse(Level::Raid5, "sideways").is_err());
+    // RAID-4's parity is on its last member, whatever a layout would say.
+    assert_eq!(
+        Layout::parse(Level::Raid4, "parity-last").unwrap(),
+        Layout::Parity(ParityLayout::ParityLast)
+    );
+    for other in ["parity-first", "left-symmetric", "ra"] {
+        assert!(Layout::parse(Level::Raid4, other).is_err(), "{other}");
+    }
+    assert!(Layout::parse(Level::Raid5, "parity-first").is_ok());
     assert_eq!(
         Layout::parse(Level::Raid6, "ls").unwrap(),
         Layout::Parity(ParityLayout::LeftSymmetric)
