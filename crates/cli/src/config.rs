@@ -138,6 +138,19 @@ fn parse(text: &str, path: &Path) -> Result<Config> {
             uuid: uuid.to_string(),
             ..entry
         };
+        // Each array's control socket is its own: a second array on one
+        // path would find it taken by its own server.
+        if let Some(c) = &entry.control {
+            if let Some((other, _)) = arrays
+                .iter()
+                .find(|(_, e): &&(String, ArrayEntry)| e.control.as_ref() == Some(c))
+            {
+                bail!(
+                    "[arrays] {name}: control socket {} is also array {other}'s: give each array its own (or leave it out: each gets raidkit-<uuid>.ctl)",
+                    c.display()
+                );
+            }
+        }
         arrays.push((name, entry));
     }
     if arrays.is_empty() {
@@ -146,12 +159,16 @@ fn parse(text: &str, path: &Path) -> Result<Config> {
     for (key, v) in [
         ("program_timeout", f.program_timeout),
         ("member_timeout", f.member_timeout),
-        ("rejoin_timeout", f.rejoin_timeout),
     ] {
         if let Some(v) = v {
             if !(v > 0.0 && v.is_finite()) {
                 bail!("{key} must be a positive number of seconds");
             }
+        }
+    }
+    if let Some(v) = f.rejoin_timeout {
+        if !(v >= 0.0 && v.is_finite()) {
+            bail!("rejoin_timeout must be a number of seconds (0: never rejoin by itself)");
         }
     }
     if f.max_connections == Some(0) {
@@ -254,6 +271,17 @@ zeta = { uuid = "0b6f5a0e-1111-4222-8333-944445555666" }
                 "rebuild_min",
             ),
             ("[arrays]\na = { read_only = true }".to_string(), "uuid"),
+            (
+                format!(
+                    "[arrays]\na = {{ uuid = \"{u}\", control = \"/run/x.ctl\" }}\nb = {{ uuid = \"{}\", control = \"/run/x.ctl\" }}",
+                    u.replace('0', "1")
+                ),
+                "also array a's",
+            ),
+            (
+                format!("rejoin_timeout = -1\n[arrays]\na = {{ uuid = \"{u}\" }}"),
+                "rejoin_timeout",
+            ),
             ("[arrays\n".to_string(), "TOML"),
         ] {
             let e = p(&bad).expect_err(&bad);

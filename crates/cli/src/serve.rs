@@ -399,7 +399,6 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     // stall: past that its connection counts as lost.
     raidkit_open::set_remote_timeout(Some(Duration::from_secs_f64(set.member_timeout)));
     let mut started: Vec<Started> = Vec::new();
-    let mut not_started = 0usize;
     let total = config.as_ref().map_or(plans.len(), |c| c.arrays.len());
     for plan in plans {
         // The event sinks first: the start's own events (a degraded
@@ -426,7 +425,6 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             // others served (as mdadm --assemble --scan).
             Err(e) if config.is_some() => {
                 crate::say::warning(&format!("{}: not served: {e:#}", plan.label));
-                not_started += 1;
                 continue;
             }
             Err(e) => return Err(e),
@@ -447,7 +445,6 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 );
                 if config.is_some() {
                     crate::say::warning(&format!("{}: not served: {why}", plan.label));
-                    not_started += 1;
                     continue;
                 }
                 bail!("{why}");
@@ -720,6 +717,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             }
         }
         let _ = std::io::stdout().flush();
+        // Those whose members were not found, and those that could not
+        // start (each said why above).
+        let not_started = total - started.len();
         if not_started > 0 {
             tracing::warn!("{not_started} array(s) of the config file are not served");
         }

@@ -981,10 +981,23 @@ fn a_config_file_made_by_scan_serves_both_arrays_from_one_server() {
     std::fs::write(&cfg, &text).unwrap();
     let mut s = Served::start_config(dir.path(), &cfg, &[]);
     s.line_with("serving 2 of the 3 arrays");
-    assert_eq!(s.stop().code(), Some(0));
+    // One server, two control sockets: a bare `stop` stops it (the
+    // sockets are looked for in its temporary directory).
+    let o = output_within(
+        Command::new(env!("CARGO_BIN_EXE_raidkit"))
+            .arg("stop")
+            .env("TMPDIR", dir.path()),
+        Duration::from_secs(90),
+    );
+    assert!(o.status.success(), "{o:?}");
+    let code = s.child.take().unwrap().wait().unwrap().code();
+    assert_eq!(code, Some(0));
     assert!(s
         .log()
         .contains("0b6f5a0e-1111-4222-8333-944445555666 (gamma): no member found"));
+    assert!(s
+        .log()
+        .contains("1 array(s) of the config file are not served"));
     // Bad files are refused, with no server started.
     std::fs::write(&cfg, "[arrays]\nx = { uuid = \"nope\" }\n").unwrap();
     fails(&["serve", "--config", &cfg.display().to_string()], "uuid");

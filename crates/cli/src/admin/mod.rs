@@ -496,6 +496,26 @@ fn status_of(path: &Path) -> Result<Value> {
 /// The control socket to use: the one given (a socket path, or the name or
 /// UUID of a running array), or the only live one in the temp directory.
 pub fn find_control(given: Option<&Path>) -> Result<PathBuf> {
+    find_control_of(given, false)
+}
+
+/// As `find_control`; with `whole_server`, for a command on a whole server
+/// (`stop`), several sockets that one server holds (its arrays of a config
+/// file) are not several choices: any of them will do.
+fn find_control_of(given: Option<&Path>, whole_server: bool) -> Result<PathBuf> {
+    let one_server = |paths: &[PathBuf]| -> Option<PathBuf> {
+        if !whole_server {
+            return None;
+        }
+        let pids: Vec<u64> = paths
+            .iter()
+            .map(|p| status_of(p).ok().and_then(|v| v["pid"].as_u64()))
+            .collect::<Option<_>>()?;
+        pids.windows(2)
+            .all(|w| w[0] == w[1])
+            .then(|| paths.first().cloned())
+            .flatten()
+    };
     if let Some(p) = given {
         let text = p.to_string_lossy();
         // A file of that name that is no socket (a member named like its
@@ -519,6 +539,9 @@ pub fn find_control(given: Option<&Path>) -> Result<PathBuf> {
             } else {
                 names.push(format!("'{name}'"));
             }
+        }
+        if let Some(one) = one_server(&found) {
+            return Ok(one);
         }
         return match found.len() {
             1 => Ok(found.remove(0)),
@@ -544,6 +567,9 @@ pub fn find_control(given: Option<&Path>) -> Result<PathBuf> {
         };
     }
     let mut live = live_servers()?;
+    if let Some(one) = one_server(&live) {
+        return Ok(one);
+    }
     let dir = std::env::temp_dir();
     match live.len() {
         1 => Ok(live.remove(0)),
@@ -569,7 +595,7 @@ pub fn stop(a: StopArgs) -> Result<()> {
         .as_deref()
         .map(Path::new)
         .or(a.control.control.as_deref());
-    let path = find_control(given)?;
+    let path = find_control_of(given, true)?;
     let before = status_of(&path)?;
     let name = before["array"]["name"].as_str().unwrap_or("?").to_string();
     let v = call(
