@@ -685,7 +685,7 @@ impl Array {
         let mut healed = 0;
         let mut unavailable = 0u64;
         let result = (|| -> Result<String> {
-            self.core.begin_write()?;
+            let _writing = self.core.begin_write()?;
             for (a, b) in windows(0, n_units, u64::MAX, wanted) {
                 for u in a..b {
                     if process.stopped() {
@@ -806,7 +806,7 @@ impl Array {
                 "no member's journal could be read: refusing to serve data that may be inconsistent".into(),
             ));
         }
-        self.core.begin_write()?;
+        let _writing = self.core.begin_write()?;
         let count = records.len();
         let mut last = after;
         // Windows rewritten whole after a record: its blocks there are not

@@ -16,6 +16,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How long an array goes without writes before it is marked clean (see
+/// `Array::mark_clean_if_idle`; housekeeping looks every 2 s).
+const IDLE_CLEAN: Duration = Duration::from_secs(1);
+
 /// One member to bring in sync.
 pub(crate) struct Job {
     pub role: usize,
@@ -461,9 +465,64 @@ impl Array {
         Ok(())
     }
 
+    /// Mark the array clean in its superblocks when no write has come for
+    /// `IDLE_CLEAN` and nothing else keeps it dirty (a parity resync
+    /// pending or under way, a reshape, blocks a crash may have torn), as
+    /// md's safe mode does after 200 ms: a crash after that leaves nothing
+    /// to replay or resync, and a degraded array then starts without
+    /// `--force`. The next write marks it dirty again first. Every write
+    /// so far is made durable (checksums included) before. Returns
+    /// whether it was marked.
+    pub fn mark_clean_if_idle(&self) -> bool {
+        let c = &self.core;
+        if c.read_only || !c.alive.load(Ordering::Acquire) || !c.write_ready.load(Ordering::SeqCst)
+        {
+            return false;
+        }
+        let begun = c.writes_begun();
+        if !c.idle_since(begun, IDLE_CLEAN) || self.kept_dirty() {
+            return false;
+        }
+        // Outside the metadata lock: a member failing its flush is failed
+        // under it.
+        if c.flush().is_err() {
+            return false;
+        }
+        let mut meta = c.meta.locked();
+        // From here a write that begins takes the metadata lock to mark
+        // the array dirty, and waits for this; one that began since the
+        // flush (its data maybe not durable) makes this give up.
+        c.write_ready.store(false, Ordering::SeqCst);
+        if !c.idle_since(begun, Duration::ZERO)
+            || self.kept_dirty()
+            || meta.sb.resync.is_some()
+            || meta.sb.reshape.is_some()
+            || !c.alive.load(Ordering::Acquire)
+        {
+            c.write_ready.store(true, Ordering::SeqCst);
+            return false;
+        }
+        if let Some(j) = &self.journal {
+            // No write under way: no record either, every one applied.
+            meta.sb.journal.applied_seq = j.quiesce();
+        }
+        meta.sb.state = crate::superblock::ArrayState::Clean;
+        // A failure leaves the flag cleared: the next write marks the
+        // array dirty again, whatever reached the members.
+        c.write_superblocks(&mut meta).is_ok()
+    }
+
+    /// Whether something besides writes keeps the array dirty.
+    fn kept_dirty(&self) -> bool {
+        self.recovery.parity_unfinished.load(Ordering::Acquire)
+            || self.recovery.pending_parity.locked().is_some()
+            || self.unsynced_from.load(Ordering::Acquire) != u64::MAX
+            || self.core.window.is_open()
+    }
+
     /// Periodic upkeep: clear the bitmap bits of idle regions when every
-    /// member is in sync, and fail members that stall. Returns how many
-    /// bits were cleared.
+    /// member is in sync, mark an idle array clean, and fail members that
+    /// stall. Returns how many bits were cleared.
     pub fn housekeeping(&self) -> u64 {
         self.core.check_stalls();
         self.core.check_slow();
@@ -478,6 +537,7 @@ impl Array {
             // again by the next write's checkpoint or flush.
             let _ = j.checkpoint_done(|seq| self.journal_checkpoint(seq));
         }
+        self.mark_clean_if_idle();
         let Some(b) = &self.core.bitmap else { return 0 };
         let v = self.core.view.load_full();
         if !v.degraded_roles().is_empty() || v.roles.iter().any(|r| r.replacement.is_some()) {

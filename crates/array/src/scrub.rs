@@ -196,9 +196,10 @@ impl Array {
         let mut count = 0u64;
         let (mut repaired, mut unrepaired) = (0u64, 0u64);
         let result = (|| -> Result<String> {
-            if !req.check_only {
-                self.core.begin_write()?;
-            }
+            let _writing = match req.check_only {
+                false => Some(self.core.begin_write()?),
+                true => None,
+            };
             let mut ahead = ReadAhead::new(self, units);
             for u in from..units {
                 if process.stopped() {

@@ -657,3 +657,57 @@ fn full_stripe_writes_with_large_chunks() {
         }
     }
 }
+
+/// An array no write has come to for a second is marked clean in its
+/// superblocks (as md's safe mode does), and dirty again by the next
+/// write: a crash after an idle spell leaves nothing to resync, and a
+/// degraded array without a journal then starts without `--force`.
+#[test]
+fn an_idle_array_is_marked_clean_so_a_crash_after_it_starts_without_force() {
+    use raidkit_array::superblock::ArrayState;
+    let dir = tmp();
+    let ps = paths(dir.path(), 4);
+    make(
+        Level::Raid5,
+        Layout::Parity(ParityLayout::LeftSymmetric),
+        &ps,
+    );
+    let states_of = |ps: &[PathBuf]| -> Vec<ArrayState> {
+        ps.iter()
+            .map(|p| {
+                read_superblock(&FileMember::open(p, true).unwrap())
+                    .unwrap()
+                    .sb
+                    .state
+            })
+            .collect()
+    };
+    let states = || states_of(&ps);
+    let all: Vec<Option<&PathBuf>> = ps.iter().map(Some).collect();
+    let a = open(&all).unwrap();
+    let data: Vec<u8> = (0..(3 * CHUNK) as u32).map(|i| (i % 251) as u8).collect();
+    a.write(&data, 0).unwrap();
+    assert!(!a.mark_clean_if_idle(), "marked clean right after a write");
+    assert!(states().iter().all(|s| *s == ArrayState::Dirty));
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert!(a.mark_clean_if_idle());
+    assert!(states().iter().all(|s| *s == ArrayState::Clean));
+    // Degraded, written, idle again.
+    a.fail_member("1", false).unwrap();
+    a.write(&data, 3 * CHUNK).unwrap();
+    let live: Vec<PathBuf> = without(&ps, &[1]).into_iter().flatten().cloned().collect();
+    let live_states = || states_of(&live);
+    assert!(live_states().iter().all(|s| *s == ArrayState::Dirty));
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert!(a.mark_clean_if_idle());
+    assert!(live_states().iter().all(|s| *s == ArrayState::Clean));
+    // A crash: the array is never closed (dropping it writes nothing).
+    drop(a);
+    let a = open(&without(&ps, &[1])).expect("a degraded array idle at a crash starts");
+    let mut got = vec![0u8; data.len()];
+    a.read(&mut got, 0).unwrap();
+    assert!(got == data);
+    a.read(&mut got, 3 * CHUNK).unwrap();
+    assert!(got == data);
+    a.close().unwrap();
+}

@@ -328,8 +328,15 @@ pub(crate) struct Core {
     /// reports show while the meta lock is held, by a superblock write
     /// waiting on a slow disk for instance.
     pub sb_seen: ArcSwap<Superblock>,
-    /// Set once the superblocks say dirty (and record missing members).
+    /// Set once the superblocks say dirty (and record missing members);
+    /// cleared again when an idle array is marked clean.
     pub write_ready: AtomicBool,
+    /// Writes under way (each holds a `Writing`), writes begun in all, and
+    /// when the last one ended (ns since `epoch`): when an idle array may
+    /// be marked clean.
+    writing: AtomicU64,
+    writes_begun: AtomicU64,
+    last_write_ns: AtomicU64,
     pub read_only: bool,
     locks: Box<[Mutex<()>]>,
     pub bitmap: Option<Bitmap>,
@@ -374,6 +381,9 @@ impl Core {
             sb_seen: ArcSwap::from_pointee(sb.clone()),
             meta: Mutex::new(Meta { sb }),
             write_ready: AtomicBool::new(false),
+            writing: AtomicU64::new(0),
+            writes_begun: AtomicU64::new(0),
+            last_write_ns: AtomicU64::new(0),
             read_only,
             locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
             bitmap,
@@ -886,16 +896,23 @@ impl Core {
     /// Before the first write: record that the array is dirty and which
     /// roles are absent (raising the event counter), so that a member that
     /// missed these writes is known to be stale when it comes back.
-    pub(crate) fn begin_write(&self) -> Result<()> {
+    pub(crate) fn begin_write(&self) -> Result<Writing<'_>> {
         if self.read_only {
             return Err(Error::Invalid("the array is open read-only".into()));
         }
-        if self.write_ready.load(Ordering::Acquire) {
-            return Ok(());
+        // Counted before the flag is looked at, both sequentially
+        // consistent: an idle marking (`mark_clean_if_idle`) that clears
+        // the flag either sees this write under way and gives up, or this
+        // write sees the flag cleared and marks the array dirty again.
+        self.writing.fetch_add(1, Ordering::SeqCst);
+        self.writes_begun.fetch_add(1, Ordering::SeqCst);
+        let w = Writing(self);
+        if self.write_ready.load(Ordering::SeqCst) {
+            return Ok(w);
         }
         let mut meta = self.meta.locked();
-        if self.write_ready.load(Ordering::Acquire) {
-            return Ok(());
+        if self.write_ready.load(Ordering::SeqCst) {
+            return Ok(w);
         }
         let v = self.view.load();
         for (role, rv) in v.roles.iter().enumerate() {
@@ -905,8 +922,34 @@ impl Core {
         }
         meta.sb.state = ArrayState::Dirty;
         self.write_superblocks(&mut meta)?;
-        self.write_ready.store(true, Ordering::Release);
-        Ok(())
+        self.write_ready.store(true, Ordering::SeqCst);
+        Ok(w)
+    }
+
+    /// Whether no write is under way, none has begun since `begun` was
+    /// taken (`writes_begun`), and the last ended at least `idle` ago.
+    pub(crate) fn idle_since(&self, begun: u64, idle: Duration) -> bool {
+        let last = Duration::from_nanos(self.last_write_ns.load(Ordering::SeqCst));
+        self.writing.load(Ordering::SeqCst) == 0
+            && self.writes_begun.load(Ordering::SeqCst) == begun
+            && self.epoch.elapsed().saturating_sub(last) >= idle
+    }
+
+    pub(crate) fn writes_begun(&self) -> u64 {
+        self.writes_begun.load(Ordering::SeqCst)
+    }
+}
+
+/// A write under way (see `Core::begin_write`): the array stays marked
+/// dirty while one is held.
+pub(crate) struct Writing<'a>(&'a Core);
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let c = self.0;
+        c.last_write_ns
+            .store(c.epoch.elapsed().as_nanos() as u64, Ordering::SeqCst);
+        c.writing.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

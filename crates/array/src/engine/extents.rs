@@ -114,10 +114,10 @@ impl Array {
             || self.core.geom().level.has_redundancy()
             || self.core.check(offset, len).is_err()
             || !self.core.alive.load(Ordering::Acquire)
-            || self.core.begin_write().is_err()
         {
             return None;
         }
+        let _writing = self.core.begin_write().ok()?;
         let v = self.core.view.load();
         let pieces = self.core.geom().pieces(offset, len);
         let mut ext: Vec<FileExtent<'_>> = Vec::with_capacity(pieces.len());
@@ -160,10 +160,10 @@ impl Array {
             || self.core.check(offset, len).is_err()
             || !self.core.alive.load(Ordering::Acquire)
             || !Core::whole(&self.core.view.load())
-            || self.core.begin_write().is_err()
         {
             return None;
         }
+        let _writing = self.core.begin_write().ok()?;
         let (s0, s1) = (offset / width, (offset + len) / width);
         let pieces = self.core.geom().pieces(offset, len);
         let _bits = self.mark_bitmap(&self.core.view.load(), &pieces);

@@ -747,7 +747,7 @@ impl Array {
 
     /// Write `buf` at `offset` (whole blocks, if the array keeps checksums).
     fn write_blocks(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.core.begin_write()?;
+        let _writing = self.core.begin_write()?;
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
         let fence = self.fence(offset, buf.len() as u64, true);
@@ -808,7 +808,7 @@ impl Array {
             .core
             .checksums
             .then(|| self.edges.read().unwrap_or_else(|e| e.into_inner()));
-        self.core.begin_write()?;
+        let _writing = self.core.begin_write()?;
         self.core.ensure_alive(offset)?;
         self.fg_ops.fetch_add(1, Ordering::Relaxed);
         let fence = self.fence(offset, len, false);
