@@ -420,17 +420,23 @@ pub fn assemble(members: Vec<Arc<dyn Member>>) -> Result<Assembly> {
             ),
         });
     }
-    for (r, s) in slots.iter().enumerate() {
+    // A member shorter than its data area (a copy cut short, a partition
+    // that shrank) cannot hold its role: left out as a stale one is, so
+    // that the others start without it (with --run) rather than not at all.
+    for (r, s) in slots.iter_mut().enumerate() {
         if let (Some(m), Some(sb)) = (&s.member, &s.sb) {
             if sb.data_offset + sb.data_size > m.len() {
-                return Err(Error::CorruptSuperblock {
-                    member: m.name().to_string(),
-                    detail: format!(
-                        "role {r}: data area ends at {} but the member has {} bytes (truncated?)",
-                        sb.data_offset + sb.data_size,
-                        m.len()
-                    ),
-                });
+                let member = m.name().to_string();
+                let reason = format!(
+                    "truncated: its data area for role {r} ends at {} but it has {} bytes",
+                    sb.data_offset + sb.data_size,
+                    m.len()
+                );
+                warnings.push(format!("{member}: not used: {reason}"));
+                s.member = None;
+                s.sb = None;
+                s.resume = None;
+                s.absence = Some(Absence::Stale { member, reason });
             }
         }
     }

@@ -508,9 +508,24 @@ impl Array {
                     }
                     return Ok(());
                 }
+                // Which roles lack their data, and how: a member part-way
+                // through its rebuild cannot be "brought back".
+                let how: Vec<String> = v
+                    .degraded_roles()
+                    .into_iter()
+                    .map(|r| match &v.roles[r].disk {
+                        Some(d) => {
+                            format!("role {r} ({}) was part-way through a rebuild", d.name())
+                        }
+                        None => format!("role {r} has no member"),
+                    })
+                    .collect();
                 return Err(Error::NotEnoughMembers {
                     name: self.core.name.clone(),
-                    detail: "it was not shut down cleanly and is degraded, without a journal: the parity of stripes being written at the crash may be wrong, so rebuilding could return garbage (the write hole). Bring the missing members back, or start it with --force to accept that".into(),
+                    detail: format!(
+                        "it was not shut down cleanly and is degraded ({}), without a journal: the parity of stripes being written at the crash may be wrong, so rebuilding could return garbage (the write hole). Bring back a missing member if there is one, or start it with --force to accept that",
+                        how.join(", ")
+                    ),
                 });
             }
             match self.core.bitmap.as_ref() {

@@ -68,6 +68,16 @@ pub fn candidates(given: &[PathBuf]) -> Result<Vec<PathBuf>> {
 pub struct Found {
     pub path: String,
     pub sb: Superblock,
+    /// Its size in bytes.
+    pub len: u64,
+}
+
+impl Found {
+    /// Shorter than its data area: it cannot hold its role (a start leaves
+    /// it out).
+    pub fn truncated(&self) -> bool {
+        self.sb.data_offset + self.sb.data_size > self.len
+    }
 }
 
 /// What a search found: the members of each array by UUID, how many paths
@@ -99,11 +109,16 @@ pub fn find(given: &[PathBuf]) -> Result<Findings> {
                 continue;
             }
         };
+        let len = raidkit_member::Member::len(&member);
         match read_superblock(&member) {
             Ok(r) => arrays
                 .entry(r.sb.array_uuid.to_string())
                 .or_default()
-                .push(Found { path, sb: r.sb }),
+                .push(Found {
+                    path,
+                    sb: r.sb,
+                    len,
+                }),
             Err(_) => others += 1,
         }
     }
@@ -142,15 +157,24 @@ pub fn scan(a: ScanArgs) -> Result<()> {
         let n = sb.raid_disks();
         let mut members = Vec::new();
         let mut held = vec![false; n];
+        // Two copies of one member (a disk and an image of it): a start
+        // takes one; the first found is the one the command below names.
+        let mut seen = std::collections::HashSet::new();
+        let mut copies: Vec<&str> = Vec::new();
         for f in &found {
             // A spare's superblock is written when it joins, not at every
             // update after: behind the others, and still the array's spare
             // (a start takes it as one).
             let stale = f.sb.events < newest && f.sb.role != Role::Spare;
+            let copy = !f.truncated() && !seen.insert(f.sb.member_uuid);
+            if copy {
+                copies.push(&f.path);
+            }
+            let usable = !stale && !f.truncated() && !copy;
             let role = match f.sb.role {
                 Role::Active(r) => {
                     // A replacement does not hold its role yet.
-                    if !stale && !f.sb.replacing && (r as usize) < n {
+                    if usable && !f.sb.replacing && (r as usize) < n {
                         held[r as usize] = true;
                     }
                     json!(r)
@@ -163,6 +187,10 @@ pub fn scan(a: ScanArgs) -> Result<()> {
                 "member_uuid": f.sb.member_uuid.to_string(),
                 "events": f.sb.events,
                 "stale": stale,
+                // Shorter than its data area: left out.
+                "truncated": f.truncated(),
+                // Another copy of a member listed before it: left out.
+                "copy": copy,
                 "replacing": f.sb.replacing,
                 // In its role but rebuilt only this far (a rebuild cut
                 // short): the array serves degraded until it is done.
@@ -201,12 +229,17 @@ pub fn scan(a: ScanArgs) -> Result<()> {
         let paths: Vec<&str> = found
             .iter()
             .filter(|f| f.sb.events == newest || f.sb.role == Role::Spare)
+            .filter(|f| !f.truncated() && !copies.contains(&f.path.as_str()))
             .map(|f| f.path.as_str())
             .collect();
         // A command that starts it: with what is up to date; from the
         // stale members too where only they make up the level's minimum
         // (`--force`); none where even they do not.
-        let all: Vec<&str> = found.iter().map(|f| f.path.as_str()).collect();
+        let all: Vec<&str> = found
+            .iter()
+            .filter(|f| !f.truncated() && !copies.contains(&f.path.as_str()))
+            .map(|f| f.path.as_str())
+            .collect();
         let (flags, paths) = if startable {
             (if missing.is_empty() { "" } else { " --run" }, paths)
         } else if forcible {
@@ -326,6 +359,10 @@ pub fn scan(a: ScanArgs) -> Result<()> {
                 m["path"].as_str().unwrap_or(""),
                 m["events"],
                 match m["recovery_offset"].as_u64() {
+                    _ if m["copy"] == true =>
+                        "  COPY (of a member listed above: not used)".to_string(),
+                    _ if m["truncated"] == true =>
+                        "  TRUNCATED (shorter than its data area: not used)".to_string(),
                     _ if m["stale"] == true => "  STALE (behind the others: not used)".to_string(),
                     Some(at) => format!("  REBUILDING (in sync up to {at} bytes of its data)"),
                     None => String::new(),

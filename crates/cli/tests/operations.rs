@@ -1161,3 +1161,49 @@ fn scan_keeps_a_hot_spare_in_the_array_and_its_command() {
     assert_eq!(spares, 1, "{st:#}");
     assert_eq!(s.stop().code(), Some(0));
 }
+
+/// A member found twice (a disk and an image of it) and a copy cut short
+/// are not counted as holding their roles: scan's command names each
+/// member once and starts; a truncated member alone is left out, and the
+/// array starts degraded with --run.
+#[test]
+fn scan_leaves_out_copies_and_truncated_members() {
+    let dir = tmp();
+    let ms = members(dir.path(), 3);
+    create("5", &ms, "8M");
+    let copy = dir.path().join("zcopy1.img");
+    std::fs::copy(&ms[1], &copy).unwrap();
+    let cut = dir.path().join("zcut2.img");
+    let whole = std::fs::read(&ms[2]).unwrap();
+    std::fs::write(&cut, &whole[..whole.len() / 2]).unwrap();
+    let o = ok(&["scan", "--json", &dir.path().display().to_string()]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let arr = &v["arrays"][0];
+    assert_eq!(arr["state"], "complete", "{v:#}");
+    let flag = |path: &Path, key: &str| {
+        arr["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["path"] == path.display().to_string().as_str())
+            .unwrap_or_else(|| panic!("{v:#}"))[key]
+            .clone()
+    };
+    assert_eq!(flag(&copy, "copy"), true, "{v:#}");
+    assert_eq!(flag(&cut, "truncated"), true, "{v:#}");
+    let cmd = arr["serve"].as_str().unwrap().to_string();
+    assert!(!cmd.contains("zcopy1") && !cmd.contains("zcut2"), "{cmd}");
+    // The command it gives starts the array.
+    let given: Vec<String> = cmd.split_whitespace().skip(3).map(str::to_string).collect();
+    let mut s = Served::start(dir.path(), &given, &[]);
+    assert_eq!(status(&s.control.display().to_string())["state"], "optimal");
+    assert_eq!(s.stop().code(), Some(0));
+    // The truncated copy in its member's place: left out, started with --run.
+    let with_cut = vec![ms[0].clone(), ms[1].clone(), cut.display().to_string()];
+    let o = raidkit_refused(&args(&["serve", "--listen", "127.0.0.1:0"], &with_cut));
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let mut s = Served::start(dir.path(), &with_cut, &["--run"]);
+    let st = status(&s.control.display().to_string());
+    assert_eq!(st["state"], "degraded", "{st:#}");
+    assert_eq!(s.stop().code(), Some(0));
+}

@@ -149,10 +149,19 @@ pub(super) fn plans_of_config(a: &ServeArgs, c: &crate::config::Config) -> Resul
     }
     let mut plans = Vec::new();
     for (export, e) in &c.arrays {
+        // One path per member: a second copy of one (a disk and an image
+        // of it) would make the start refuse both; one cut short cannot
+        // serve.
+        let mut seen = std::collections::HashSet::new();
         let members: Vec<String> = found
             .arrays
             .get(&e.uuid)
-            .map(|f| f.iter().map(|f| f.path.clone()).collect())
+            .map(|f| {
+                f.iter()
+                    .filter(|f| !f.truncated() && seen.insert(f.sb.member_uuid))
+                    .map(|f| f.path.clone())
+                    .collect()
+            })
             .unwrap_or_default();
         let label = format!("array {} ({export})", e.uuid);
         if members.is_empty() {
