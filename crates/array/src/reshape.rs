@@ -345,7 +345,7 @@ impl Array {
         if members.is_empty() {
             return Err(Error::Invalid("grow: no member to add".into()));
         }
-        self.check_quiet("grow it")?;
+        self.check_quiet("add members")?;
         let n = old.members() + members.len();
         let new = Geometry::new(
             old.level,
@@ -529,7 +529,7 @@ impl Array {
         }
         if self.core.meta.locked().sb.md.is_some() {
             return Err(Error::Invalid(format!(
-                "cannot {what} of an array with md metadata (mdadm --grow does it under the kernel)"
+                "cannot {what}: the array has md metadata (mdadm --grow does that under the kernel); nothing was written"
             )));
         }
         if self.reshape_in_progress() {

@@ -111,18 +111,7 @@ fn main() {
             Err(e) => (false, e),
         };
         // One clear message: the error and its causes, outermost first.
-        let mut msg = e.to_string();
-        let in_use = admin::in_use_message(e.as_ref());
-        if let Some(m) = &in_use {
-            msg = m.clone();
-        }
-        for cause in e.chain().skip(1).filter(|_| in_use.is_none()) {
-            let c = cause.to_string();
-            if !msg.contains(&c) {
-                msg.push_str(": ");
-                msg.push_str(&c);
-            }
-        }
+        let msg = admin::in_use_message(e.as_ref()).unwrap_or_else(|| say::causes(&e));
         say::error(&msg);
         // A bench run whose requirements failed completed: 3 tells it
         // from a run that did not.

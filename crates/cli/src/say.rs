@@ -8,6 +8,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 static JSON: AtomicBool = AtomicBool::new(false);
 
 /// From now on, messages are JSON log events.
+/// An error with its causes, outermost first, each said once (a cause
+/// whose text the message holds already is not repeated).
+pub fn causes(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
+}
+
 pub fn json_logs() {
     JSON.store(true, Ordering::Relaxed);
 }

@@ -424,7 +424,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             // One array of a config file that cannot start leaves the
             // others served (as mdadm --assemble --scan).
             Err(e) if config.is_some() => {
-                crate::say::warning(&format!("{}: not served: {e:#}", plan.label));
+                crate::say::warning(&format!(
+                    "{}: not served: {}",
+                    plan.label,
+                    crate::say::causes(&e)
+                ));
                 continue;
             }
             Err(e) => return Err(e),
